@@ -1,0 +1,25 @@
+"""Where dtlab keeps things on the controller. Every other module asks here."""
+
+import os
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Controller-side state, git-ignored: secrets, lab keys, wheelhouse, fact cache.
+STATE_DIR = Path(os.environ.get("DTLAB_STATE_DIR", REPO_ROOT / ".dtlab"))
+SECRETS_DIR = STATE_DIR / "secrets"
+WHEELHOUSE_DIR = STATE_DIR / "wheelhouse"
+
+# Recorded runs and reports, one folder per cluster (inventory) name.
+RESULTS_DIR = Path(os.environ.get("DTLAB_RESULTS_DIR", REPO_ROOT / "results"))
+
+INVENTORY_DIR = REPO_ROOT / "inventory"
+EXPERIMENTS_DIR = REPO_ROOT / "experiments"
+TEMPLATES_DIR = REPO_ROOT / "templates"
+CONSTRAINTS_FILE = REPO_ROOT / "constraints.txt"
+SITE_PLAYBOOK = REPO_ROOT / "site.yml"
+ANSIBLE_CFG = REPO_ROOT / "ansible.cfg"
+
+
+def results_dir_for(cluster_name: str) -> Path:
+    return RESULTS_DIR / cluster_name
