@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Sets up a controller from nothing on Debian/Ubuntu, as root: system packages, then a
+# virtualenv (.venv) with dtlab and every Python dependency pinned by constraints.txt.
+# Idempotent: a second run only checks. Used by both README commands and by .ci/run.
+#
+#   scripts/setup.sh            install what the demo and the tests need
+#   scripts/setup.sh --relock   also rewrite constraints.txt from the installed venv
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+die() { echo "setup.sh: $*" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || die "must run as root (the local lab needs network namespaces and systemd-nspawn); try: sudo $0"
+command -v apt-get >/dev/null || die "needs apt-get (Debian or Ubuntu)"
+
+# System packages: the lab (debootstrap, nspawn, iproute2), SSH and rsync for the harness,
+# Java 17 for Spark's driver on the controller, and a Python >= 3.11 with venv.
+APT_PACKAGES=(debootstrap systemd-container iproute2 openssh-client rsync ca-certificates
+              openjdk-17-jre-headless python3 python3-venv python3-dev gcc)
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup.sh: apt-get install ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+PYTHON=${PYTHON:-python3}
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+  || die "$PYTHON is $("$PYTHON" -V 2>&1); dtlab needs Python >= 3.11 (set PYTHON=/path/to/python3.11)"
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+
+# One pin list for everything; the stamp skips pip when nothing changed since the last run.
+stamp=.venv/.dtlab-installed
+want=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -c constraints.txt -e '.[test]'
+  echo "$want" > "$stamp"
+fi
+
+if [ "${1:-}" = "--relock" ]; then
+  { sed -n '1,3p' constraints.txt
+    .venv/bin/pip freeze --exclude-editable | sed -E 's/^(torch==[0-9.]+)\+[a-z0-9]+$/\1/'
+  } > constraints.txt.new && mv constraints.txt.new constraints.txt
+  echo "setup.sh: constraints.txt rewritten"
+fi
+echo "setup.sh: ready (.venv/bin/invoke --list)"
