@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import hashlib
 import itertools
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +20,11 @@ from typing import Any
 import yaml
 
 from dtlab import paths
-from dtlab.cell import FRAMEWORKS, Cell
+from dtlab.results import Cell
 from dtlab.errors import DtlabError
 
 MATRIX_FILE = paths.EXPERIMENTS_DIR / "matrix.yml"
+FRAMEWORKS = ("ddp", "spark", "determined")
 DEFAULT_TIMEOUT_S = 3600
 # Trainer options the harness sets per cell and per node; a profile must not fix them.
 HARNESS_OWNED_OPTIONS = ("epochs", "seed", "framework", "framework_label", "output_dir", "checkpoint_dir",
@@ -53,6 +56,17 @@ class Matrix:
             raise DtlabError(f"--only {only!r}: matches no cell of profile {self.profile}; "
                              f"cells are e.g. {', '.join(c.key for c in self.cells[:4])}")
         return dataclasses.replace(self, cells=chosen)
+
+
+def trainer_config(cell: Cell) -> dict[str, Any]:
+    """The trainer options of one cell (TrainConfig keys), without the per-node paths bench adds."""
+    return {**dict(cell.trainer_config), "epochs": cell.epochs, "seed": cell.seed, "framework": cell.framework}
+
+
+def config_hash(cell: Cell) -> str:
+    """Everything that changes a cell's outcome; the same hash recorded ok means bench.all skips it."""
+    identity = {"gpus": cell.gpus, **trainer_config(cell)}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _matches(cell: Cell, pattern: str) -> bool:
@@ -120,7 +134,7 @@ def _read(path: Path) -> dict[str, Any]:
     return document
 
 
-def _trainer_options(where: str, options: Any) -> tuple[tuple[str, Any], ...]:
+def _trainer_options(where: str, options: Any) -> dict[str, Any]:
     from trainer.config import TrainConfig
 
     if not isinstance(options, dict):
@@ -133,7 +147,7 @@ def _trainer_options(where: str, options: Any) -> tuple[tuple[str, Any], ...]:
         if key not in known:
             raise DtlabError(f"{where}.trainer.{key}: unknown trainer option; see "
                              "`python -m trainer.launchers.torchrun --help`")
-    return tuple(sorted(options.items()))
+    return dict(sorted(options.items()))
 
 
 def _as_list(where: str, value: Any) -> list[Any]:
@@ -149,7 +163,7 @@ def _positive_int(where: str, value: Any, what: str) -> int:
     return value
 
 
-def _expand(where: str, run: Any, profile: str, trainer_options: tuple) -> Iterator[Cell]:
+def _expand(where: str, run: Any, profile: str, trainer_options: dict[str, Any]) -> Iterator[Cell]:
     if not isinstance(run, dict):
         raise DtlabError(f"{where}: must be a mapping with frameworks, gpus, epochs, seeds")
     missing = [k for k in RUN_KEYS if k not in run]
@@ -171,4 +185,4 @@ def _expand(where: str, run: Any, profile: str, trainer_options: tuple) -> Itera
     # Stable order: epochs, then seeds, then GPUs, then framework, so frameworks interleave in time.
     for epoch_count, seed, gpu_count, framework in itertools.product(epochs, seeds, gpus, frameworks):
         yield Cell(framework=framework, gpus=gpu_count, epochs=epoch_count, seed=seed, profile=profile,
-                   trainer_options=trainer_options)
+                   trainer_config=trainer_options)
