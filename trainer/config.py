@@ -1,0 +1,262 @@
+"""TrainConfig: every knob of a training run, settable from a YAML file and from CLI flags.
+
+    python -m trainer.launchers.torchrun --config experiments/trainer/smoke.yml --epochs 2
+
+Flags override the YAML file, which overrides the defaults below (the study's protocol).
+Bad values raise ConfigError with one line that names the key and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import tempfile
+import typing
+from pathlib import Path
+
+import yaml
+
+GENERATED_MODEL_PREFIX = "generated:"
+GENERATED_MODEL_SHAPES = ("bert-tiny",)
+GENERATED_DATASET = "generated"
+GENERATED_MAX_SPLIT_SIZE = 25_000  # IMDB's split size
+# A hub id is "name" or "owner/name"; anything else is treated as a local path.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value, found before training starts. The message is one line."""
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    # --- what to train on ---
+    model: str = "prajjwal1/bert-tiny"
+    dataset: str = "stanfordnlp/imdb"
+    generated_train_size: int = 25_000
+    generated_test_size: int = 25_000
+    generated_median_words: int = 230  # IMDB-like review length; scale down for the CPU lab
+    # --- the study's protocol ---
+    epochs: int = 1
+    seed: int = 42
+    batch_size: int = 32  # per worker
+    learning_rate: float = 5e-5
+    weight_decay: float = 0.01
+    warmup_steps: int = 500
+    max_length: int = 512
+    optimizer: str = "adamw"  # "sgd" exists only for the DDP-equivalence test: Adam hides gradient scale
+    dropout: float | None = None  # None = the model's own; 0 makes runs comparable across world sizes
+    # --- speed ---
+    group_by_length: bool = True
+    threads: int = 1  # CPU threads per worker
+    device: str = "auto"  # auto | cpu | cuda
+    mixed_precision: str = "auto"  # auto | no | bf16 | fp16 (CUDA only)
+    num_workers: int | None = None  # loader processes; None = auto (0 on CPU, 2 on CUDA)
+    # --- where things go ---
+    output_dir: str = "out"
+    checkpoint_dir: str | None = None  # None = no checkpoints
+    cache_dir: str | None = None  # tokenized-split cache; None = <output_dir>/../token-cache
+    # --- labels ---
+    framework: str = "ddp"  # ddp | spark | determined
+    framework_label: str | None = None  # overrides the launcher's label in result.json
+
+    def validate(self) -> TrainConfig:
+        """Check every value; raise ConfigError naming the first bad one. Returns self."""
+        _at_least("epochs", self.epochs, 1)
+        _at_least("batch_size", self.batch_size, 1)
+        _at_least("threads", self.threads, 1)
+        _at_least("warmup_steps", self.warmup_steps, 0)
+        if not (8 <= self.max_length <= 512):
+            raise ConfigError(f"max_length: must be between 8 and 512 (BERT's limit), got {self.max_length}")
+        if not self.learning_rate > 0:
+            raise ConfigError(f"learning_rate: must be > 0, got {self.learning_rate}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay: must be >= 0, got {self.weight_decay}")
+        if self.dropout is not None and not (0 <= self.dropout < 1):
+            raise ConfigError(f"dropout: must be in [0, 1) or null, got {self.dropout}")
+        if self.num_workers is not None:
+            _at_least("num_workers", self.num_workers, 0)
+        _one_of("optimizer", self.optimizer, ("adamw", "sgd"))
+        _one_of("device", self.device, ("auto", "cpu", "cuda"))
+        _one_of("mixed_precision", self.mixed_precision, ("auto", "no", "bf16", "fp16"))
+        _one_of("framework", self.framework, ("ddp", "spark", "determined"))
+        if self.device == "cpu" and self.mixed_precision in ("bf16", "fp16"):
+            raise ConfigError(f"mixed_precision: {self.mixed_precision} is CUDA-only; use auto or no on cpu")
+        self._validate_sources()
+        for key in ("output_dir", "checkpoint_dir", "cache_dir"):
+            if getattr(self, key) is not None:
+                _check_writable(key, Path(getattr(self, key)))
+        return self
+
+    def _validate_sources(self) -> None:
+        if self.model.startswith(GENERATED_MODEL_PREFIX):
+            _one_of("model", self.model, tuple(GENERATED_MODEL_PREFIX + s for s in GENERATED_MODEL_SHAPES))
+        else:
+            _check_source("model", self.model)
+        if self.dataset == GENERATED_DATASET:
+            for key in ("generated_train_size", "generated_test_size"):
+                size = getattr(self, key)
+                if not (2 <= size <= GENERATED_MAX_SPLIT_SIZE):
+                    raise ConfigError(f"{key}: must be between 2 and {GENERATED_MAX_SPLIT_SIZE}, got {size}")
+            _at_least("generated_median_words", self.generated_median_words, 4)
+        else:
+            _check_source("dataset", self.dataset)
+
+    @property
+    def token_cache_dir(self) -> Path:
+        if self.cache_dir is not None:
+            return Path(self.cache_dir)
+        return Path(self.output_dir).resolve().parent / "token-cache"
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _at_least(key: str, value: int, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ConfigError(f"{key}: must be an integer >= {minimum}, got {value!r}")
+
+
+def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"{key}: must be one of {', '.join(choices)}; got {value!r}")
+
+
+def is_local_path(source: str) -> bool:
+    """True for a path on this machine; False for a hub id such as prajjwal1/bert-tiny."""
+    return (source.startswith(("/", ".", "~")) or not _HUB_ID.match(source)
+            or Path(source).expanduser().exists())
+
+
+def _check_source(key: str, source: str) -> None:
+    """A local path must exist; a hub id must look like one (the download itself happens later)."""
+    if not source:
+        raise ConfigError(f"{key}: is empty; give a hub id or a local path")
+    if is_local_path(source) and not Path(source).expanduser().exists():
+        raise ConfigError(f"{key}: local path {source} does not exist; stage it there or give a hub id")
+
+
+def _check_writable(key: str, directory: Path) -> None:
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=directory, prefix=".write-test-"):
+            pass
+    except OSError as error:
+        raise ConfigError(f"{key}: {directory} is not writable ({error.strerror}); "
+                          "choose a directory this user can write") from None
+
+
+# --- YAML and CLI ----------------------------------------------------------------
+
+_FIELDS = {field.name: field for field in dataclasses.fields(TrainConfig)}
+_TYPE_HINTS = typing.get_type_hints(TrainConfig)
+_HELP = {
+    "model": "hub id, local model directory, or generated:bert-tiny (built from config, nothing downloaded)",
+    "dataset": "stanfordnlp/imdb, a local path or saved dataset, or 'generated' (IMDB-like, from the seed)",
+    "generated_train_size": "reviews in the generated train split (<= 25000)",
+    "generated_test_size": "reviews in the generated test split (<= 25000)",
+    "generated_median_words": "median review length of the generated data, in words (IMDB: ~230)",
+    "epochs": "epochs to train",
+    "seed": "seed for the model, data order and generated data",
+    "batch_size": "batch size per worker",
+    "learning_rate": "AdamW peak learning rate",
+    "weight_decay": "AdamW weight decay",
+    "warmup_steps": "linear warmup steps, then linear decay to 0 over the whole run",
+    "max_length": "max tokens per review; longer ones are truncated",
+    "optimizer": "adamw (the study) or sgd (only for the DDP-equivalence test)",
+    "dropout": "override the model's dropout (null = the model's own)",
+    "group_by_length": "batch reviews of similar length together (per rank, deterministic)",
+    "threads": "CPU threads per worker (torch.set_num_threads)",
+    "device": "auto, cpu or cuda",
+    "mixed_precision": "auto, no, bf16 or fp16 (CUDA only; auto = bf16 where supported, else fp16)",
+    "num_workers": "data-loader processes per worker (auto: 0 on CPU, 2 on CUDA)",
+    "output_dir": "where rank 0 writes result.json",
+    "checkpoint_dir": "per-epoch checkpoints and resume (null/none = off)",
+    "cache_dir": "tokenized-split cache shared by runs (default: <output_dir>/../token-cache)",
+    "framework": "ddp, spark or determined (set by the launcher)",
+    "framework_label": "what the run really was, written to result.json (default: the launcher's)",
+}
+
+
+def _convert(key: str, raw):
+    """Turn a YAML or CLI value into the field's type; ConfigError names the key."""
+    hint = _TYPE_HINTS[key]
+    optional = type(None) in typing.get_args(hint)
+    base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+    if raw is None or (optional and isinstance(raw, str) and raw.lower() in ("none", "null", "auto", "")):
+        if optional:
+            return None
+        raise ConfigError(f"{key}: must not be empty")
+    try:
+        if base is bool:
+            if isinstance(raw, bool):
+                return raw
+            if str(raw).lower() in ("true", "yes", "1", "on"):
+                return True
+            if str(raw).lower() in ("false", "no", "0", "off"):
+                return False
+            raise ValueError
+        if base is int:
+            if isinstance(raw, bool) or (isinstance(raw, float) and not raw.is_integer()):
+                raise ValueError
+            return int(raw)
+        if base is float:
+            return float(raw)
+        return str(raw)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key}: expected {base.__name__}, got {raw!r}") from None
+
+
+def load_yaml(path: str | Path) -> dict:
+    """Read a config file into {field: value}; unknown keys and bad types fail with one line."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except OSError as error:
+        raise ConfigError(f"{path}: cannot read ({error.strerror}); check --config") from None
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: must be a mapping of trainer options")
+    values = {}
+    for key, raw in data.items():
+        if key not in _FIELDS:
+            raise ConfigError(f"{path}: {key}: unknown option; see --help for the valid ones")
+        try:
+            values[key] = _convert(key, raw)
+        except ConfigError as error:
+            raise ConfigError(f"{path}: {error}") from None
+    return values
+
+
+def build_parser(prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", metavar="FILE.yml", help="YAML file of options; flags override it")
+    for name, field in _FIELDS.items():
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, "--" + name if "_" in name else flag, dest=name,
+                            default=argparse.SUPPRESS, metavar=name.upper(),
+                            help=f"{_HELP[name]} (default: {field.default})")
+    return parser
+
+
+def parse_args(argv: list[str] | None = None, prog: str | None = None,
+               description: str | None = None) -> TrainConfig:
+    """Defaults, then --config FILE, then flags; validated. ConfigError on any bad value."""
+    parser = build_parser(prog, description)
+    namespace = vars(parser.parse_args(argv))
+    config_file = namespace.pop("config", None)
+    values = load_yaml(config_file) if config_file else {}
+    for key, raw in namespace.items():
+        values[key] = _convert(key, raw)
+    return TrainConfig(**values).validate()
+
+
+def from_dict(values: dict) -> TrainConfig:
+    """Build and validate a config from plain data (e.g. Determined hyperparameters)."""
+    for key in values:
+        if key not in _FIELDS:
+            raise ConfigError(f"{key}: unknown trainer option")
+    return TrainConfig(**{key: _convert(key, raw) for key, raw in values.items()}).validate()

@@ -1,0 +1,429 @@
+"""The one training core: the study's protocol, run the same way under every launcher.
+
+    result = train(cfg)            # inside torchrun / TorchDistributor / Determined, or alone
+
+Protocol (study §4.2-4.3): BertForSequenceClassification (2 labels), AdamW, linear warmup then
+linear decay to 0 over the run, batch per worker, DistributedSampler with set_epoch, DDP
+gradient averaging, validation on the test split after every epoch with loss / correct / count
+all-reduced with SUM, and the run timed with time.perf_counter from the start of training to
+the end of the last validation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import hashlib
+import json
+import os
+import random
+import resource
+import socket
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainer import checkpoint
+from trainer.config import ConfigError, TrainConfig
+from trainer.data import LengthGroupedBatchSampler, PaddedBatches, tokenized_splits, validation_batches
+from trainer.model import build_model
+from trainer.result import versions, write_result
+
+# Fields that change what is trained; paths, labels and thread counts do not.
+_HASHED_FIELDS = ("model", "dataset", "generated_train_size", "generated_test_size", "generated_median_words",
+                  "epochs", "seed", "batch_size", "learning_rate", "weight_decay", "warmup_steps",
+                  "max_length", "optimizer", "dropout", "group_by_length", "mixed_precision", "num_workers")
+_PRECISION_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+_STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
+
+
+class TrainHooks:
+    """What a launcher may change. The defaults are plain torchrun behaviour.
+
+    resume_path() and checkpoint_path() are called on rank 0 only (the checkpoint is read there
+    and broadcast, so nodes need no shared disk); on_epoch_end() on rank 0 only; should_stop()
+    on every rank after every epoch's checkpoint (the answers are OR-ed across ranks).
+    The core sets `self.cfg` before calling any of them.
+    """
+
+    framework: str = "ddp"
+    framework_label: str = "ddp (torchrun)"
+    cfg: TrainConfig | None = None
+
+    def resume_path(self) -> Path | None:
+        """Checkpoint directory or file to resume from; default: the latest in cfg.checkpoint_dir."""
+        return checkpoint.latest_checkpoint(self.cfg.checkpoint_dir)
+
+    def checkpoint_path(self, epoch: int) -> contextlib.AbstractContextManager[Path | None]:
+        """Directory to write this epoch's checkpoint into; None skips it (checkpointing off)."""
+        if self.cfg.checkpoint_dir is None:
+            return contextlib.nullcontext(None)
+        return checkpoint.atomic_epoch_dir(self.cfg.checkpoint_dir, epoch)
+
+    def on_epoch_end(self, epoch: int, metrics: dict) -> None:
+        """Global metrics of a finished epoch: val_loss, val_accuracy, train_time_s, val_time_s, ..."""
+
+    def should_stop(self) -> bool:
+        """True to stop after this epoch's checkpoint (preemption); train() then returns None."""
+        return False
+
+
+def config_hash(cfg: TrainConfig) -> str:
+    canonical = json.dumps({key: getattr(cfg, key) for key in _HASHED_FIELDS}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> dict | None:
+    """Run the protocol on this process's rank; rank 0 writes <output_dir>/result.json and returns it."""
+    process_started = time.time()
+    cfg.validate()
+    hooks = hooks or TrainHooks()
+    hooks.cfg = cfg
+    torch.set_num_threads(cfg.threads)
+    device = _resolve_device(cfg)
+    created_group = _init_process_group(device)
+    try:
+        return _Run(cfg, hooks, device, process_started).run()
+    finally:
+        if created_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+# --- process group -----------------------------------------------------------------------------
+
+def _resolve_device(cfg: TrainConfig) -> torch.device:
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device: cuda requested but torch sees no GPU; use device auto or cpu")
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    if not use_cuda and cfg.mixed_precision in ("bf16", "fp16"):
+        raise ConfigError(f"mixed_precision: {cfg.mixed_precision} is CUDA-only and this run is on cpu; "
+                          "use auto or no")
+    if not use_cuda:
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if local_world_size > torch.cuda.device_count():  # CUDA-only: one process per GPU
+        raise ConfigError(f"world size: {local_world_size} processes on this node but only "
+                          f"{torch.cuda.device_count()} GPUs; start at most one process per GPU")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def _free_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _init_process_group(device: torch.device) -> bool:
+    """Join the launcher's group (env://), or form a 1-process group; True if we created it."""
+    if dist.is_initialized():
+        return False
+    if "RANK" not in os.environ:  # a plain process: a group of one on loopback
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_loopback_port()))
+    if device.type == "cpu":
+        slots = len(os.sched_getaffinity(0))
+        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        if local_world_size > slots:
+            raise ConfigError(f"world size: {local_world_size} processes on this node but only {slots} CPUs; "
+                              "start at most one process per CPU")
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, init_method="env://",
+                            device_id=device if device.type == "cuda" else None)
+    return True
+
+
+def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
+    tensor = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor.tolist()
+
+
+def _gather(value) -> list:
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _utc_now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+
+
+# --- one run ---------------------------------------------------------------------------------------
+
+class _Run:
+    def __init__(self, cfg: TrainConfig, hooks: TrainHooks, device: torch.device, process_started: float):
+        self.cfg, self.hooks, self.device = cfg, hooks, device
+        self.process_started = process_started
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        self.is_cuda = device.type == "cuda"
+        self.config_hash = config_hash(cfg)
+
+    def log(self, message: str) -> None:
+        if self.rank == 0:
+            print(f"[trainer] {message}", flush=True)
+
+    # --- setup ---
+    def _seed(self) -> None:
+        random.seed(self.cfg.seed)
+        np.random.seed(self.cfg.seed)
+        torch.manual_seed(self.cfg.seed)  # also seeds CUDA; every rank builds the same initial weights
+
+    def _build(self) -> None:
+        cfg = self.cfg
+        splits = tokenized_splits(cfg, log=self.log)
+        self._seed()
+        model = build_model(cfg).to(self.device)
+        self.model = model
+        self.ddp = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[self.device.index] if self.is_cuda else None)
+
+        num_workers = cfg.num_workers if cfg.num_workers is not None else (2 if self.is_cuda else 0)
+        loader_options = dict(batch_size=None, num_workers=num_workers, pin_memory=self.is_cuda,
+                              persistent_workers=num_workers > 0)
+        pad_multiple = 8 if self.is_cuda else 1  # CUDA-only: tensor-core friendly shapes
+        train_split, test_split = splits["train"], splits["test"]
+        sampler = torch.utils.data.DistributedSampler(
+            train_split, num_replicas=self.world_size, rank=self.rank, shuffle=True, seed=cfg.seed)
+        self.batch_sampler = LengthGroupedBatchSampler(sampler, train_split.lengths, cfg.batch_size, cfg.seed,
+                                                       group_by_length=cfg.group_by_length)
+        self.train_loader = torch.utils.data.DataLoader(
+            PaddedBatches(train_split, pad_to_multiple_of=pad_multiple),
+            sampler=self.batch_sampler, **loader_options)
+        self.val_loader = torch.utils.data.DataLoader(
+            PaddedBatches(test_split, pad_to_multiple_of=pad_multiple),
+            sampler=validation_batches(test_split.lengths, self.rank, self.world_size, cfg.batch_size),
+            **loader_options)
+        self.train_size, self.test_size = len(train_split), len(test_split)
+
+        self.steps_per_epoch = len(self.batch_sampler)
+        self.optimizer = self._optimizer()
+        from transformers import get_linear_schedule_with_warmup
+
+        self.scheduler = get_linear_schedule_with_warmup(
+            self.optimizer, cfg.warmup_steps, cfg.epochs * self.steps_per_epoch)
+        self.autocast_dtype = self._autocast_dtype()
+        # CUDA-only: fp16 needs loss scaling; bf16 and fp32 do not.
+        self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
+
+    def _optimizer(self) -> torch.optim.Optimizer:
+        # As in Hugging Face's examples: no weight decay on biases and LayerNorm weights.
+        decay, no_decay = [], []
+        for name, parameter in self.model.named_parameters():
+            (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(parameter)
+        groups = [{"params": decay, "weight_decay": self.cfg.weight_decay},
+                  {"params": no_decay, "weight_decay": 0.0}]
+        if self.cfg.optimizer == "sgd":
+            return torch.optim.SGD(groups, lr=self.cfg.learning_rate)
+        return torch.optim.AdamW(groups, lr=self.cfg.learning_rate)
+
+    def _autocast_dtype(self) -> torch.dtype | None:
+        if not self.is_cuda or self.cfg.mixed_precision == "no":
+            return None
+        if self.cfg.mixed_precision == "auto":  # CUDA-only: bf16 where the GPU has it (Ampere+)
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return {"bf16": torch.bfloat16, "fp16": torch.float16}[self.cfg.mixed_precision]
+
+    def _autocast(self):
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast("cuda", dtype=self.autocast_dtype)
+
+    # --- resume ---
+    def _resume(self) -> tuple[int, float, list[dict]]:
+        """(epochs done, elapsed training-span seconds, their metrics) from the latest checkpoint."""
+        state = None
+        if self.rank == 0:
+            path = self.hooks.resume_path()
+            if path is not None:
+                self.log(f"resuming from {path}")
+                state = checkpoint.load(path)
+        holder = [state]
+        if self.world_size > 1:  # rank 0 reads; the others receive it, so no shared disk is needed
+            dist.broadcast_object_list(holder, src=0, device=self.device if self.is_cuda else None)
+        state = holder[0]
+        if state is None:
+            return 0, 0.0, []
+        if state["config_hash"] != self.config_hash:
+            raise ConfigError(f"checkpoint_dir: the checkpoint was written by a different config "
+                              f"({state['config_hash']} != {self.config_hash}); use an empty checkpoint_dir")
+        if state["world_size"] != self.world_size:
+            raise ConfigError(f"checkpoint_dir: the checkpoint was written by {state['world_size']} workers, "
+                              f"this run has {self.world_size}; resume with the same world size")
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        checkpoint.restore_rng_states(state["rng"][self.rank])
+        return state["epoch"], state["elapsed_s"], state["epoch_metrics"]
+
+    def _save_checkpoint(self, epoch: int, elapsed: float, epoch_metrics: list[dict]) -> None:
+        rng = _gather(checkpoint.rng_states())  # every rank's generators, for an exact resume
+        if self.rank != 0:
+            return
+        with self.hooks.checkpoint_path(epoch) as directory:
+            if directory is None:
+                return
+            checkpoint.save({
+                "format": checkpoint.CHECKPOINT_FORMAT, "config_hash": self.config_hash,
+                "world_size": self.world_size, "epoch": epoch, "elapsed_s": elapsed,
+                "epoch_metrics": epoch_metrics, "rng": rng, "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(),
+            }, directory)
+
+    # --- the loop ---
+    def _to_device(self, batch: dict) -> dict:
+        return {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
+
+    def _synchronize(self) -> None:
+        if self.is_cuda:  # CUDA-only: wait for queued kernels before reading the clock
+            torch.cuda.synchronize(self.device)
+
+    def _train_epoch(self, epoch: int) -> dict:
+        self.batch_sampler.set_epoch(epoch)
+        self.ddp.train()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        samples = 0
+        started = time.perf_counter()
+        for batch in self.train_loader:
+            batch = self._to_device(batch)
+            step_started = time.perf_counter()
+            with self._autocast():
+                loss = self.ddp(**batch).loss
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            size = batch["labels"].shape[0]
+            loss_sum += loss.detach().double() * size  # stays on the device: no sync per step
+            samples += size
+            self.step_times.append(time.perf_counter() - step_started)
+            if self.first_step_done_at is None:
+                self.first_step_done_at = time.time()
+        global_loss, global_samples = _all_reduce_sum([loss_sum.item(), samples], self.device)
+        self._synchronize()
+        return {"train_time_s": time.perf_counter() - started, "train_samples": int(global_samples),
+                "train_loss": global_loss / max(global_samples, 1)}
+
+    @torch.inference_mode()
+    def _validate(self) -> dict:
+        self.ddp.eval()
+        started = time.perf_counter()
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        correct = torch.zeros((), dtype=torch.int64, device=self.device)
+        count = 0
+        for batch in self.val_loader:
+            batch = self._to_device(batch)
+            with self._autocast():
+                logits = self.model(input_ids=batch["input_ids"],
+                                    attention_mask=batch["attention_mask"]).logits
+            logits = logits.float()
+            loss_sum += torch.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum").double()
+            correct += (logits.argmax(dim=-1) == batch["labels"]).sum()
+            count += batch["labels"].shape[0]
+        total_loss, total_correct, total_count = _all_reduce_sum(
+            [loss_sum.item(), float(correct.item()), count], self.device)
+        self._synchronize()
+        return {"val_time_s": time.perf_counter() - started, "val_loss": total_loss / total_count,
+                "val_accuracy": total_correct / total_count}
+
+    def run(self) -> dict | None:
+        cfg = self.cfg
+        self._build()
+        start_epoch, elapsed_before, epoch_metrics = self._resume()
+        resumed_from = start_epoch if start_epoch > 0 else None
+        self.step_times, self.first_step_done_at = [], None
+        self.log(f"{self.hooks.framework_label}: world size {self.world_size} on {self.device}, "
+                 f"{self.train_size} train / {self.test_size} test reviews, "
+                 f"{self.steps_per_epoch} steps/epoch, "
+                 f"epochs {start_epoch + 1}..{cfg.epochs}")
+        dist.barrier()  # all ranks start the timed span together
+        training_started_at = time.time()
+        span_started = time.perf_counter()
+        for epoch in range(start_epoch, cfg.epochs):
+            metrics = {"epoch": epoch + 1, **self._train_epoch(epoch), **self._validate()}
+            epoch_metrics.append(metrics)
+            elapsed = elapsed_before + time.perf_counter() - span_started
+            self.log(f"epoch {epoch + 1}/{cfg.epochs}: train {metrics['train_time_s']:.2f}s "
+                     f"loss {metrics['train_loss']:.4f} | val {metrics['val_time_s']:.2f}s "
+                     f"loss {metrics['val_loss']:.4f} accuracy {metrics['val_accuracy']:.4f}")
+            if self.rank == 0:
+                self.hooks.on_epoch_end(epoch + 1, dict(metrics))
+            self._save_checkpoint(epoch + 1, elapsed, epoch_metrics)
+            stop = _all_reduce_sum([float(self.hooks.should_stop())], self.device)[0] > 0
+            if stop and epoch + 1 < cfg.epochs:
+                self.log(f"stopping after epoch {epoch + 1} as asked (preemption); "
+                         "a resumed run continues from here")
+                return None
+        time_total = elapsed_before + time.perf_counter() - span_started
+        return self._result(time_total, epoch_metrics, resumed_from, training_started_at)
+
+    def _result(self, time_total: float, epoch_metrics: list[dict], resumed_from: int | None,
+                training_started_at: float) -> dict | None:
+        cuda_mb = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.is_cuda else None
+        per_rank = _gather({"host": socket.gethostname(), "rss_mb": _peak_rss_mb(), "cuda_mb": cuda_mb})
+        if self.rank != 0:
+            return None
+        cfg = self.cfg
+        hostnames = list(dict.fromkeys(entry["host"] for entry in per_rank))
+        train_time = sum(m["train_time_s"] for m in epoch_metrics)
+        train_samples = sum(m["train_samples"] for m in epoch_metrics)
+        steady = self.step_times[_STEADY_STATE_SKIP_STEPS:] or self.step_times
+        # The launcher's hooks name the framework unless the config names another one.
+        framework = cfg.framework if cfg.framework != "ddp" else self.hooks.framework
+        label = cfg.framework_label or (self.hooks.framework_label if self.hooks.framework == framework
+                                        else framework)
+        result = {
+            "schema_version": 1,
+            "framework": framework,
+            "framework_label": label,
+            "world_size": self.world_size,
+            "nodes": len(hostnames),
+            "gpus": self.world_size if self.is_cuda else 0,
+            "device": self.device.type,
+            "backend": dist.get_backend(),
+            "hostnames": hostnames,
+            "epochs": cfg.epochs,
+            "seed": cfg.seed,
+            "hyperparameters": {
+                "learning_rate": cfg.learning_rate, "weight_decay": cfg.weight_decay,
+                "warmup_steps": cfg.warmup_steps, "batch_size_per_worker": cfg.batch_size,
+                "max_length": cfg.max_length, "model": cfg.model, "dataset": cfg.dataset,
+                "optimizer": cfg.optimizer, "group_by_length": cfg.group_by_length,
+                "mixed_precision": _PRECISION_NAMES.get(self.autocast_dtype, "no"),
+                "threads_per_worker": cfg.threads,
+            },
+            "config_hash": self.config_hash,
+            "config": cfg.as_dict(),
+            "time_total_s": time_total,
+            "epoch_metrics": epoch_metrics,
+            "samples_per_s": train_samples / train_time if train_time else 0.0,
+            "steady_step_time_s": statistics.median(steady) if steady else None,
+            "timeline_unix": {"process_started": self.process_started,
+                              "training_started": training_started_at,
+                              "first_step_done": self.first_step_done_at},
+            "peak_memory_mb": {"rss": max(e["rss_mb"] for e in per_rank),
+                               "rss_per_rank": [e["rss_mb"] for e in per_rank],
+                               "cuda": max(e["cuda_mb"] for e in per_rank) if self.is_cuda else None},
+            "final_accuracy": epoch_metrics[-1]["val_accuracy"],
+            "gpu_utilization_pct": None,
+            "resumed_from_epoch": resumed_from,
+            "versions": versions(),
+            "started_at": datetime.datetime.fromtimestamp(training_started_at, datetime.UTC).isoformat(
+                timespec="seconds"),
+            "finished_at": _utc_now(),
+        }
+        path = write_result(result, cfg.output_dir)
+        self.log(f"final accuracy {result['final_accuracy']:.4f} in {time_total:.2f}s; wrote {path}")
+        return result

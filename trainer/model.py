@@ -1,0 +1,37 @@
+"""The model: BertForSequenceClassification, 2 labels, from the hub, a local directory, or config alone."""
+
+from __future__ import annotations
+
+from trainer.config import GENERATED_MODEL_PREFIX, ConfigError, TrainConfig
+
+NUM_LABELS = 2
+# prajjwal1/bert-tiny's shape, so "generated:bert-tiny" costs what the study's model costs.
+GENERATED_SHAPES = {
+    "bert-tiny": dict(vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=512, max_position_embeddings=512),
+}
+
+
+def build_model(cfg: TrainConfig):
+    """Seed before calling: a model built from config is randomly initialised from torch's RNG."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    overrides = {}
+    if cfg.dropout is not None:
+        overrides = dict(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout,
+                         classifier_dropout=cfg.dropout)
+    if cfg.model.startswith(GENERATED_MODEL_PREFIX):
+        shape = GENERATED_SHAPES[cfg.model.removeprefix(GENERATED_MODEL_PREFIX)]
+        model = BertForSequenceClassification(BertConfig(num_labels=NUM_LABELS, **shape, **overrides))
+    else:
+        try:
+            model = BertForSequenceClassification.from_pretrained(cfg.model, num_labels=NUM_LABELS,
+                                                                  **overrides)
+        except Exception as error:  # hub, file and format errors; the user needs one line
+            raise ConfigError(f"model: cannot load {cfg.model} ({type(error).__name__}: "
+                              f"{str(error).splitlines()[0][:200]}); stage it locally or check the id"
+                              ) from None
+    if cfg.max_length > model.config.max_position_embeddings:
+        raise ConfigError(f"max_length: {cfg.max_length} exceeds the model's "
+                          f"{model.config.max_position_embeddings} positions; lower it")
+    return model
