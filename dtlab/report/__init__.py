@@ -1,0 +1,41 @@
+"""The report: the study's Tables 5.1-5.9 and Figure 5.1 regenerated from the results store,
+side by side with the study's published figures (dtlab/data/study_results.yaml).
+
+API (what `invoke bench.report` and `bench.all` call)::
+
+    from dtlab.report import generate_report, EmptyStoreError
+    files = generate_report(results_dir, out_dir=None, profile=None)
+    # results_dir: dtlab.paths.results_dir_for(cluster) or a ResultStore
+    # out_dir:     default <results_dir>/report
+    # -> ReportFiles(out_dir, markdown, html, csv=[...], figures=[...])
+    # raises EmptyStoreError (a DtlabError with exit_code 0) when nothing is recorded at all
+
+Partial stores give partial reports: a missing cell is shown as missing on either side. Failed
+attempts are listed; only each cell's newest ok attempt of one profile (newest, or --profile) is used.
+Rounding: see dtlab.report.numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from dtlab.report.build import EmptyStoreError, Report, build_report
+from dtlab.report.render import ReportFiles, write_report
+from dtlab.results import ResultStore
+
+REPORT_DIRNAME = "report"
+
+
+def generate_report(
+    results: str | os.PathLike[str] | ResultStore,
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    profile: str | None = None,
+) -> ReportFiles:
+    store = results if isinstance(results, ResultStore) else ResultStore(results)
+    report = build_report(store, profile=profile)
+    return write_report(report, Path(out_dir) if out_dir is not None else store.root / REPORT_DIRNAME)
+
+
+__all__ = ["EmptyStoreError", "Report", "ReportFiles", "build_report", "generate_report", "write_report"]

@@ -1,0 +1,217 @@
+"""From recorded runs to per-group statistics and the study's derived figures.
+
+A group is (framework, gpus, epochs); ``gpus`` is the matrix cell's count (GPUs, or CPU workers).
+Derived figures are functions of group means only, so the same code checks the study's own tables.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from dtlab.report.study import FRAMEWORKS, STUDY_LONG_EPOCHS, STUDY_SHORT_EPOCHS
+from dtlab.results import Run
+
+GroupKey = tuple[str, int, int]  # (framework, gpus, epochs)
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One ok run, reduced to what the report needs."""
+
+    framework: str
+    gpus: int
+    epochs: int
+    seed: int
+    label: str
+    device: str
+    time_s: float
+    accuracy: float
+    samples_per_s: float
+    gpu_util_pct: float | None
+    peak_rss_mb: float | None
+    harness_extra_s: float | None  # harness wall time beyond the trainer's own time
+    epoch_accuracy: tuple[float, ...]
+
+    @classmethod
+    def from_run(cls, run: Run) -> Sample:
+        result = run.result or {}
+        harness_extra = (
+            (run.harness_time_s - result["time_total_s"]) if run.harness_time_s is not None else None
+        )
+        accuracy_by_epoch = {m["epoch"]: m["val_accuracy"] for m in result["epoch_metrics"]}
+        return cls(
+            framework=run.cell.framework,
+            gpus=run.cell.gpus,
+            epochs=run.cell.epochs,
+            seed=run.cell.seed,
+            label=result["framework_label"],
+            device=result["device"],
+            time_s=float(result["time_total_s"]),
+            accuracy=float(result["final_accuracy"]),
+            samples_per_s=float(result["samples_per_s"]),
+            gpu_util_pct=result.get("gpu_utilization_pct"),
+            peak_rss_mb=(result.get("peak_memory_mb") or {}).get("rss"),
+            harness_extra_s=harness_extra,
+            epoch_accuracy=tuple(accuracy_by_epoch[e] for e in sorted(accuracy_by_epoch)),
+        )
+
+
+def _mean(values: list[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def _std(values: list[float]) -> float | None:
+    """Sample standard deviation over seeds; undefined (None) for a single run."""
+    return statistics.stdev(values) if len(values) >= 2 else None
+
+
+@dataclass(frozen=True)
+class GroupStats:
+    framework: str
+    gpus: int
+    epochs: int
+    n: int
+    time_mean: float
+    time_std: float | None
+    accuracy_mean: float
+    accuracy_std: float | None
+    samples_per_s_mean: float
+    samples_per_s_std: float | None
+    gpu_util_mean: float | None
+    peak_rss_mb_mean: float | None
+    harness_extra_s_mean: float | None
+    labels: tuple[str, ...]
+    devices: tuple[str, ...]
+    seeds: tuple[int, ...]
+    accuracy_curve: tuple[float, ...] = field(default=())  # mean over seeds, per epoch
+
+    @classmethod
+    def of(cls, samples: list[Sample]) -> GroupStats:
+        first = samples[0]
+        times = [s.time_s for s in samples]
+        accuracies = [s.accuracy for s in samples]
+        throughputs = [s.samples_per_s for s in samples]
+        curve_length = min(len(s.epoch_accuracy) for s in samples)
+        curve = tuple(statistics.fmean(s.epoch_accuracy[i] for s in samples) for i in range(curve_length))
+        return cls(
+            framework=first.framework,
+            gpus=first.gpus,
+            epochs=first.epochs,
+            n=len(samples),
+            time_mean=statistics.fmean(times),
+            time_std=_std(times),
+            accuracy_mean=statistics.fmean(accuracies),
+            accuracy_std=_std(accuracies),
+            samples_per_s_mean=statistics.fmean(throughputs),
+            samples_per_s_std=_std(throughputs),
+            gpu_util_mean=_mean([s.gpu_util_pct for s in samples if s.gpu_util_pct is not None]),
+            peak_rss_mb_mean=_mean([s.peak_rss_mb for s in samples if s.peak_rss_mb is not None]),
+            harness_extra_s_mean=_mean([s.harness_extra_s for s in samples if s.harness_extra_s is not None]),
+            labels=tuple(sorted({s.label for s in samples})),
+            devices=tuple(sorted({s.device for s in samples})),
+            seeds=tuple(sorted(s.seed for s in samples)),
+            accuracy_curve=curve,
+        )
+
+
+def group(samples: Iterable[Sample]) -> dict[GroupKey, GroupStats]:
+    by_key: dict[GroupKey, list[Sample]] = defaultdict(list)
+    for sample in samples:
+        by_key[(sample.framework, sample.gpus, sample.epochs)].append(sample)
+    return {
+        key: GroupStats.of(members) for key, members in sorted(by_key.items(), key=lambda kv: _order(kv[0]))
+    }
+
+
+def _order(key: GroupKey) -> tuple[int, int, int]:
+    framework, gpus, epochs = key
+    rank = FRAMEWORKS.index(framework) if framework in FRAMEWORKS else len(FRAMEWORKS)
+    return rank, gpus, epochs
+
+
+def primary_epochs(epoch_counts: Iterable[int]) -> int | None:
+    """The 'short' runs the study's 20-epoch tables are about: 20 when present, else the fewest."""
+    counts = sorted(set(epoch_counts))
+    if not counts:
+        return None
+    return STUDY_SHORT_EPOCHS if STUDY_SHORT_EPOCHS in counts else counts[0]
+
+
+def long_epochs(epoch_counts: Iterable[int], primary: int | None) -> int | None:
+    """The 'long' linearity runs: 100 when present, else the most, if longer than the primary."""
+    counts = sorted(set(epoch_counts))
+    if primary is None:
+        return None
+    if STUDY_LONG_EPOCHS in counts and primary < STUDY_LONG_EPOCHS:
+        return STUDY_LONG_EPOCHS
+    longer = [c for c in counts if c > primary]
+    return longer[-1] if longer else None
+
+
+class Derived:
+    """The study's derived figures (Tables 5.4, 5.7-5.9, section 5.3.1) from group mean times.
+
+    ``times`` maps (framework, gpus, epochs) to the mean whole-run time; every method returns None
+    when a figure's inputs are missing, never a substitute.
+    """
+
+    def __init__(self, times: Mapping[GroupKey, float]):
+        self.times = dict(times)
+
+    def time(self, framework: str, gpus: int, epochs: int | None) -> float | None:
+        return self.times.get((framework, gpus, epochs)) if epochs is not None else None
+
+    def gpu_counts(self, framework: str | None = None) -> list[int]:
+        return sorted({g for (f, g, _e) in self.times if framework is None or f == framework})
+
+    def per_epoch(self, framework: str, gpus: int, epochs: int | None) -> float | None:
+        total = self.time(framework, gpus, epochs)
+        return total / epochs if total is not None else None
+
+    def linearity(self, framework: str, gpus: int, short: int | None, long: int | None) -> float | None:
+        """Per-epoch time of the long runs over that of the short runs (Table 5.4's ratio)."""
+        long_pe, short_pe = self.per_epoch(framework, gpus, long), self.per_epoch(framework, gpus, short)
+        return long_pe / short_pe if long_pe is not None and short_pe else None
+
+    def overhead_x(self, framework: str, gpus: int, epochs: int | None) -> float | None:
+        """Whole-run time over DDP's at the same GPU count (Table 5.7; x100-100 = section 5.3.1's %)."""
+        this, ddp = self.time(framework, gpus, epochs), self.time("ddp", gpus, epochs)
+        return this / ddp if this is not None and ddp else None
+
+    def base_gpus(self, framework: str) -> int | None:
+        counts = self.gpu_counts(framework)
+        return counts[0] if counts else None
+
+    def speedup(self, framework: str, gpus: int, epochs: int | None, base: int | None = None) -> float | None:
+        """T(base) / T(gpus), base being the smallest count present (Table 5.8)."""
+        base = base if base is not None else self.base_gpus(framework)
+        if base is None or gpus <= base:
+            return None
+        t_base, t_scaled = self.time(framework, base, epochs), self.time(framework, gpus, epochs)
+        return t_base / t_scaled if t_base is not None and t_scaled else None
+
+    def efficiency_pct(
+        self, framework: str, gpus: int, epochs: int | None, base: int | None = None
+    ) -> float | None:
+        """Speedup over the ideal speedup gpus/base, in percent (Table 5.8)."""
+        base = base if base is not None else self.base_gpus(framework)
+        speedup = self.speedup(framework, gpus, epochs, base)
+        return speedup / (gpus / base) * 100 if speedup is not None else None
+
+    def reduction_pct(
+        self, framework: str, gpus: int, epochs: int | None, base: int | None = None
+    ) -> float | None:
+        """Time saved against the base GPU count, in percent (section 5.3.1)."""
+        speedup = self.speedup(framework, gpus, epochs, base)
+        return (1 - 1 / speedup) * 100 if speedup is not None else None
+
+    def overhead_per_epoch_s(self, framework: str, gpus: int, epochs: int | None) -> float | None:
+        this, ddp = self.per_epoch(framework, gpus, epochs), self.per_epoch("ddp", gpus, epochs)
+        return this - ddp if this is not None and ddp is not None else None
+
+    def overhead_per_epoch_pct(self, framework: str, gpus: int, epochs: int | None) -> float | None:
+        extra, ddp = self.overhead_per_epoch_s(framework, gpus, epochs), self.per_epoch("ddp", gpus, epochs)
+        return extra / ddp * 100 if extra is not None and ddp else None

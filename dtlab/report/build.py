@@ -1,0 +1,215 @@
+"""Assemble the report from the store: environment header, tables, figures, notes."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from dtlab.errors import DtlabError
+from dtlab.report.aggregate import GroupStats, Sample, group, long_epochs, primary_epochs
+from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
+from dtlab.report.study import FRAMEWORKS, Published, published
+from dtlab.report.tables import Table, TableBuilder, config_label, failures_table
+from dtlab.results import ResultStore, Run
+
+
+class EmptyStoreError(DtlabError):
+    """Nothing is recorded yet. Not a failure: `invoke bench.report` prints the message and exits 0."""
+
+    exit_code = 0
+
+
+@dataclass
+class Report:
+    title: str
+    generated_at: str
+    store_root: str
+    profile: str | None
+    other_profiles: list[str]
+    environment: list[tuple[str, str]]
+    node_table: Table | None
+    run_labels: list[tuple[str, str, int]]  # (framework label, what ran, run count)
+    tables: list[Table]
+    extra_tables: list[Table]
+    groups: dict[tuple[str, int, int], GroupStats]
+    short_epochs: int | None
+    long_epochs: int | None
+    notes: list[str] = field(default_factory=list)  # warnings shown under the header
+    rounding: list[str] = field(default_factory=list)  # the rounding rule and the study's exception
+    figures: list[dict[str, Any]] = field(default_factory=list)  # filled by render: {"title", "png", "svg"}
+
+    def count_label(self, count: int) -> str:
+        devices = {d for (_f, g, _e), s in self.groups.items() if g == count for d in s.devices}
+        return config_label(count, devices.pop() if len(devices) == 1 else "cuda")
+
+
+def choose_profile(ok_runs: list[Run], profile: str | None) -> tuple[str | None, list[str]]:
+    """The profile to report: the one asked for, else that of the newest ok run (profiles never mix)."""
+    present = sorted({run.cell.profile for run in ok_runs})
+    if profile is not None:
+        if present and profile not in present:
+            raise DtlabError(
+                f"bench.report: --profile {profile} has no recorded runs; recorded profiles: "
+                f"{', '.join(present)}"
+            )
+        return profile, [p for p in present if p != profile]
+    if not ok_runs:
+        return None, []
+    chosen = ok_runs[-1].cell.profile
+    return chosen, [p for p in present if p != chosen]
+
+
+def _join(values) -> str:
+    values = sorted({str(v) for v in values if v not in (None, "")})
+    return ", ".join(values) if values else "not recorded"
+
+
+def _flatten(prefix: str, value: Any) -> dict[str, str]:
+    if isinstance(value, dict):
+        flat = {}
+        for key, inner in value.items():
+            flat |= _flatten(f"{prefix}.{key}" if prefix else str(key), inner)
+        return flat
+    return {prefix: str(value)}
+
+
+def node_versions_table(runs: list[Run]) -> Table | None:
+    """Node x version table from what the harness recorded per node (newest run wins)."""
+    per_node: dict[str, dict[str, str]] = {}
+    for run in runs:
+        for node, versions in run.node_versions.items():
+            per_node[node] = (
+                _flatten("", versions) if isinstance(versions, dict) else {"version": str(versions)}
+            )
+    if not per_node:
+        return None
+    keys = sorted({k for versions in per_node.values() for k in versions})
+    rows = [
+        [text(node)] + [text(versions.get(k, "—")) for k in keys]
+        for node, versions in sorted(per_node.items())
+    ]
+    return Table(
+        "E.1", "table-e.1-nodes", "Node versions (as recorded by the harness)", ["Node", *keys], rows
+    )
+
+
+def environment(ok_runs: list[Run], all_runs: list[Run], pub: Published) -> list[tuple[str, str]]:
+    results = [run.result for run in ok_runs if run.result]
+    hostnames = {h for r in results for h in r["hostnames"]}
+    devices = Counter(r["device"] for r in results)
+    gpu_counts = sorted({r["gpus"] for r in results if r["device"] == "cuda"})
+    worker_counts = sorted({r["world_size"] for r in results if r["device"] == "cpu"})
+    hardware = []
+    if gpu_counts:
+        hardware.append(f"GPUs per run: {', '.join(map(str, gpu_counts))}")
+    if worker_counts:
+        hardware.append(
+            f"CPU workers per run: {', '.join(map(str, worker_counts))} (one thread each, no GPU)"
+        )
+    driver = {
+        v
+        for run in ok_runs
+        for node in run.node_versions.values()
+        if isinstance(node, dict)
+        for k, v in _flatten("", node).items()
+        if "driver" in k.lower()
+    }
+    cuda = {r["versions"].get("cuda") for r in results}
+    hyper = {tuple(sorted(r["hyperparameters"].items())) for r in results}
+    recorded = sorted(run.recorded_at for run in all_runs)
+    source = pub.source
+    return [
+        ("Inventory", _join(run.inventory for run in all_runs)),
+        ("dtlab revision", _join(run.git_rev for run in all_runs)),
+        ("Nodes", f"{len(hostnames)}: {_join(hostnames)}" if hostnames else "not recorded"),
+        (
+            "Devices",
+            "; ".join([*(f"{n} run(s) on {d}" for d, n in sorted(devices.items())), *hardware])
+            or "no successful runs",
+        ),
+        ("Driver / CUDA", f"driver {_join(driver)} / CUDA {_join(cuda)}"),
+        (
+            "Python / torch / transformers",
+            " / ".join(
+                _join(r["versions"].get(k) for r in results) for k in ("python", "torch", "transformers")
+            ),
+        ),
+        ("NCCL", _join(r["versions"].get("nccl") for r in results)),
+        (
+            "Hyperparameters",
+            "; ".join(", ".join(f"{k}={v}" for k, v in h) for h in sorted(hyper)) or "not recorded",
+        ),
+        ("Recorded", f"{recorded[0]} to {recorded[-1]}" if recorded else "nothing"),
+        (
+            "Study",
+            f'{source["author"]}, "{source["title"]}", {source["kind"]}, {source["date"]}; '
+            f"chapter {source['chapter']} (3 nodes, NVIDIA GTX 1060 3 GB each, CUDA 12.2, NCCL)",
+        ),
+    ]
+
+
+def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
+    """Read the store and build every table; raises EmptyStoreError when nothing is recorded."""
+    all_runs = store.runs(status=None)
+    if not all_runs:
+        raise EmptyStoreError(
+            f"bench.report: no recorded runs in {store.root}; "
+            "run `invoke bench.all` (or bench.run) first, then `invoke bench.report`"
+        )
+    latest_ok = store.latest_ok_runs()
+    chosen, others = choose_profile(latest_ok, profile)
+    ok_runs = [run for run in latest_ok if run.cell.profile == chosen]
+    failed = [
+        run for run in all_runs if run.status == "failed" and (chosen is None or run.cell.profile == chosen)
+    ]
+    pub = published()
+    groups = group(Sample.from_run(run) for run in ok_runs)
+    short = primary_epochs(k[2] for k in groups)
+    long = long_epochs((k[2] for k in groups), short)
+    builder = TableBuilder(groups, pub, short=short, long=long)
+    frameworks = builder.frameworks()
+    tables = [builder.run_table(f) for f in frameworks if f in FRAMEWORKS]
+    tables += [
+        builder.table_5_4(),
+        builder.accuracy_table("5.5", short, 20),
+        builder.accuracy_table("5.6", long, 100),
+        builder.table_5_7(),
+        builder.table_5_8(),
+        builder.table_5_9(),
+    ]
+    extra = [builder.throughput_table()]
+    if failed:
+        extra.append(failures_table(failed, {run.cell_key for run in ok_runs}))
+    labels = Counter(
+        (run.result["framework_label"], config_label(run.cell.gpus, run.result["device"])) for run in ok_runs
+    )
+    notes = []
+    if not ok_runs:
+        notes.append("No successful runs are recorded yet: only the study's figures are shown.")
+    if short is not None and short != 20:
+        notes.append(
+            f"This cluster's short runs have {short} epochs, the study's 20: whole-run times are "
+            "not comparable across the two (per-epoch times and ratios are)."
+        )
+    return Report(
+        title=f"dtlab report: {_join(run.inventory for run in all_runs)}",
+        store_root=str(store.root),
+        generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        profile=chosen,
+        other_profiles=others,
+        environment=environment(ok_runs, all_runs, pub),
+        node_table=node_versions_table(all_runs),
+        run_labels=[(label, config, n) for (label, config), n in sorted(labels.items())],
+        tables=tables,
+        extra_tables=extra,
+        groups=groups,
+        short_epochs=short,
+        long_epochs=long,
+        notes=notes,
+        rounding=[ROUNDING_RULE, STUDY_34_00_NOTE],
+    )
+
+
+__all__ = ["EmptyStoreError", "Report", "Value", "build_report", "choose_profile"]

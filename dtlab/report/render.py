@@ -1,0 +1,135 @@
+"""Write a built Report: Markdown, HTML (figure embedded), one CSV per table, PNG and SVG figures."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import jinja2
+
+from dtlab.paths import TEMPLATES_DIR
+from dtlab.report import figures
+from dtlab.report.build import Report
+from dtlab.report.tables import Table
+from dtlab.results import _atomic_write_text
+
+MARKDOWN_TEMPLATE = "report.md.j2"
+HTML_TEMPLATE = "report.html.j2"
+
+
+@dataclass
+class ReportFiles:
+    out_dir: Path
+    markdown: Path
+    html: Path
+    csv: list[Path] = field(default_factory=list)
+    figures: list[Path] = field(default_factory=list)
+
+
+def _markdown_cell(value: object) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        undefined=jinja2.StrictUndefined,
+        autoescape=jinja2.select_autoescape(["html.j2"]),
+        keep_trailing_newline=True,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["md"] = _markdown_cell
+    return env
+
+
+def table_csv(table: Table) -> str:
+    """Unrounded numbers (text where a cell is text, empty where missing), for further analysis."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(table.columns)
+    for row in table.rows:
+        writer.writerow(["" if value.raw is None else value.raw for value in row])
+    return buffer.getvalue()
+
+
+def draw_figures(report: Report, figure_dir: Path) -> list[dict]:
+    from dtlab.report.study import STUDY_SHORT_EPOCHS, published
+
+    drawn = []
+    short = report.short_epochs
+    this_times = {(f, g): (s.time_mean, s.time_std) for (f, g, e), s in report.groups.items() if e == short}
+    if this_times:
+        figure = figures.time_bars(
+            this_times,
+            count_label=report.count_label,
+            title=f"Figure 5.1 (this cluster): training time, {short} epochs, std over seeds",
+        )
+        drawn.append(
+            {
+                "title": "Figure 5.1: training time per framework (this cluster)",
+                "figure": figure,
+                "stem": "figure-5.1",
+            }
+        )
+    study_times = {
+        (f, g): (t, None) for (f, g, e), (t, _a) in published().runs.items() if e == STUDY_SHORT_EPOCHS
+    }
+    figure = figures.time_bars(
+        study_times,
+        count_label=lambda g: f"{g} GPU{'s' if g != 1 else ''}",
+        title="Figure 5.1 (study): training time, 20 epochs, mean of 5 seeds",
+    )
+    drawn.append(
+        {
+            "title": "Figure 5.1: training time per framework (study, as published)",
+            "figure": figure,
+            "stem": "figure-5.1-study",
+        }
+    )
+    curves = {
+        (f, g): s.accuracy_curve for (f, g, e), s in report.groups.items() if e == short and s.accuracy_curve
+    }
+    if curves:
+        figure = figures.accuracy_curves(
+            curves,
+            count_label=report.count_label,
+            title=f"Validation accuracy per epoch ({short}-epoch runs, mean over seeds)",
+        )
+        drawn.append(
+            {
+                "title": "Figure B.1: validation accuracy per epoch (beyond the study)",
+                "figure": figure,
+                "stem": "figure-b.1-accuracy",
+            }
+        )
+    for item in drawn:
+        png, svg = figures.save(item.pop("figure"), figure_dir / item["stem"])
+        item["png"], item["svg"] = png, svg
+        item["png_base64"] = base64.b64encode(png.read_bytes()).decode("ascii")
+    return drawn
+
+
+def write_report(report: Report, out_dir: Path) -> ReportFiles:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = ReportFiles(out_dir, out_dir / "report.md", out_dir / "report.html")
+    report.figures = draw_figures(report, out_dir / "figures")
+    for item in report.figures:
+        files.figures += [item["png"], item["svg"]]
+        item["png_rel"] = item["png"].relative_to(out_dir).as_posix()
+        item["svg_rel"] = item["svg"].relative_to(out_dir).as_posix()
+    tables_dir = out_dir / "tables"
+    all_tables = [*report.tables, *report.extra_tables] + ([report.node_table] if report.node_table else [])
+    for table in all_tables:
+        path = tables_dir / f"{table.slug}.csv"
+        _atomic_write_text(path, table_csv(table))
+        files.csv.append(path)
+        table.csv_rel = path.relative_to(out_dir).as_posix()
+    env = _environment()
+    context = {"report": report, "csv_files": [p.relative_to(out_dir).as_posix() for p in files.csv]}
+    _atomic_write_text(files.markdown, env.get_template(MARKDOWN_TEMPLATE).render(**context))
+    _atomic_write_text(files.html, env.get_template(HTML_TEMPLATE).render(**context))
+    return files

@@ -1,0 +1,589 @@
+"""The study's Tables 5.1-5.9 (and a few beyond it) as data: this cluster beside the study.
+
+Every numeric pair is three adjacent columns: this cluster, the study as printed, and this/study.
+A figure missing on either side is shown as missing (numbers.MISSING), never filled in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from dtlab.report.aggregate import Derived, GroupKey, GroupStats
+from dtlab.report.numbers import Value, fmt, missing, num, ratio, text
+from dtlab.report.study import (
+    DISPLAY_NAMES,
+    FRAMEWORKS,
+    STUDY_BASE_GPUS,
+    STUDY_LONG_EPOCHS,
+    STUDY_SCALED_GPUS,
+    STUDY_SHORT_EPOCHS,
+    TABLE_OF_FRAMEWORK,
+    Published,
+)
+from dtlab.results import Run
+
+
+@dataclass
+class Table:
+    number: str  # the study's table number, or "B.n" beyond the study
+    slug: str  # file-name stem of its CSV
+    title: str
+    columns: list[str]
+    rows: list[list[Value]]
+    notes: list[str] = field(default_factory=list)
+    csv_rel: str = ""  # its CSV, relative to the report folder (set when written)
+
+
+def config_label(gpus: int, device: str) -> str:
+    """What a cell's count really was: GPUs, or CPU workers with one thread each."""
+    if device == "cpu":
+        return f"{gpus} worker{'s' if gpus != 1 else ''} (CPU)"
+    return f"{gpus} GPU{'s' if gpus != 1 else ''}"
+
+
+class TableBuilder:
+    """Builds every table from this cluster's group statistics and the study's published figures."""
+
+    def __init__(
+        self, groups: dict[GroupKey, GroupStats], published: Published, *, short: int | None, long: int | None
+    ):
+        self.groups = groups
+        self.pub = published
+        self.short, self.long = short, long
+        self.this = Derived({key: stats.time_mean for key, stats in groups.items()})
+        self.study = Derived({key: time for key, (time, _acc) in published.runs.items()})
+        self.study_mismatches = study_self_check(published)
+
+    # --- helpers -------------------------------------------------------------
+
+    def frameworks(self) -> list[str]:
+        present = {key[0] for key in self.groups} | {key[0] for key in self.pub.runs}
+        return [f for f in FRAMEWORKS if f in present] + sorted(present - set(FRAMEWORKS))
+
+    def gpu_counts(self, framework: str | None = None) -> list[int]:
+        ours = {g for (f, g, _e) in self.groups if framework is None or f == framework}
+        study = {g for (f, g, _e) in self.pub.runs if framework is None or f == framework}
+        return sorted(ours | study)
+
+    def device(self, framework: str | None, gpus: int | None) -> str:
+        devices = {
+            d
+            for (f, g, _e), stats in self.groups.items()
+            if (framework is None or f == framework) and (gpus is None or g == gpus)
+            for d in stats.devices
+        }
+        if not devices:
+            devices = {d for (_f, _g, _e), stats in self.groups.items() for d in stats.devices}
+        if len(devices) == 1:
+            return devices.pop()
+        return self.pub.device if not devices else "/".join(sorted(devices))
+
+    def label(self, framework: str, gpus: int) -> str:
+        return config_label(gpus, self.device(framework, gpus))
+
+    def study_label(self, gpus: int) -> str:
+        return config_label(gpus, self.pub.device)
+
+    def name(self, framework: str) -> str:
+        labels = sorted({lbl for (f, _g, _e), s in self.groups.items() if f == framework for lbl in s.labels})
+        display = DISPLAY_NAMES.get(framework, framework)
+        return f"{display} [{'; '.join(labels)}]" if labels else display
+
+    def stats(self, framework: str, gpus: int, epochs: int | None) -> GroupStats | None:
+        return self.groups.get((framework, gpus, epochs)) if epochs is not None else None
+
+    @staticmethod
+    def pair(this: float | None, study: float | None, quantity: str, **options) -> list[Value]:
+        return [num(this, quantity, **options), num(study, quantity, **options), ratio(this, study)]
+
+    def epochs_heading(self, epochs: int | None, study_epochs: int) -> str:
+        return f"{epochs} ep" if epochs is not None else f"(no runs; study {study_epochs} ep)"
+
+    def _mismatch_notes(self, table: str) -> list[str]:
+        return [m for t, m in self.study_mismatches if t == table]
+
+    # --- the study's tables --------------------------------------------------
+
+    def run_table(self, framework: str) -> Table:
+        """Tables 5.1-5.3: mean and std over seeds of whole-run time and accuracy, with run counts."""
+        keys = {(g, e) for (f, g, e) in self.groups if f == framework}
+        keys |= {(g, e) for (f, g, e) in self.pub.runs if f == framework}
+        rows = []
+        for gpus, epochs in sorted(keys, key=lambda k: (k[1], k[0])):
+            stats = self.groups.get((framework, gpus, epochs))
+            study_time, study_acc = self.pub.runs.get((framework, gpus, epochs), (None, None))
+            rows.append(
+                [
+                    text(self.label(framework, gpus) if stats else self.study_label(gpus)),
+                    text(str(epochs)),
+                    text(str(stats.n)) if stats else text("0"),
+                    *self.pair(stats.time_mean if stats else None, study_time, "time_s")[:1],
+                    num(stats.time_std if stats else None, "time_s"),
+                    *self.pair(stats.time_mean if stats else None, study_time, "time_s")[1:],
+                    num(stats.accuracy_mean if stats else None, "accuracy"),
+                    num(stats.accuracy_std if stats else None, "accuracy"),
+                    *self.pair(stats.accuracy_mean if stats else None, study_acc, "accuracy")[1:],
+                ]
+            )
+        number = TABLE_OF_FRAMEWORK.get(framework, "5.x")
+        return Table(
+            number,
+            f"table-{number}-{framework}",
+            f"{self.name(framework)} training results",
+            [
+                "Configuration",
+                "Epochs",
+                "Runs",
+                "Time mean (s)",
+                "Time std (s)",
+                "Study time (s)",
+                "This/study",
+                "Accuracy mean",
+                "Accuracy std",
+                "Study accuracy",
+                "This/study",
+            ],
+            rows,
+            [
+                "Mean and sample standard deviation over seeds (std needs at least 2 runs). "
+                "The study's 20-epoch figures are means of 5 seeds, its 100-epoch figures one run; "
+                "it prints no standard deviations."
+            ],
+        )
+
+    def table_5_4(self) -> Table:
+        short, long = self.short, self.long
+        rows = []
+        for framework in self.frameworks():
+            for gpus in self.gpu_counts(framework):
+                if not (
+                    self.stats(framework, gpus, short)
+                    or self.stats(framework, gpus, long)
+                    or (framework, gpus, STUDY_SHORT_EPOCHS) in self.pub.runs
+                ):
+                    continue
+                rows.append(
+                    [
+                        text(DISPLAY_NAMES.get(framework, framework)),
+                        text(self.label(framework, gpus)),
+                        *self.pair(
+                            self.this.per_epoch(framework, gpus, short),
+                            self.pub.per_epoch_s.get((framework, gpus, STUDY_SHORT_EPOCHS)),
+                            "per_epoch_s",
+                        ),
+                        *self.pair(
+                            self.this.per_epoch(framework, gpus, long),
+                            self.pub.per_epoch_s.get((framework, gpus, STUDY_LONG_EPOCHS)),
+                            "per_epoch_s",
+                        ),
+                        *self.pair(
+                            self.this.linearity(framework, gpus, short, long),
+                            self.pub.linearity.get((framework, gpus)),
+                            "linearity",
+                        ),
+                    ]
+                )
+        s, lg = self.epochs_heading(short, 20), self.epochs_heading(long, 100)
+        return Table(
+            "5.4",
+            "table-5.4-linearity",
+            "Training time linearity: per-epoch comparison",
+            [
+                "Framework",
+                "Configuration",
+                f"s/epoch, {s}",
+                "Study s/epoch, 20 ep",
+                "This/study",
+                f"s/epoch, {lg}",
+                "Study s/epoch, 100 ep",
+                "This/study",
+                "Ratio long/short",
+                "Study ratio 100/20",
+                "This/study",
+            ],
+            rows,
+            [
+                "Per-epoch time is the mean whole-run time over the epochs; the ratio is the long "
+                "runs' per-epoch time over the short runs'.",
+                *self._mismatch_notes("5.4"),
+            ],
+        )
+
+    def accuracy_table(self, number: str, epochs: int | None, study_epochs: int) -> Table:
+        """Tables 5.5 (short runs) and 5.6 (long runs): validation accuracy per framework and count."""
+        gpu_counts = self.gpu_counts()
+        columns = ["Framework"]
+        for gpus in gpu_counts:
+            columns += [self.label(None, gpus), f"Study, {self.study_label(gpus)}", "This/study"]
+        if number == "5.6":
+            columns += [f"Δ vs {self.short} ep, {self.label(None, g)} (pp)" for g in gpu_counts]
+        rows = []
+        for framework in self.frameworks():
+            row = [text(self.name(framework))]
+            for gpus in gpu_counts:
+                stats = self.stats(framework, gpus, epochs)
+                study = self.pub.runs.get((framework, gpus, study_epochs), (None, None))[1]
+                row += self.pair(stats.accuracy_mean if stats else None, study, "accuracy")
+            if number == "5.6":
+                for gpus in gpu_counts:
+                    long_stats, short_stats = (
+                        self.stats(framework, gpus, epochs),
+                        self.stats(framework, gpus, self.short),
+                    )
+                    delta = (
+                        (long_stats.accuracy_mean - short_stats.accuracy_mean) * 100
+                        if long_stats and short_stats
+                        else None
+                    )
+                    row.append(num(delta, "accuracy_delta_pp", sign=True))
+            rows.append(row)
+        heading = self.epochs_heading(epochs, study_epochs)
+        slug = "table-5.5-accuracy-short" if number == "5.5" else "table-5.6-accuracy-long"
+        return Table(
+            number,
+            slug,
+            f"Validation accuracy ({heading}; study {study_epochs} epochs)",
+            columns,
+            rows,
+            ["Final validation accuracy, mean over seeds."],
+        )
+
+    def table_5_7(self) -> Table:
+        epochs, gpu_counts = self.short, self.gpu_counts()
+        columns = ["Framework"]
+        for gpus in gpu_counts:
+            columns += [f"{self.label(None, gpus)} (s)", f"Study, {self.study_label(gpus)} (s)", "This/study"]
+        for gpus in gpu_counts:
+            columns += [
+                f"Overhead vs DDP, {self.label(None, gpus)}",
+                f"Study, {self.study_label(gpus)}",
+                "This/study",
+            ]
+        rows = []
+        for framework in self.frameworks():
+            row = [text(self.name(framework))]
+            for gpus in gpu_counts:
+                row += self.pair(
+                    self.this.time(framework, gpus, epochs),
+                    self.pub.runs.get((framework, gpus, STUDY_SHORT_EPOCHS), (None, None))[0],
+                    "time_s",
+                )
+            for gpus in gpu_counts:
+                this = self.this.overhead_x(framework, gpus, epochs)
+                study = self.pub.overhead_x.get((framework, gpus))
+                row += [
+                    self._overhead_text(this, framework),
+                    self._study_overhead_text(study, gpus),
+                    ratio(this, study),
+                ]
+            rows.append(row)
+        return Table(
+            "5.7",
+            "table-5.7-time",
+            f"Training time comparison ({self.epochs_heading(epochs, 20)}; study 20 epochs)",
+            columns,
+            rows,
+            [
+                "Overhead vs DDP: whole-run time over DDP's at the same count; in percent it is section "
+                "5.3.1's single-GPU overhead (study: 23% and 272%). Whole-run times compare with the "
+                "study's only when the epoch counts agree."
+            ],
+        )
+
+    @staticmethod
+    def _overhead_text(value: float | None, framework: str) -> Value:
+        if value is None:
+            return missing()
+        if framework == "ddp":
+            return Value(f"{fmt(value, 'overhead_x')}× (baseline)", value)
+        return Value(
+            f"{fmt(value, 'overhead_x')}× ({fmt((value - 1) * 100, 'overhead_pct', sign=True)}%)", value
+        )
+
+    @staticmethod
+    def _study_overhead_text(value: float | None, gpus: int) -> Value:
+        if value is None:
+            return missing()
+        if gpus == STUDY_BASE_GPUS:  # printed as a percentage in section 5.3.1
+            return Value(f"{fmt((value - 1) * 100, 'overhead_pct', sign=True)}%", value)
+        return Value(f"{fmt(value, 'overhead_x')}×", value)
+
+    def table_5_8(self) -> Table:
+        epochs, rows = self.short, []
+        for framework in self.frameworks():
+            base = self.this.base_gpus(framework)
+            scaled = [g for g in self.gpu_counts(framework) if base is None or g > base]
+            for gpus in scaled:
+                is_study_pair = (base in (None, STUDY_BASE_GPUS)) and gpus == STUDY_SCALED_GPUS
+                key = (framework, gpus)
+
+                def study(table: dict, key=key, is_study_pair=is_study_pair):
+                    return table.get(key) if is_study_pair else None
+
+                rows.append(
+                    [
+                        text(self.name(framework)),
+                        text(f"{self.label(framework, gpus)} vs {base}"),
+                        *self.pair(
+                            self.this.speedup(framework, gpus, epochs),
+                            study(self.pub.speedup),
+                            "speedup",
+                            suffix="×",
+                        ),
+                        *self.pair(
+                            self.this.efficiency_pct(framework, gpus, epochs),
+                            study(self.pub.efficiency_pct),
+                            "efficiency_pct",
+                            suffix="%",
+                        ),
+                        *self.pair(
+                            self.this.reduction_pct(framework, gpus, epochs),
+                            study(self.pub.reduction_pct),
+                            "reduction_pct",
+                            suffix="%",
+                        ),
+                    ]
+                )
+        return Table(
+            "5.8",
+            "table-5.8-scaling",
+            f"Speedup and scaling efficiency ({self.epochs_heading(epochs, 20)}"
+            "; study 20 epochs, 2 GPUs vs 1)",
+            [
+                "Framework",
+                "Scaling",
+                "Speedup",
+                "Study speedup",
+                "This/study",
+                "Efficiency",
+                "Study efficiency",
+                "This/study",
+                "Time reduction",
+                "Study time reduction",
+                "This/study",
+            ],
+            rows,
+            [
+                "Speedup = T(smallest count) / T(count); efficiency = speedup / (count / smallest "
+                "count); time reduction = 1 − T(count) / T(smallest count) (section 5.3.1)."
+            ],
+        )
+
+    def table_5_9(self) -> Table:
+        epochs, rows = self.short, []
+        for framework in self.frameworks():
+            for gpus in self.gpu_counts(framework):
+                baseline = framework == "ddp" and self.this.per_epoch("ddp", gpus, epochs) is not None
+                extra_s = self.this.overhead_per_epoch_s(framework, gpus, epochs)
+                extra_pct = self.this.overhead_per_epoch_pct(framework, gpus, epochs)
+                study_s = self.pub.overhead_s.get((framework, gpus))
+                study_pct = self.pub.overhead_pct.get((framework, gpus))
+                rows.append(
+                    [
+                        text(self.name(framework)),
+                        text(self.label(framework, gpus)),
+                        *self.pair(
+                            self.this.per_epoch(framework, gpus, epochs),
+                            self.pub.per_epoch_s.get((framework, gpus, STUDY_SHORT_EPOCHS)),
+                            "per_epoch_s",
+                        ),
+                        text("– (baseline)")
+                        if baseline
+                        else num(extra_s, "overhead_s", sign=True, suffix=" s"),
+                        num(study_s, "overhead_s", sign=True, suffix=" s"),
+                        ratio(extra_s, study_s),
+                        text("– (baseline)")
+                        if baseline
+                        else num(extra_pct, "overhead_pct", sign=True, suffix="%"),
+                        num(study_pct, "overhead_pct", sign=True, suffix="%"),
+                        ratio(extra_pct, study_pct),
+                    ]
+                )
+        return Table(
+            "5.9",
+            "table-5.9-overhead",
+            f"Per-epoch training time and overhead vs DDP "
+            f"({self.epochs_heading(epochs, 20)}; study 20 epochs, overhead at 2 GPUs)",
+            [
+                "Framework",
+                "Configuration",
+                "s/epoch",
+                "Study s/epoch",
+                "This/study",
+                "Overhead (s)",
+                "Study overhead (s)",
+                "This/study",
+                "Overhead (%)",
+                "Study overhead (%)",
+                "This/study",
+            ],
+            rows,
+            ["Study s/epoch at 1 GPU is Table 5.4's; the study prints overheads at 2 GPUs only."],
+        )
+
+    # --- beyond the study ----------------------------------------------------
+
+    def throughput_table(self) -> Table:
+        rows = []
+        for stats in self.groups.values():
+            rows.append(
+                [
+                    text(self.name(stats.framework)),
+                    text(self.label(stats.framework, stats.gpus)),
+                    text(str(stats.epochs)),
+                    text(str(stats.n)),
+                    num(stats.samples_per_s_mean, "samples_per_s"),
+                    num(stats.samples_per_s_std, "samples_per_s"),
+                    num(stats.gpu_util_mean, "gpu_util_pct", suffix="%")
+                    if stats.gpu_util_mean is not None
+                    else text("not recorded"),
+                    num(stats.peak_rss_mb_mean, "memory_mb"),
+                    num(stats.harness_extra_s_mean, "time_s"),
+                ]
+            )
+        return Table(
+            "B.1",
+            "table-b.1-throughput",
+            "Throughput, GPU utilisation and harness time (beyond the study)",
+            [
+                "Framework",
+                "Configuration",
+                "Epochs",
+                "Runs",
+                "Samples/s mean",
+                "Samples/s std",
+                "GPU utilisation",
+                "Peak RSS (MB)",
+                "Harness time beyond trainer (s)",
+            ],
+            rows,
+            [
+                "Samples/s and GPU utilisation as the trainer measured them; harness time is the "
+                "controller's wall time for the cell minus the trainer's whole-run time."
+            ],
+        )
+
+
+def failures_table(failed: Iterable[Run], ok_keys: set[str]) -> Table:
+    rows = [
+        [
+            text(run.cell_key),
+            text(run.cell.profile),
+            text(str(run.attempt)),
+            text(run.failed_node or "—"),
+            text("—" if run.exit_code is None else str(run.exit_code)),
+            text(run.reason or "—"),
+            text("yes" if run.cell_key in ok_keys else "no"),
+            text(run.recorded_at),
+        ]
+        for run in failed
+    ]
+    return Table(
+        "B.2",
+        "table-b.2-failures",
+        "Failed attempts (kept; a later attempt may have succeeded)",
+        ["Cell", "Profile", "Attempt", "Node", "Exit code", "Reason", "Cell later ok", "Recorded"],
+        rows,
+    )
+
+
+def study_self_check(pub: Published) -> list[tuple[str, str]]:
+    """Recompute the study's derived figures from its own Tables 5.1-5.3 with this report's rounding.
+
+    Returns (table number, note) for each printed figure the rule does not reproduce.
+    """
+    derived = Derived({key: time for key, (time, _acc) in pub.runs.items()})
+    checks: list[tuple[str, str, float | None, float, str]] = []  # table, what, computed, printed, quantity
+    for (fw, gpus, epochs), printed in pub.per_epoch_s.items():
+        checks.append(
+            (
+                "5.4",
+                f"{DISPLAY_NAMES[fw]} {config_label(gpus, pub.device)} {epochs} ep s/epoch",
+                derived.per_epoch(fw, gpus, epochs),
+                printed,
+                "per_epoch_s",
+            )
+        )
+    for (fw, gpus), printed in pub.linearity.items():
+        checks.append(
+            (
+                "5.4",
+                f"{DISPLAY_NAMES[fw]} {config_label(gpus, pub.device)} ratio",
+                derived.linearity(fw, gpus, STUDY_SHORT_EPOCHS, STUDY_LONG_EPOCHS),
+                printed,
+                "linearity",
+            )
+        )
+    for (fw, gpus), printed in pub.overhead_x.items():
+        # Section 5.3.1 prints the single-GPU overhead in percent, Table 5.7 the 2-GPU one as a factor.
+        computed = derived.overhead_x(fw, gpus, STUDY_SHORT_EPOCHS)
+        if gpus == STUDY_BASE_GPUS:
+            checks.append(
+                (
+                    "5.7",
+                    f"{DISPLAY_NAMES[fw]} {config_label(gpus, pub.device)} overhead (%)",
+                    (computed - 1) * 100 if computed else None,
+                    (printed - 1) * 100,
+                    "overhead_pct",
+                )
+            )
+        else:
+            checks.append(
+                (
+                    "5.7",
+                    f"{DISPLAY_NAMES[fw]} {config_label(gpus, pub.device)} overhead_x",
+                    computed,
+                    printed,
+                    "overhead_x",
+                )
+            )
+    per_table: list[tuple[str, dict, Callable[[str, int], float | None], str]] = [
+        ("5.8", pub.speedup, lambda f, g: derived.speedup(f, g, STUDY_SHORT_EPOCHS), "speedup"),
+        (
+            "5.8",
+            pub.efficiency_pct,
+            lambda f, g: derived.efficiency_pct(f, g, STUDY_SHORT_EPOCHS),
+            "efficiency_pct",
+        ),
+        (
+            "5.8",
+            pub.reduction_pct,
+            lambda f, g: derived.reduction_pct(f, g, STUDY_SHORT_EPOCHS),
+            "reduction_pct",
+        ),
+        (
+            "5.9",
+            pub.overhead_s,
+            lambda f, g: derived.overhead_per_epoch_s(f, g, STUDY_SHORT_EPOCHS),
+            "overhead_s",
+        ),
+        (
+            "5.9",
+            pub.overhead_pct,
+            lambda f, g: derived.overhead_per_epoch_pct(f, g, STUDY_SHORT_EPOCHS),
+            "overhead_pct",
+        ),
+    ]
+    for table, printed_values, compute, quantity in per_table:
+        for (fw, gpus), printed in printed_values.items():
+            checks.append(
+                (
+                    table,
+                    f"{DISPLAY_NAMES[fw]} {config_label(gpus, pub.device)} {quantity}",
+                    compute(fw, gpus),
+                    printed,
+                    quantity,
+                )
+            )
+    notes = []
+    for table, what, computed, printed, quantity in checks:
+        if fmt(computed, quantity) != fmt(printed, quantity):
+            notes.append(
+                (
+                    table,
+                    f"Study check: {what} is printed {fmt(printed, quantity)} but the study's "
+                    f"own run table gives {fmt(computed, quantity)} (see Rounding).",
+                )
+            )
+    return notes

@@ -1,0 +1,627 @@
+"""The results store: every matrix cell's outcome, recorded once and never lost.
+
+Layout, one folder per cluster (``dtlab.paths.results_dir_for(cluster_name)``)::
+
+    results/<cluster>/
+      dtlab.sqlite                        one row per attempt (SQLite, WAL, append-only)
+      runs/<cell_key>/attempt-<n>/
+        result.json                       the trainer's result (ok attempts)
+        failure.json                      reason, node, exit code, log tail (failed attempts)
+        logs/<node>.log                   per-node logs of that attempt
+
+API (the harness, ``dtlab.bench``, is the writer; ``dtlab.report`` only reads)::
+
+    from dtlab.results import Cell, ResultStore
+    store = ResultStore.for_cluster("lab")            # or ResultStore(<results dir or .sqlite path>)
+    cell = Cell("ddp", gpus=2, epochs=20, seed=3, profile="study", trainer_config={...})
+    cell.key                                          # "ddp-g2-e20-s3": stable, file-name safe
+    if not store.is_done(cell.key, config_hash):      # resume: an ok attempt with this hash exists?
+        attempt = store.reserve_attempt(cell)         # Attempt(number, dir, log_dir): stream logs there
+        ...run the cell...
+        store.record_ok(cell, result, config_hash=..., git_rev=..., inventory="lab",
+                        node_versions={"node1": {...}}, log_dir=attempt.log_dir,
+                        harness_time_s=123.4, attempt=attempt.number)
+        # or on failure:
+        store.record_failure(cell, reason="exit 1 on node2", node="node2", exit_code=1,
+                             log_tail=[...], config_hash=..., git_rev=..., inventory="lab",
+                             node_versions={...}, log_dir=attempt.log_dir, harness_time_s=40.0,
+                             attempt=attempt.number)
+    store.runs(status="ok")          # list[Run], oldest first; status=None for all, "failed" for failures
+    store.latest_ok_runs()           # one Run per cell key: its newest ok attempt (what the report uses)
+    store.dataframe()                # pandas DataFrame, one flat row per attempt
+    store.delete_all(confirm=True)   # the only way anything recorded goes away
+
+Guarantees:
+- Append-only: each attempt is a new row; SQLite triggers refuse UPDATE and DELETE on recorded
+  runs, so a failure recorded after an ok result (or a ``--force`` rerun) adds, never replaces.
+- Atomic: files are written to a temporary name and renamed; each row is one transaction, written
+  after its files, so a crash leaves at most an unreferenced file, never a row without its JSON.
+- Validated: an ok result must match ``trainer/result_schema.json`` and the cell (framework,
+  epochs, seed) or ``record_ok`` raises ``DtlabError`` and records nothing.
+- Attempt numbers are unique per cell key and allocated by the store (``reserve_attempt`` or
+  ``attempt=None``); recording an attempt number that is already recorded raises ``DtlabError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sqlite3
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from dtlab.errors import DtlabError
+from dtlab.paths import results_dir_for
+
+DB_FILENAME = "dtlab.sqlite"
+RUNS_DIRNAME = "runs"
+STATUSES = ("ok", "failed")
+_SCHEMA_VERSION = 1
+_LOG_TAIL_LINES = 50
+_BUSY_TIMEOUT_S = 30.0
+_MAX_ATTEMPT_PROBES = 1000  # bounds the search for a free attempt directory
+
+_DDL = (
+    """CREATE TABLE IF NOT EXISTS runs (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    cell_key        TEXT    NOT NULL,
+    attempt         INTEGER NOT NULL CHECK (attempt >= 1),
+    framework       TEXT    NOT NULL,
+    gpus            INTEGER NOT NULL,
+    epochs          INTEGER NOT NULL,
+    seed            INTEGER NOT NULL,
+    profile         TEXT    NOT NULL,
+    trainer_config  TEXT    NOT NULL,          -- JSON object
+    config_hash     TEXT    NOT NULL,
+    git_rev         TEXT,
+    inventory       TEXT,
+    node_versions   TEXT    NOT NULL,          -- JSON object
+    status          TEXT    NOT NULL CHECK (status IN ('ok', 'failed')),
+    reason          TEXT,
+    failed_node     TEXT,
+    exit_code       INTEGER,
+    log_tail        TEXT,                      -- JSON list of lines
+    harness_time_s  REAL,
+    trainer_time_s  REAL,
+    result_json     TEXT,                      -- the trainer's result (ok; optional partial on failure)
+    run_dir         TEXT    NOT NULL,          -- relative to the store's root
+    recorded_at     TEXT    NOT NULL,
+    UNIQUE (cell_key, attempt)
+)""",
+    "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs (cell_key, config_hash, status)",
+    """CREATE TRIGGER IF NOT EXISTS runs_are_append_only_update BEFORE UPDATE ON runs
+BEGIN SELECT RAISE(ABORT, 'dtlab results are append-only: recorded runs are never updated'); END""",
+    """CREATE TRIGGER IF NOT EXISTS runs_are_append_only_delete BEFORE DELETE ON runs
+BEGIN SELECT RAISE(ABORT, 'dtlab results are append-only: use ResultStore.delete_all(confirm=True)'); END""",
+)
+
+
+@dataclass(frozen=True, order=True)
+class Cell:
+    """One point of the benchmark matrix. ``gpus`` is the GPU count, or the worker count on CPU."""
+
+    framework: str
+    gpus: int
+    epochs: int
+    seed: int
+    profile: str = "custom"
+    # The trainer settings the cell runs with (hyperparameters, model, dataset); not part of identity.
+    trainer_config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.framework}-g{self.gpus}-e{self.epochs}-s{self.seed}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "framework": self.framework,
+            "gpus": self.gpus,
+            "epochs": self.epochs,
+            "seed": self.seed,
+            "profile": self.profile,
+            "trainer_config": dict(self.trainer_config),
+        }
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A reserved attempt: its number and the folder its files (and live logs) go to."""
+
+    cell_key: str
+    number: int
+    dir: Path
+
+    @property
+    def log_dir(self) -> Path:
+        return self.dir / "logs"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One recorded attempt of one cell, as read back from the store."""
+
+    id: int
+    cell: Cell
+    attempt: int
+    status: str
+    config_hash: str
+    git_rev: str | None
+    inventory: str | None
+    node_versions: dict[str, Any]
+    reason: str | None
+    failed_node: str | None
+    exit_code: int | None
+    log_tail: list[str]
+    harness_time_s: float | None
+    trainer_time_s: float | None
+    result: dict[str, Any] | None
+    run_dir: Path
+    recorded_at: str
+
+    @property
+    def cell_key(self) -> str:
+        return self.cell.key
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+
+@cache
+def _result_validator():
+    import jsonschema
+
+    schema = json.loads(resources.files("trainer").joinpath("result_schema.json").read_text())
+    return jsonschema.Draft202012Validator(schema)
+
+
+def validate_result(result: Mapping[str, Any], *, where: str = "result") -> None:
+    """Raise DtlabError naming the first schema violation of a trainer result."""
+    errors = sorted(_result_validator().iter_errors(result), key=lambda e: list(e.absolute_path))
+    if errors:
+        first = errors[0]
+        location = "/".join(str(p) for p in first.absolute_path) or "(top level)"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise DtlabError(
+            f"{where}: {location}: {first.message}{more}; "
+            "the trainer must write JSON matching trainer/result_schema.json"
+        )
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _atomic_copy(source: Path, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        shutil.copyfile(source, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _tail(lines: str | Sequence[str] | None) -> list[str]:
+    if lines is None:
+        return []
+    if isinstance(lines, str):
+        lines = lines.splitlines()
+    return [str(line) for line in lines][-_LOG_TAIL_LINES:]
+
+
+class ResultStore:
+    """SQLite index plus raw files under one results folder. See the module docstring."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        path = Path(path)
+        if path.suffix == ".sqlite":
+            self.root, self.db_path = path.parent, path
+        else:
+            self.root, self.db_path = path, path / DB_FILENAME
+        self.runs_dir = self.root / RUNS_DIRNAME
+
+    @classmethod
+    def for_cluster(cls, cluster_name: str) -> ResultStore:
+        return cls(results_dir_for(cluster_name))
+
+    def __repr__(self) -> str:
+        return f"ResultStore({str(self.root)!r})"
+
+    # --- connections ---------------------------------------------------------
+
+    def exists(self) -> bool:
+        return self.db_path.is_file()
+
+    @contextlib.contextmanager
+    def _connect(self, *, write: bool) -> Iterator[sqlite3.Connection]:
+        """One short-lived connection per operation; a write is one IMMEDIATE transaction."""
+        if write:
+            self.root.mkdir(parents=True, exist_ok=True)
+        conn = sqlite3.connect(self.db_path, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            if write:
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    self._ensure_schema(conn)
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    conn.execute("ROLLBACK")
+                    raise
+            else:
+                yield conn
+        finally:
+            conn.close()
+
+    @staticmethod
+    def _ensure_schema(conn: sqlite3.Connection) -> None:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version == _SCHEMA_VERSION:
+            return
+        if version not in (0, _SCHEMA_VERSION):
+            raise DtlabError(
+                f"results store: schema version {version} is not {_SCHEMA_VERSION}; "
+                "use the dtlab revision that wrote it"
+            )
+        # Statement by statement: executescript would commit the open transaction first.
+        for statement in _DDL:
+            conn.execute(statement)
+        conn.execute(f"PRAGMA user_version={_SCHEMA_VERSION}")
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        if not self.exists():
+            return []
+        with self._connect(write=False) as conn:
+            has_table = conn.execute(
+                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='runs'"
+            ).fetchone()
+            return conn.execute(sql, params).fetchall() if has_table else []
+
+    # --- attempts ------------------------------------------------------------
+
+    def _attempt_dir(self, cell_key: str, number: int) -> Path:
+        return self.runs_dir / cell_key / f"attempt-{number}"
+
+    def _recorded_attempts(self, cell_key: str) -> set[int]:
+        return {
+            row["attempt"] for row in self._read("SELECT attempt FROM runs WHERE cell_key=?", (cell_key,))
+        }
+
+    def reserve_attempt(self, cell: Cell) -> Attempt:
+        """Claim the next attempt number for a cell by creating its folder (mkdir is atomic)."""
+        recorded = self._recorded_attempts(cell.key)
+        number = max(recorded, default=0) + 1
+        for _ in range(_MAX_ATTEMPT_PROBES):
+            folder = self._attempt_dir(cell.key, number)
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                folder.mkdir()
+            except FileExistsError:
+                number += 1
+                continue
+            (folder / "logs").mkdir()
+            return Attempt(cell.key, number, folder)
+        raise DtlabError(
+            f"results store {self.root}: no free attempt folder for {cell.key} after "
+            f"{_MAX_ATTEMPT_PROBES} tries; clean stray folders under {self.runs_dir / cell.key}"
+        )
+
+    # --- writing -------------------------------------------------------------
+
+    def record_ok(
+        self,
+        cell: Cell,
+        result: Mapping[str, Any],
+        *,
+        config_hash: str,
+        git_rev: str | None,
+        inventory: str | None,
+        node_versions: Mapping[str, Any] | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        harness_time_s: float | None = None,
+        attempt: int | None = None,
+    ) -> Run:
+        """Record a successful attempt; the result is validated against the schema and the cell first."""
+        where = f"results: {cell.key} result.json"
+        validate_result(result, where=where)
+        for name in ("framework", "epochs", "seed"):
+            if result[name] != getattr(cell, name):
+                raise DtlabError(
+                    f"{where}: {name} is {result[name]!r} but the cell has "
+                    f"{getattr(cell, name)!r}; record the result under its own cell"
+                )
+        return self._record(
+            cell,
+            "ok",
+            result=dict(result),
+            config_hash=config_hash,
+            git_rev=git_rev,
+            inventory=inventory,
+            node_versions=node_versions,
+            log_dir=log_dir,
+            harness_time_s=harness_time_s,
+            trainer_time_s=float(result["time_total_s"]),
+            attempt=attempt,
+        )
+
+    def record_failure(
+        self,
+        cell: Cell,
+        *,
+        reason: str,
+        node: str | None = None,
+        exit_code: int | None = None,
+        log_tail: str | Sequence[str] | None = None,
+        config_hash: str,
+        git_rev: str | None,
+        inventory: str | None,
+        node_versions: Mapping[str, Any] | None = None,
+        log_dir: str | os.PathLike[str] | None = None,
+        harness_time_s: float | None = None,
+        trainer_time_s: float | None = None,
+        attempt: int | None = None,
+        partial_result: Mapping[str, Any] | None = None,
+    ) -> Run:
+        """Record a failed attempt: why, on which node, its exit code and last log lines."""
+        if not reason:
+            raise DtlabError(f"results: {cell.key}: a failure needs a reason; pass reason=...")
+        return self._record(
+            cell,
+            "failed",
+            result=dict(partial_result) if partial_result else None,
+            config_hash=config_hash,
+            git_rev=git_rev,
+            inventory=inventory,
+            node_versions=node_versions,
+            log_dir=log_dir,
+            harness_time_s=harness_time_s,
+            trainer_time_s=trainer_time_s,
+            attempt=attempt,
+            reason=reason,
+            node=node,
+            exit_code=exit_code,
+            log_tail=_tail(log_tail),
+        )
+
+    def _record(
+        self,
+        cell: Cell,
+        status: str,
+        *,
+        result: dict[str, Any] | None,
+        config_hash: str,
+        git_rev: str | None,
+        inventory: str | None,
+        node_versions: Mapping[str, Any] | None,
+        log_dir: str | os.PathLike[str] | None,
+        harness_time_s: float | None,
+        trainer_time_s: float | None,
+        attempt: int | None,
+        reason: str | None = None,
+        node: str | None = None,
+        exit_code: int | None = None,
+        log_tail: list[str] | None = None,
+    ) -> Run:
+        if not config_hash:
+            raise DtlabError(f"results: {cell.key}: config_hash is empty; pass the cell's config hash")
+        if attempt is None:
+            folder = self.reserve_attempt(cell).dir
+            attempt = int(folder.name.removeprefix("attempt-"))
+        else:
+            if attempt < 1:
+                raise DtlabError(f"results: {cell.key}: attempt must be >= 1, got {attempt}")
+            if attempt in self._recorded_attempts(cell.key):
+                raise DtlabError(
+                    f"results: {cell.key} attempt {attempt} is already recorded; "
+                    "use store.reserve_attempt(cell) for a new attempt number"
+                )
+            folder = self._attempt_dir(cell.key, attempt)
+            folder.mkdir(parents=True, exist_ok=True)
+        self._collect_logs(log_dir, folder / "logs")
+        recorded_at = _now()
+        if result is not None:
+            _atomic_write_text(folder / "result.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
+        if status == "failed":
+            failure = {
+                "cell": cell.to_dict(),
+                "attempt": attempt,
+                "reason": reason,
+                "node": node,
+                "exit_code": exit_code,
+                "log_tail": log_tail,
+                "recorded_at": recorded_at,
+            }
+            _atomic_write_text(folder / "failure.json", json.dumps(failure, indent=2) + "\n")
+        row = {
+            "cell_key": cell.key,
+            "attempt": attempt,
+            "framework": cell.framework,
+            "gpus": cell.gpus,
+            "epochs": cell.epochs,
+            "seed": cell.seed,
+            "profile": cell.profile,
+            "trainer_config": json.dumps(dict(cell.trainer_config), sort_keys=True),
+            "config_hash": config_hash,
+            "git_rev": git_rev,
+            "inventory": inventory,
+            "node_versions": json.dumps(dict(node_versions or {}), sort_keys=True),
+            "status": status,
+            "reason": reason,
+            "failed_node": node,
+            "exit_code": exit_code,
+            "log_tail": json.dumps(log_tail or []),
+            "harness_time_s": harness_time_s,
+            "trainer_time_s": trainer_time_s,
+            "result_json": json.dumps(result, sort_keys=True) if result is not None else None,
+            "run_dir": str(folder.relative_to(self.root)),
+            "recorded_at": recorded_at,
+        }
+        columns = ", ".join(row)
+        placeholders = ", ".join(f":{name}" for name in row)
+        try:
+            with self._connect(write=True) as conn:
+                cursor = conn.execute(f"INSERT INTO runs ({columns}) VALUES ({placeholders})", row)
+                row_id = cursor.lastrowid
+        except sqlite3.IntegrityError as error:
+            raise DtlabError(
+                f"results: {cell.key} attempt {attempt}: {error}; "
+                "reserve a new attempt with store.reserve_attempt(cell)"
+            ) from error
+        return self._run_from_row({**row, "id": row_id})
+
+    @staticmethod
+    def _collect_logs(log_dir: str | os.PathLike[str] | None, target: Path) -> None:
+        """Copy an attempt's logs into its folder unless they were streamed there already."""
+        target.mkdir(parents=True, exist_ok=True)
+        if log_dir is None:
+            return
+        source = Path(log_dir)
+        if not source.is_dir():
+            raise DtlabError(f"results: log_dir {source} is not a folder; pass the folder holding <node>.log")
+        if source.resolve() == target.resolve():
+            return
+        for log in sorted(source.iterdir()):
+            if log.is_file():
+                _atomic_copy(log, target / log.name)
+
+    def delete_all(self, *, confirm: bool = False) -> None:
+        """Delete every recorded run of this cluster: the database and runs/. Needs confirm=True."""
+        if confirm is not True:
+            raise DtlabError(
+                f"results store {self.root}: delete_all needs confirm=True; "
+                "recorded results are otherwise never deleted"
+            )
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                Path(f"{self.db_path}{suffix}").unlink()
+        shutil.rmtree(self.runs_dir, ignore_errors=True)
+
+    # --- reading -------------------------------------------------------------
+
+    def is_done(self, cell_key: str | Cell, config_hash: str) -> bool:
+        """True when the cell has an ok attempt recorded for exactly this config hash."""
+        key = cell_key.key if isinstance(cell_key, Cell) else cell_key
+        rows = self._read(
+            "SELECT 1 FROM runs WHERE cell_key=? AND config_hash=? AND status='ok' LIMIT 1",
+            (key, config_hash),
+        )
+        return bool(rows)
+
+    def runs(self, status: str | None = "ok", *, cell_key: str | None = None) -> list[Run]:
+        """Recorded attempts, oldest first; status "ok", "failed" or None for both."""
+        if status is not None and status not in STATUSES:
+            raise DtlabError(f"results: status must be one of {STATUSES} or None, got {status!r}")
+        clauses, params = [], []
+        if status is not None:
+            clauses.append("status=?")
+            params.append(status)
+        if cell_key is not None:
+            clauses.append("cell_key=?")
+            params.append(cell_key)
+        where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        return [
+            self._run_from_row(dict(row))
+            for row in self._read(f"SELECT * FROM runs {where} ORDER BY id", params)
+        ]
+
+    def latest_ok_runs(self) -> list[Run]:
+        """The newest ok attempt of each cell key (a --force rerun supersedes, the older stays recorded)."""
+        newest: dict[str, Run] = {}
+        for run in self.runs("ok"):
+            newest[run.cell_key] = run
+        return sorted(newest.values(), key=lambda run: run.id)
+
+    def dataframe(self, status: str | None = None):
+        """All attempts as a pandas DataFrame, one flat row each (result metrics as columns)."""
+        import pandas as pd
+
+        rows = []
+        for run in self.runs(status):
+            result = run.result or {}
+            rows.append(
+                {
+                    "id": run.id,
+                    "cell_key": run.cell_key,
+                    "attempt": run.attempt,
+                    "status": run.status,
+                    "framework": run.cell.framework,
+                    "gpus": run.cell.gpus,
+                    "epochs": run.cell.epochs,
+                    "seed": run.cell.seed,
+                    "profile": run.cell.profile,
+                    "config_hash": run.config_hash,
+                    "git_rev": run.git_rev,
+                    "inventory": run.inventory,
+                    "harness_time_s": run.harness_time_s,
+                    "trainer_time_s": run.trainer_time_s,
+                    "framework_label": result.get("framework_label"),
+                    "device": result.get("device"),
+                    "final_accuracy": result.get("final_accuracy"),
+                    "samples_per_s": result.get("samples_per_s"),
+                    "gpu_utilization_pct": result.get("gpu_utilization_pct"),
+                    "reason": run.reason,
+                    "failed_node": run.failed_node,
+                    "exit_code": run.exit_code,
+                    "recorded_at": run.recorded_at,
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def _run_from_row(self, row: Mapping[str, Any]) -> Run:
+        cell = Cell(
+            row["framework"],
+            row["gpus"],
+            row["epochs"],
+            row["seed"],
+            row["profile"],
+            json.loads(row["trainer_config"]),
+        )
+        return Run(
+            id=row["id"],
+            cell=cell,
+            attempt=row["attempt"],
+            status=row["status"],
+            config_hash=row["config_hash"],
+            git_rev=row["git_rev"],
+            inventory=row["inventory"],
+            node_versions=json.loads(row["node_versions"]),
+            reason=row["reason"],
+            failed_node=row["failed_node"],
+            exit_code=row["exit_code"],
+            log_tail=json.loads(row["log_tail"] or "[]"),
+            harness_time_s=row["harness_time_s"],
+            trainer_time_s=row["trainer_time_s"],
+            result=json.loads(row["result_json"]) if row["result_json"] else None,
+            run_dir=self.root / row["run_dir"],
+            recorded_at=row["recorded_at"],
+        )
