@@ -1,0 +1,177 @@
+"""The node image: Debian via debootstrap, built once per recipe and cached read-only."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from dtlab.errors import DtlabError
+from dtlab.lab import host, mounts
+from dtlab.lab.config import IMAGE_CACHE_DIR, LabConfig
+
+# Bump when the build steps below change, so cached images built the old way are not reused.
+IMAGE_RECIPE_VERSION = 1
+BUILD_TIMEOUT_S = 900
+LOCK_WAIT_S = 1200
+COMPLETE_MARKER = "complete"
+
+
+def image_key(config: LabConfig) -> str:
+    architecture = host.run(["dpkg", "--print-architecture"]).stdout.strip()
+    recipe = {
+        "recipe": IMAGE_RECIPE_VERSION,
+        "suite": config.image_suite,
+        "architecture": architecture,
+        "base": sorted(config.image_base_packages),
+        "extra": sorted(config.image_extra_packages),
+    }
+    return hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_image(config: LabConfig) -> Path | None:
+    image_dir = IMAGE_CACHE_DIR / image_key(config)
+    return image_dir / "rootfs" if (image_dir / COMPLETE_MARKER).exists() else None
+
+
+def ensure_image(config: LabConfig) -> Path:
+    """The image's root directory; builds it first (minutes) if the cache has none for this recipe."""
+    rootfs = cached_image(config)
+    if rootfs:
+        return rootfs
+    IMAGE_CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    key = image_key(config)
+    with _build_lock(key):
+        rootfs = cached_image(config)  # another process may have built it while we waited
+        if rootfs:
+            return rootfs
+        host.require_free_disk(IMAGE_CACHE_DIR, host.MIN_FREE_BYTES_BUILD)
+        return _build(config, key)
+
+
+class _build_lock:
+    """One builder per recipe across processes (parallel labs share the cache)."""
+
+    def __init__(self, key: str):
+        self.path = IMAGE_CACHE_DIR / f".{key}.lock"
+
+    def __enter__(self):
+        self.file = open(self.path, "w")
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise DtlabError(f"lab: another process has been building the image for {LOCK_WAIT_S} s"
+                                     f" (lock {self.path}); wait for it or end it") from None
+                time.sleep(2)
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+
+def _build(config: LabConfig, key: str) -> Path:
+    mirror = host.debian_mirror(config.image_suite)
+    _require_mirror(mirror)
+    for stale in IMAGE_CACHE_DIR.glob(f".build-{key}-*"):  # left by a killed build; we hold the lock
+        mounts.remove_tree(stale)
+    build_dir = IMAGE_CACHE_DIR / f".build-{key}-{os.getpid()}"
+    rootfs = build_dir / "rootfs"
+    build_dir.mkdir()
+    log_path = build_dir / "build.log"
+    started = time.monotonic()
+    print(f"lab: building the node image from {mirror.uri} (once; a few minutes), log {log_path}")
+    try:
+        _debootstrap(config, mirror, rootfs, log_path)
+        _install_extra_packages(config, rootfs, log_path)
+        _make_node_neutral(rootfs)
+    except BaseException:
+        mounts.unmount_under(build_dir)
+        raise
+    (build_dir / COMPLETE_MARKER).write_text(f"built in {time.monotonic() - started:.0f} s\n")
+    final_dir = IMAGE_CACHE_DIR / key
+    os.rename(build_dir, final_dir)  # atomic: a half-built image is never visible under its key
+    print(f"lab: node image ready in {time.monotonic() - started:.0f} s: {final_dir}")
+    return final_dir / "rootfs"
+
+
+def _require_mirror(mirror: host.AptSource) -> None:
+    release_url = f"{mirror.uri}/dists/{mirror.suite}/Release"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(release_url, method="HEAD"), timeout=15):
+            pass
+    except (urllib.error.URLError, OSError) as error:
+        raise DtlabError(f"lab: Debian mirror unreachable ({release_url}: {error}); check the host's network"
+                         " and apt sources, then retry") from error
+
+
+def _logged(argv: list[str], log_path: Path, what: str, env: dict | None = None) -> None:
+    with open(log_path, "a") as log:
+        log.write(f"\n$ {' '.join(argv)}\n")
+        log.flush()
+        try:
+            result = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, timeout=BUILD_TIMEOUT_S,
+                                    env={**os.environ, "DEBIAN_FRONTEND": "noninteractive", **(env or {})})
+        except subprocess.TimeoutExpired as error:
+            raise DtlabError(f"lab: {what} took more than {BUILD_TIMEOUT_S} s; see {log_path}") from error
+    if result.returncode != 0:
+        last = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()][-1:]
+        raise DtlabError(f"lab: {what} failed ({last[0] if last else result.returncode}); see {log_path}")
+
+
+def _debootstrap(config: LabConfig, mirror: host.AptSource, rootfs: Path, log_path: Path) -> None:
+    _logged(["debootstrap", "--variant=minbase", f"--include={','.join(config.image_base_packages)}",
+             "--components=main", config.image_suite, str(rootfs), mirror.uri],
+            log_path, "debootstrap (Debian mirror unreachable or a package missing?)")
+
+
+def _install_extra_packages(config: LabConfig, rootfs: Path, log_path: Path) -> None:
+    """Heavy packages the roles install anyway, via apt in a chroot (services kept from starting)."""
+    _write_apt_sources(config, rootfs)
+    policy = rootfs / "usr/sbin/policy-rc.d"
+    policy.write_text("#!/bin/sh\nexit 101\n")  # no service starts inside the build chroot
+    policy.chmod(0o755)
+    shutil.copyfile("/etc/resolv.conf", rootfs / "etc/resolv.conf")
+    proc = rootfs / "proc"
+    subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True, timeout=30)
+    try:
+        chroot = ["chroot", str(rootfs)]
+        _logged([*chroot, "apt-get", "update"], log_path, "apt-get update in the image")
+        if config.image_extra_packages:
+            _logged([*chroot, "apt-get", "install", "-y", "--no-install-recommends",
+                     *config.image_extra_packages], log_path, "apt-get install in the image")
+        _logged([*chroot, "apt-get", "clean"], log_path, "apt-get clean in the image")
+    finally:
+        mounts.unmount_under(proc)
+        policy.unlink()
+
+
+def _write_apt_sources(config: LabConfig, rootfs: Path) -> None:
+    lines = [f"deb {source.uri} {source.suite} {' '.join(source.components)}"
+             for source in host.node_apt_sources(config.image_suite)]
+    (rootfs / "etc/apt/sources.list").write_text(
+        "# From the lab host's apt sources; nodes reach them through the lab's apt proxy.\n"
+        + "\n".join(lines) + "\n")
+    (rootfs / "etc/apt/apt.conf.d/90dtlab-lab").write_text('Acquire::Languages "none";\n')
+
+
+def _make_node_neutral(rootfs: Path) -> None:
+    """Remove what must differ per node (seeded at node creation) and what must stay empty."""
+    for host_key in (rootfs / "etc/ssh").glob("ssh_host_*"):
+        host_key.unlink()
+    (rootfs / "etc/resolv.conf").write_text("")  # empty on purpose: torchrun stalls on DNS otherwise
+    (rootfs / "etc/machine-id").write_text("")
+    (rootfs / "etc/hostname").unlink(missing_ok=True)
+    # Installed but not started: only the master runs PostgreSQL, and its role enables it there.
+    if (rootfs / "lib/systemd/system/postgresql.service").exists():
+        subprocess.run(["chroot", str(rootfs), "systemctl", "disable", "postgresql.service"],
+                       capture_output=True, timeout=60, check=True)

@@ -1,0 +1,44 @@
+"""The generated Ansible inventory of a lab instance (templates/lab-inventory.yml.j2)."""
+
+from __future__ import annotations
+
+import os
+
+import jinja2
+
+from dtlab import paths
+from dtlab.lab.config import LabConfig
+
+TEMPLATE_NAME = "lab-inventory.yml.j2"
+
+
+def _controller_path(config: LabConfig, path: os.PathLike) -> str:
+    """Portable when the state dir is the checkout's .dtlab/ (Ansible resolves inventory_dir)."""
+    default_state_dir = paths.REPO_ROOT / ".dtlab"
+    if paths.STATE_DIR.resolve() == default_state_dir.resolve():
+        return "{{ inventory_dir }}/../.dtlab/" + str(os.path.relpath(path, default_state_dir))
+    return str(path)
+
+
+def render(config: LabConfig) -> str:
+    environment = jinja2.Environment(loader=jinja2.FileSystemLoader(paths.TEMPLATES_DIR),
+                                     undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                                     trim_blocks=True, lstrip_blocks=True)
+    return environment.get_template(TEMPLATE_NAME).render(
+        lab=config,
+        nodes=[{"name": node, "address": str(config.node_address(node))} for node in config.node_names],
+        private_key_file=_controller_path(config, config.private_key_path),
+        known_hosts_file=_controller_path(config, config.known_hosts_path),
+    )
+
+
+def write(config: LabConfig) -> bool:
+    """Write the inventory if its content changed; True if it did."""
+    text = render(config)
+    path = config.inventory_path
+    if path.exists() and path.read_text() == text:
+        return False
+    temporary = path.with_suffix(".yml.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+    return True

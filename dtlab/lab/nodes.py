@@ -1,0 +1,200 @@
+"""Lab nodes: a root per node (overlay on the image), first-boot seeding, and systemd-nspawn by PID."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from dtlab.errors import DtlabError
+from dtlab.lab import mounts
+from dtlab.lab.config import NETNS_DIR, LabConfig
+from dtlab.lab.host import overlay_supported, run
+from dtlab.lab.state import LabState
+
+STOP_GRACE_S = 10
+READY_TIMEOUT_S = 120
+# nspawn processes this Python process started: reaped here so a stopped one does not linger as a zombie.
+_children: dict[int, subprocess.Popen] = {}
+
+
+# --- the node's root ----------------------------------------------------------
+def root_dir(config: LabConfig, node: str) -> Path:
+    return config.node_dir(node) / "root"
+
+
+def ensure_root(config: LabConfig, state: LabState, node: str, image: Path) -> tuple[Path, bool]:
+    """Mount (or copy) the node's root; return it and whether the node is new (needs seeding)."""
+    node_dir = config.node_dir(node)
+    root = root_dir(config, node)
+    record = state.node(node)
+    is_new = not (node_dir / "seeded").exists()
+    if is_new or "image" not in record:
+        record["image"] = str(image)
+    lower = Path(record["image"])
+    if not lower.is_dir():
+        raise DtlabError(f"lab {config.name}: {node} was built on image {lower}, which is gone;"
+                         f" run `invoke lab.down --wipe --name {config.name}` and `lab.up` again")
+    mode = record.get("root_mode") or ("overlay" if overlay_supported() else "copy")
+    if mode == "overlay" and not mounts.is_mounted(root):
+        for part in ("upper", "work", "root"):
+            (node_dir / part).mkdir(parents=True, exist_ok=True)
+        options = f"lowerdir={lower},upperdir={node_dir / 'upper'},workdir={node_dir / 'work'}"
+        result = run(["mount", "-t", "overlay", "overlay", "-o", options, str(root)], check=False)
+        if result.returncode != 0:
+            if not is_new:
+                raise DtlabError(f"lab {config.name}: cannot mount {node}'s overlay root"
+                                 f" ({result.stderr.strip()});"
+                                 f" run `invoke lab.down --wipe --name {config.name}` and retry")
+            print(f"lab: overlay mount failed ({result.stderr.strip()}); copying the image for {node}")
+            mode = "copy"
+    if mode == "copy" and not (node_dir / "copied").exists():
+        mounts.remove_tree(root)
+        root.parent.mkdir(parents=True, exist_ok=True)
+        run(["cp", "-a", str(lower), str(root)], timeout=900)
+        (node_dir / "copied").write_text("")
+    record["root_mode"] = mode
+    state.save()
+    return root, is_new
+
+
+# --- seeding ------------------------------------------------------------------
+def seed_new_node(config: LabConfig, node: str, root: Path) -> None:
+    """First creation only: identity and /etc/hosts. Later ups never rewrite what Ansible may manage."""
+    (root / "etc/hostname").write_text(node + "\n")
+    (root / "etc/machine-id").write_text(uuid.uuid4().hex + "\n")
+    host_lines = [f"{config.node_address(name)}\t{name}" for name in config.node_names]
+    (root / "etc/hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+                                    + "\n".join(host_lines) + "\n")
+    # The node's own host key, made here so the controller knows it before the first connection (no TOFU).
+    host_key = root / "etc/ssh/ssh_host_ed25519_key"
+    for stale in (host_key, host_key.with_suffix(".pub")):
+        stale.unlink(missing_ok=True)
+    run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"root@{node}", "-f", str(host_key)])
+    (root / "etc/ssh/sshd_config.d/dtlab-lab.conf").write_text(
+        "# dtlab lab: the node has only the host key made at creation (known to the controller).\n"
+        "HostKey /etc/ssh/ssh_host_ed25519_key\n")
+    (config.node_dir(node) / "seeded").write_text("")
+
+
+def refresh_node(config: LabConfig, root: Path, public_key: str) -> None:
+    """Every up: the lab key may log in as root, and apt goes through this lab's proxy."""
+    ssh_dir = root / "root/.ssh"
+    ssh_dir.mkdir(mode=0o700, exist_ok=True)
+    authorized = ssh_dir / "authorized_keys"
+    lines = authorized.read_text().splitlines() if authorized.exists() else []
+    if public_key not in lines:
+        with open(authorized, "a") as keys:
+            keys.write(public_key + "\n")
+    authorized.chmod(0o600)
+    (root / "etc/apt/apt.conf.d/00dtlab-lab-proxy").write_text(
+        f'# dtlab lab: the nodes have no route out; apt goes through the lab proxy on the bridge.\n'
+        f'Acquire::http::Proxy "{config.apt_proxy_url}";\n')
+
+
+def host_public_key(root: Path) -> str:
+    return (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split(" root@")[0].strip()
+
+
+# --- the nspawn process -------------------------------------------------------
+def pid_file(config: LabConfig, node: str) -> Path:
+    return config.node_dir(node) / "nspawn.pid"
+
+
+def running_pid(config: LabConfig, node: str) -> int | None:
+    """PID of this node's nspawn if it is alive (checked against its command line, not just the number)."""
+    try:
+        pid = int(pid_file(config, node).read_text())
+    except (OSError, ValueError):
+        return None
+    return pid if _is_node_process(pid, root_dir(config, node)) else None
+
+
+def _is_node_process(pid: int, root: Path) -> bool:
+    _reap(pid)
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return status != "Z" and b"systemd-nspawn" in argv[0] and str(root).encode() in argv
+
+
+def _reap(pid: int) -> None:
+    child = _children.get(pid)
+    if child is not None and child.poll() is not None:
+        del _children[pid]
+
+
+def start(config: LabConfig, node: str, root: Path, binds: dict[str, str]) -> int:
+    """Boot the node in the background (it outlives this process); its console goes to console.log."""
+    netns_path = NETNS_DIR / config.netns_name(node)
+    argv = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--quiet",
+            "-D", str(root), f"--machine={node}", f"--network-namespace-path={netns_path}",
+            "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=passive"]
+    argv += [f"--bind-ro={source}:{target}" for source, target in sorted(binds.items())]
+    log_path = config.node_dir(node) / "console.log"
+    with open(log_path, "ab") as log:
+        log.write(f"\n--- {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
+        log.flush()
+        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   start_new_session=True, env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"})
+    _children[process.pid] = process
+    pid_file(config, node).write_text(f"{process.pid}\n")
+    return process.pid
+
+
+def stop(config: LabConfig, nodes: list[str]) -> None:
+    """SIGTERM each node's nspawn (clean poweroff), wait a bounded time, then SIGKILL by PID."""
+    pids = {node: pid for node in nodes if (pid := running_pid(config, node))}
+    for pid in pids.values():
+        _signal(pid, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline and any(running_pid(config, node) for node in pids):
+        time.sleep(0.05)
+    for node, pid in pids.items():
+        if running_pid(config, node):
+            print(f"lab: {node} did not power off in {STOP_GRACE_S} s; killing nspawn {pid}")
+            _signal(pid, signal.SIGKILL)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline and any(running_pid(config, node) for node in pids):
+        time.sleep(0.05)
+    for node in nodes:
+        if running_pid(config, node):
+            raise DtlabError(f"lab {config.name}: {node} (nspawn pid {running_pid(config, node)}) survives"
+                             " SIGKILL; check `ps` and retry")
+        pid_file(config, node).unlink(missing_ok=True)
+
+
+def _signal(pid: int, signum: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signum)
+
+
+def console_tail(config: LabConfig, node: str, lines: int = 3) -> str:
+    log_path = config.node_dir(node) / "console.log"
+    if not log_path.exists():
+        return ""
+    text = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
+    return " | ".join(text[-lines:])
+
+
+def processes_using(directory: Path) -> list[tuple[int, str]]:
+    """Live processes whose command line names a path under `directory` (e.g. a node's nspawn)."""
+    marker = str(directory).encode() + b"/"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes()
+            status = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if marker in argv and status != "Z":
+            found.append((int(entry.name), argv.replace(b"\0", b" ").decode(errors="replace")[:120]))
+    return found
