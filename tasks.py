@@ -93,6 +93,18 @@ def lab_restart_node(c, node, name=None):
 
 # --- bench -------------------------------------------------------------------
 
+@task(name="report", help={
+    "inventory": "inventory whose results to report (default: the one ansible.cfg names)",
+    "results_dir": "results folder to read instead of results/<cluster name>",
+    "out": "folder to write the report to (default: <results folder>/report)",
+    "profile": "matrix profile to report (default: that of the newest successful run)"})
+def bench_report(c, inventory=None, results_dir=None, out=None, profile=None):
+    """Regenerate the study's Tables 5.1-5.9 and Figure 5.1 from the results store, beside the study's."""
+    import dtlab.report
+
+    _lab_call(dtlab.report.report_command, inventory=inventory, results_dir=results_dir, out=out, profile=profile)
+
+
 
 # --- top level ---------------------------------------------------------------
 
@@ -112,6 +124,6 @@ def test(c, lint=True, pytest_args=""):
 lab = Collection("lab", lab_up, lab_down, lab_status, lab_ssh, lab_restart_node)
 cluster = Collection("cluster")
 trainer = Collection("trainer")
-bench = Collection("bench")
+bench = Collection("bench", bench_report)
 
 ns = Collection(lab, cluster, trainer, bench, test)

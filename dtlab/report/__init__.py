@@ -38,4 +38,40 @@ def generate_report(
     return write_report(report, Path(out_dir) if out_dir is not None else store.root / REPORT_DIRNAME)
 
 
-__all__ = ["EmptyStoreError", "Report", "ReportFiles", "build_report", "generate_report", "write_report"]
+__all__ = [
+    "EmptyStoreError",
+    "Report",
+    "ReportFiles",
+    "build_report",
+    "generate_report",
+    "report_command",
+    "write_report",
+]
+
+
+def report_command(
+    *,
+    inventory: str | None = None,
+    results_dir: str | os.PathLike[str] | None = None,
+    out: str | os.PathLike[str] | None = None,
+    profile: str | None = None,
+) -> ReportFiles | None:
+    """`invoke bench.report`: resolve the results folder, write the report, print where it went.
+
+    An empty store prints one line and returns None (exit 0: nothing to report is not an error,
+    so bench.all can always end with it). Bad input raises DtlabError (exit 2).
+    """
+    if results_dir is None:
+        from dtlab.inventory import load_cluster
+        from dtlab.paths import results_dir_for
+
+        results_dir = results_dir_for(load_cluster(inventory).name)
+    try:
+        files = generate_report(results_dir, out, profile=profile)
+    except EmptyStoreError as empty:
+        print(empty)
+        return None
+    print(f"report: {files.markdown}")
+    print(f"        {files.html}")
+    print(f"        {len(files.csv)} CSV tables in {files.csv[0].parent}, {len(files.figures)} figure files")
+    return files

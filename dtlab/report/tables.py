@@ -312,10 +312,10 @@ class TableBuilder:
     def table_5_8(self) -> Table:
         epochs, rows = self.short, []
         for framework in self.frameworks():
-            base = self.this.base_gpus(framework)
-            scaled = [g for g in self.gpu_counts(framework) if base is None or g > base]
-            for gpus in scaled:
-                is_study_pair = (base in (None, STUDY_BASE_GPUS)) and gpus == STUDY_SCALED_GPUS
+            own_base = self.this.base_gpus(framework)
+            base = own_base if own_base is not None else STUDY_BASE_GPUS  # no runs: the study's rows
+            for gpus in [g for g in self.gpu_counts(framework) if g > base]:
+                is_study_pair = base == STUDY_BASE_GPUS and gpus == STUDY_SCALED_GPUS
                 key = (framework, gpus)
 
                 def study(table: dict, key=key, is_study_pair=is_study_pair):
