@@ -1,0 +1,209 @@
+"""The results store: append-only, atomic, resumable, validated (dtlab/results.py)."""
+
+import json
+import sqlite3
+import threading
+
+import pytest
+
+from dtlab.errors import DtlabError
+from dtlab.report.study import published_run_as_result
+from dtlab.results import DB_FILENAME, Cell, ResultStore
+
+HASH = "0123456789abcdef"
+OTHER_HASH = "fedcba9876543210"
+CELL = Cell("ddp", gpus=2, epochs=3, seed=7, profile="smoke", trainer_config={"max_length": 64})
+
+
+def result_for(cell: Cell, *, time_total_s: float = 30.0, final_accuracy: float = 0.75, **options) -> dict:
+    return published_run_as_result(cell.framework, cell.gpus, cell.epochs, cell.seed,
+                                   time_total_s=time_total_s, final_accuracy=final_accuracy, **options)
+
+
+def record_ok(store: ResultStore, cell: Cell = CELL, config_hash: str = HASH, **options):
+    return store.record_ok(cell, result_for(cell, **options), config_hash=config_hash, git_rev="abc1234",
+                           inventory="lab", node_versions={"node1": {"torch": "2.13.0"}},
+                           harness_time_s=35.0)
+
+
+def record_failure(store: ResultStore, cell: Cell = CELL, config_hash: str = HASH):
+    return store.record_failure(cell, reason="trainer exited 1 on node2", node="node2", exit_code=1,
+                                log_tail=[f"line {i}" for i in range(200)], config_hash=config_hash,
+                                git_rev="abc1234", inventory="lab", node_versions={}, harness_time_s=12.0)
+
+
+def test_cell_key_is_stable_and_ignores_trainer_config():
+    assert CELL.key == "ddp-g2-e3-s7"
+    assert Cell("ddp", 2, 3, 7, "smoke", {"other": 1}) == CELL
+    assert hash(Cell("ddp", 2, 3, 7, "smoke")) == hash(CELL)
+
+
+def test_ok_result_is_recorded_with_everything_and_read_back(tmp_path):
+    store = ResultStore(tmp_path)
+    logs = tmp_path / "fetched-logs"
+    logs.mkdir()
+    (logs / "node1.log").write_text("epoch 1 done\n")
+    run = store.record_ok(CELL, result_for(CELL), config_hash=HASH, git_rev="abc1234", inventory="lab",
+                          node_versions={"node1": {"torch": "2.13.0", "driver": "535"}}, log_dir=logs,
+                          harness_time_s=35.0)
+
+    [read] = store.runs("ok")
+    assert read == run
+    assert (read.cell, read.cell.trainer_config) == (CELL, {"max_length": 64})
+    assert (read.attempt, read.status, read.config_hash, read.git_rev, read.inventory) == (
+        1, "ok", HASH, "abc1234", "lab")
+    assert read.node_versions == {"node1": {"torch": "2.13.0", "driver": "535"}}
+    assert (read.harness_time_s, read.trainer_time_s) == (35.0, 30.0)
+    assert read.run_dir == tmp_path / "runs" / "ddp-g2-e3-s7" / "attempt-1"
+    assert json.loads((read.run_dir / "result.json").read_text()) == read.result == result_for(CELL)
+    assert (read.log_dir / "node1.log").read_text() == "epoch 1 done\n"
+    assert (tmp_path / DB_FILENAME).is_file()
+    assert not list(tmp_path.rglob("*.tmp")), "temporary files must be renamed into place"
+    with sqlite3.connect(tmp_path / DB_FILENAME) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_failure_records_node_exit_code_and_log_tail(tmp_path):
+    store = ResultStore(tmp_path)
+    record_failure(store)
+    [failure] = store.runs("failed")
+    assert (failure.failed_node, failure.exit_code) == ("node2", 1)
+    assert failure.reason == "trainer exited 1 on node2"
+    assert failure.log_tail[-1] == "line 199" and len(failure.log_tail) == 50
+    assert failure.result is None
+    assert json.loads((failure.run_dir / "failure.json").read_text())["node"] == "node2"
+    assert store.runs("ok") == []
+
+
+def test_failure_after_ok_result_does_not_remove_it(tmp_path):
+    store = ResultStore(tmp_path)
+    ok = record_ok(store)
+    record_failure(store)
+    assert store.runs("ok") == [ok]
+    assert [(r.attempt, r.status) for r in store.runs(None)] == [(1, "ok"), (2, "failed")]
+    assert store.is_done(CELL.key, HASH)
+    assert (ok.run_dir / "result.json").is_file()
+
+
+def test_force_rerun_adds_an_attempt_and_keeps_the_first(tmp_path):
+    store = ResultStore(tmp_path)
+    first = record_ok(store, time_total_s=30.0)
+    second = record_ok(store, time_total_s=31.0)
+    assert (first.attempt, second.attempt) == (1, 2)
+    assert [r.trainer_time_s for r in store.runs("ok")] == [30.0, 31.0]
+    assert store.latest_ok_runs() == [second]
+    assert json.loads((first.run_dir / "result.json").read_text())["time_total_s"] == 30.0
+
+
+def test_recorded_rows_cannot_be_updated_or_deleted(tmp_path):
+    store = ResultStore(tmp_path)
+    record_ok(store)
+    with sqlite3.connect(tmp_path / DB_FILENAME) as conn:
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            conn.execute("UPDATE runs SET status='failed'")
+        with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+            conn.execute("DELETE FROM runs")
+    assert len(store.runs("ok")) == 1
+
+
+def test_an_attempt_number_is_never_recorded_twice(tmp_path):
+    store = ResultStore(tmp_path)
+    record_ok(store)
+    with pytest.raises(DtlabError, match="attempt 1 is already recorded"):
+        store.record_failure(CELL, reason="late duplicate", config_hash=HASH, git_rev=None, inventory="lab",
+                             attempt=1)
+    assert [r.status for r in store.runs(None)] == ["ok"]
+
+
+def test_reserved_attempt_takes_live_logs_in_place(tmp_path):
+    store = ResultStore(tmp_path)
+    attempt = store.reserve_attempt(CELL)
+    assert attempt.number == 1 and attempt.log_dir.is_dir()
+    (attempt.log_dir / "node1.log").write_text("streamed live\n")
+    assert store.reserve_attempt(CELL).number == 2, "a reserved folder is never handed out twice"
+    run = store.record_ok(CELL, result_for(CELL), config_hash=HASH, git_rev=None, inventory="lab",
+                          log_dir=attempt.log_dir, attempt=attempt.number)
+    assert (run.log_dir / "node1.log").read_text() == "streamed live\n"
+    assert record_ok(store).attempt == 3
+
+
+def test_is_done_needs_an_ok_attempt_with_the_same_config_hash(tmp_path):
+    store = ResultStore(tmp_path / "not-yet")
+    assert not store.is_done(CELL.key, HASH)
+    assert not (tmp_path / "not-yet").exists(), "reading must not create the store"
+    record_failure(store)
+    assert not store.is_done(CELL.key, HASH)
+    record_ok(store, config_hash=OTHER_HASH)
+    assert not store.is_done(CELL.key, HASH)
+    assert store.is_done(CELL, OTHER_HASH)
+    record_ok(store)
+    assert store.is_done(CELL.key, HASH)
+    assert not store.is_done(Cell("ddp", 1, 3, 7).key, HASH)
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda r: r.pop("final_accuracy"), "'final_accuracy' is a required property"),
+    (lambda r: r.update(final_accuracy=1.5), "final_accuracy: 1.5 is greater than the maximum of 1"),
+    (lambda r: r.update(framework="horovod"), "framework: 'horovod' is not one of"),
+    (lambda r: r["epoch_metrics"][0].pop("val_accuracy"), "epoch_metrics/0"),
+])
+def test_invalid_result_is_rejected_and_nothing_recorded(tmp_path, damage, message):
+    store = ResultStore(tmp_path)
+    result = result_for(CELL)
+    damage(result)
+    with pytest.raises(DtlabError, match=message):
+        store.record_ok(CELL, result, config_hash=HASH, git_rev=None, inventory="lab")
+    assert store.runs(None) == []
+    assert not list(tmp_path.rglob("result.json"))
+
+
+def test_result_of_another_cell_is_rejected(tmp_path):
+    store = ResultStore(tmp_path)
+    with pytest.raises(DtlabError, match="seed is 8 but the cell has 7"):
+        store.record_ok(CELL, result_for(Cell("ddp", 2, 3, 8)), config_hash=HASH, git_rev=None,
+                        inventory="lab")
+
+
+def test_concurrent_writers_get_distinct_attempts(tmp_path):
+    store = ResultStore(tmp_path)
+    errors = []
+
+    def writer():
+        try:
+            for _ in range(3):
+                record_ok(store)
+        except Exception as error:  # surfaced below
+            errors.append(error)
+
+    threads = [threading.Thread(target=writer) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors
+    assert sorted(r.attempt for r in store.runs("ok")) == list(range(1, 13))
+
+
+def test_delete_all_needs_explicit_confirmation(tmp_path):
+    store = ResultStore(tmp_path)
+    record_ok(store)
+    with pytest.raises(DtlabError, match="confirm=True"):
+        store.delete_all()
+    assert store.is_done(CELL.key, HASH)
+    store.delete_all(confirm=True)
+    assert store.runs(None) == [] and not store.runs_dir.exists()
+
+
+def test_dataframe_has_one_flat_row_per_attempt(tmp_path):
+    store = ResultStore(tmp_path)
+    record_ok(store)
+    record_failure(store)
+    frame = store.dataframe()
+    assert list(frame["status"]) == ["ok", "failed"]
+    assert frame.loc[0, "final_accuracy"] == 0.75 and frame.loc[1, "failed_node"] == "node2"
+
+
+def test_store_accepts_the_sqlite_path_and_the_cluster_name(tmp_path, monkeypatch):
+    assert ResultStore(tmp_path / DB_FILENAME).root == tmp_path
+    monkeypatch.setattr("dtlab.results.results_dir_for", lambda name: tmp_path / name)
+    assert ResultStore.for_cluster("lab").root == tmp_path / "lab"
