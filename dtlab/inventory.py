@@ -160,7 +160,7 @@ class Cluster:
     @property
     def has_determined_master(self) -> bool:
         """True where the Determined binaries are installed; the lab skips them (no download here)."""
-        return bool(self.var("determined_install", True)) and self.master is not None
+        return bool(self.var("determined_install_binaries", True)) and self.master is not None
 
 
 def default_inventory_path() -> Path:

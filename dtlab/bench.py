@@ -1,0 +1,429 @@
+"""bench.run (one cell) and bench.all (the matrix): preflight, launch, follow, fetch, record, retry.
+
+One attempt of one cell:
+  1. the store reserves an attempt folder (live logs are streamed straight into it);
+  2. preflight: every node the cell needs answers over SSH and has the trainer env; the services it
+     needs are up (Spark master with enough alive workers);
+  3. the launcher's units start on all their nodes at once; the first one to fail stops the others;
+  4. rank 0's result.json is fetched and recorded; or the failure (node, exit code, last log lines).
+A failed attempt is cleaned up on every node and retried (default once) from the trainer's checkpoint.
+Ctrl-C stops the cell's units on every node; recorded results are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import subprocess
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dtlab import launch as launching
+from dtlab import matrix as matrix_module
+from dtlab import paths, remote
+from dtlab.errors import DtlabError
+from dtlab.inventory import Cluster, Node
+from dtlab.results import Cell, ResultStore
+
+LOG_TAIL_LINES = 30
+# Fabric waits this much longer than the unit's own RuntimeMaxSec, so systemd ends a stuck run first.
+TIMEOUT_MARGIN_S = 30
+STOP_WAIT_S = 60
+EPOCH_LINE = re.compile(r"\bepoch\s+\d+\s*/\s*\d+", re.IGNORECASE)
+PROBLEM_LINE = re.compile(r"Traceback|Error|error:|Killed|FAILED", re.IGNORECASE)
+
+
+@dataclass
+class BenchOptions:
+    profile: str | None = None
+    only: str | None = None
+    force: bool = False
+    retries: int = 1
+    timeout_s: int | None = None       # None: the profile's timeout_s
+    verbose: bool = False              # stream every log line, not only epochs and errors
+    matrix_path: Path | None = None
+    report: bool = True
+
+
+@dataclass
+class AttemptFailure:
+    reason: str
+    node: str | None = None
+    exit_code: int | None = None
+    log_tail: list[str] = field(default_factory=list)
+    retryable: bool = True
+
+
+@dataclass
+class CellOutcome:
+    cell: Cell
+    status: str                         # ok | failed | skipped
+    attempts: int = 0
+    seconds: float = 0.0
+    failure: AttemptFailure | None = None
+    result: dict[str, Any] | None = None
+
+
+class Interrupted(Exception):
+    """Ctrl-C while a cell ran; its units have been stopped on every node."""
+
+
+def git_revision() -> str | None:
+    try:
+        rev = subprocess.run(["git", "-C", str(paths.REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
+                             capture_output=True, text=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(paths.REPO_ROOT), "status", "--porcelain", "--", "trainer"],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return f"{rev}-dirty" if rev and dirty else (rev or None)
+
+
+class Display:
+    """Live progress over the matrix: done / failed / left, ETA from measured cell times, epoch lines."""
+
+    def __init__(self, total: int, verbose: bool, console=None):
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.console = console or Console(highlight=False)
+        self.verbose = verbose
+        self.total = total
+        self.done = self.failed = self.skipped = 0
+        self.cell_seconds: dict[str, list[float]] = defaultdict(list)
+        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
+                                 TextColumn("{task.fields[counts]}"), TextColumn("ETA {task.fields[eta]}"),
+                                 TimeElapsedColumn(), console=self.console, transient=False)
+        self.task = self.progress.add_task("matrix", total=total, counts="", eta="?")
+        self.pending: list[Cell] = []
+
+    def __enter__(self) -> Display:
+        self.progress.start()
+        self._refresh()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def eta_seconds(self) -> float | None:
+        """Left cells times the measured mean of their framework (else of all measured cells)."""
+        measured = [s for times in self.cell_seconds.values() for s in times]
+        if not self.pending:
+            return 0.0
+        if not measured:
+            return None
+        overall = statistics.mean(measured)
+        return sum(statistics.mean(self.cell_seconds[c.framework]) if self.cell_seconds[c.framework] else overall
+                   for c in self.pending)
+
+    def _refresh(self, current: str = "matrix") -> None:
+        left = self.total - self.done - self.failed - self.skipped
+        eta = self.eta_seconds()
+        self.progress.update(self.task, description=current, completed=self.total - left,
+                             counts=f"{self.done} done, {self.failed} failed, {self.skipped} skipped, {left} left",
+                             eta="?" if eta is None else _duration(eta))
+
+    def start_cell(self, cell: Cell, attempt: int) -> None:
+        if cell in self.pending:
+            self.pending.remove(cell)
+        retry = f" (retry {attempt - 1})" if attempt > 1 else ""
+        self.console.print(f"[bold cyan]▶ {cell.key}{retry}[/]")
+        self._refresh(f"{cell.key}{retry}")
+
+    def line(self, node: str, text: str) -> None:
+        from rich.text import Text
+
+        if self.verbose or EPOCH_LINE.search(text) or PROBLEM_LINE.search(text) or "final accuracy" in text:
+            self.console.print(Text.assemble((f"[{node}] ", "dim"), text))
+
+    def note(self, message: str) -> None:
+        self.console.print(message)
+
+    def finish_cell(self, outcome: CellOutcome) -> None:
+        if outcome.status == "ok":
+            self.done += 1
+            self.cell_seconds[outcome.cell.framework].append(outcome.seconds)
+            accuracy = (outcome.result or {}).get("final_accuracy")
+            self.console.print(f"[green]✔ {outcome.cell.key}[/] in {_duration(outcome.seconds)}"
+                               + (f", accuracy {accuracy:.4f}" if accuracy is not None else ""))
+        elif outcome.status == "skipped":
+            self.skipped += 1
+        else:
+            self.failed += 1
+            reason = outcome.failure.reason if outcome.failure else "failed"
+            self.console.print(f"[red]✘ {outcome.cell.key}[/]: {reason}")
+        self._refresh()
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+class Bench:
+    def __init__(self, cluster: Cluster, options: BenchOptions, store: ResultStore | None = None,
+                 display: Display | None = None):
+        self.cluster = cluster
+        self.options = options
+        self.store = store or ResultStore.for_cluster(cluster.name)
+        self.display = display
+        self.git_rev = git_revision()
+        self._node_versions: dict[str, Any] | None = None
+
+    # --- the matrix ----------------------------------------------------------------
+
+    def load_matrix(self) -> matrix_module.Matrix:
+        loaded = matrix_module.load(self.options.profile, self.options.matrix_path, max_gpus=self.cluster.max_gpus)
+        selected = loaded.select(self.options.only)
+        if self.options.retries < 0:
+            raise DtlabError(f"--retries {self.options.retries}: must be >= 0")
+        if self.options.timeout_s is not None and self.options.timeout_s <= 0:
+            raise DtlabError(f"--timeout {self.options.timeout_s}: must be a positive number of seconds")
+        return selected
+
+    def timeout_for(self, selected: matrix_module.Matrix) -> int:
+        return int(self.options.timeout_s or selected.timeout_s)
+
+    def run_matrix(self, selected: matrix_module.Matrix) -> list[CellOutcome]:
+        """Every selected cell in the matrix's stable order; recorded ones skipped unless --force."""
+        display = self.display or Display(len(selected), self.options.verbose)
+        self.display = display
+        outcomes: list[CellOutcome] = []
+        display.pending = list(selected.cells)
+        display.note(f"matrix {selected.profile}: {len(selected)} cells on {self.cluster.name} "
+                     f"({self.cluster.device}, {len(self.cluster.workers)} workers); results in {self.store.root}")
+        with display:
+            for cell in selected.cells:
+                if not self.options.force and self.store.is_done(cell, matrix_module.config_hash(cell)):
+                    display.pending.remove(cell)
+                    outcome = CellOutcome(cell, "skipped")
+                    display.note(f"[dim]· {cell.key}: recorded (same config hash), skipped[/]")
+                else:
+                    outcome = self.run_cell(cell, self.timeout_for(selected))
+                display.finish_cell(outcome)
+                outcomes.append(outcome)
+        return outcomes
+
+    # --- one cell --------------------------------------------------------------------
+
+    def node_versions(self) -> dict[str, Any]:
+        if self._node_versions is None:
+            from dtlab.cluster import node_versions
+
+            self._node_versions = node_versions(self.cluster)
+        return self._node_versions
+
+    def run_cell(self, cell: Cell, timeout_s: int) -> CellOutcome:
+        """Up to 1 + retries attempts; a retry resumes from the trainer's checkpoint."""
+        started = time.monotonic()
+        failure: AttemptFailure | None = None
+        attempts = 0
+        for attempts in range(1, self.options.retries + 2):
+            result, failure = self.run_attempt(cell, attempts, timeout_s, fresh=attempts == 1)
+            if result is not None:
+                return CellOutcome(cell, "ok", attempts, time.monotonic() - started, result=result)
+            if failure is not None and not failure.retryable:
+                break
+        return CellOutcome(cell, "failed", attempts, time.monotonic() - started, failure=failure)
+
+    def run_attempt(self, cell: Cell, number_in_run: int, timeout_s: int, *, fresh: bool
+                    ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
+        attempt_started = time.monotonic()
+        attempt = self.store.reserve_attempt(cell)
+        if self.display:
+            self.display.start_cell(cell, number_in_run)
+        record = {"config_hash": matrix_module.config_hash(cell), "git_rev": self.git_rev,
+                  "inventory": self.cluster.name, "log_dir": attempt.log_dir, "attempt": attempt.number}
+        planned: launching.Launch | None = None
+        try:
+            planned = launching.build(self.cluster, cell, attempt.number, timeout_s)
+            self.preflight(planned)
+            self.prepare(planned, fresh=fresh)
+            result, failure = self.execute(planned, attempt.log_dir, timeout_s)
+        except KeyboardInterrupt:
+            self.stop_cell(cell)
+            raise
+        except DtlabError as error:  # preflight and setup problems: reported before the trainer starts
+            result, failure = None, AttemptFailure(str(error), getattr(error, "node", None),
+                                                   retryable=not isinstance(error, PreflightError))
+        versions = self.node_versions()
+        if result is not None:
+            try:
+                self.store.record_ok(cell, result, node_versions=versions,
+                                     harness_time_s=time.monotonic() - attempt_started, **record)
+                return result, None
+            except DtlabError as error:  # a result that does not match the schema or the cell
+                failure = AttemptFailure(f"result rejected: {error}", planned.result_node.name if planned else None)
+        assert failure is not None
+        self.stop_cell(cell)
+        self.store.record_failure(cell, reason=failure.reason, node=failure.node, exit_code=failure.exit_code,
+                                  log_tail=failure.log_tail, node_versions=versions,
+                                  harness_time_s=time.monotonic() - attempt_started, **record)
+        return None, failure
+
+    def preflight(self, planned: launching.Launch) -> None:
+        """Each node the cell needs answers and has the trainer env; needed services are up."""
+        cluster = self.cluster
+        check = (f"test -x {cluster.python} || {{ echo 'no trainer venv at {cluster.venv_dir}'; exit 3; }}; "
+                 f"test -f {cluster.code_dir}/trainer/core.py || "
+                 f"{{ echo 'no trainer code in {cluster.code_dir} (run invoke trainer.deploy)'; exit 3; }}; "
+                 "command -v systemd-run >/dev/null || { echo 'no systemd-run'; exit 3; }")
+        answers = remote.run_all(planned.all_nodes, check, timeout=30)
+        for name, answer in answers.items():
+            if isinstance(answer, BaseException):
+                raise PreflightError(f"preflight: {answer}", name)
+            if not answer.ok:
+                raise PreflightError(f"preflight: host {name}: {(answer.stdout or answer.stderr).strip()}", name)
+        if planned.cell.framework == "spark":
+            alive = spark_alive_workers(cluster)
+            needed = min(planned.cell.gpus, len(cluster.workers))
+            if alive < needed:
+                raise PreflightError(f"preflight: Spark master {cluster.master.name if cluster.master else '?'} "
+                                     f"has {alive} alive workers, the cell needs {needed}; run `invoke cluster.reset`",
+                                     cluster.master.name if cluster.master else None)
+
+    def prepare(self, planned: launching.Launch, *, fresh: bool) -> None:
+        command = launching.prepare_command(planned, self.cluster.user, fresh=fresh)
+        for name, answer in remote.run_all(planned.prepare_nodes, command, timeout=60).items():
+            if isinstance(answer, BaseException):
+                raise DtlabError(f"host {name}: cannot prepare the cell: {answer}")
+            if not answer.ok:
+                raise DtlabError(f"host {name}: cannot prepare the cell: {(answer.stderr or answer.stdout).strip()}")
+
+    def execute(self, planned: launching.Launch, log_dir: Path, timeout_s: int
+                ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
+        """Start every unit at once, follow them; the first failure stops the rest."""
+        if planned.external is not None:
+            return self._execute_external(planned)
+        sink = self.display.line if self.display else None
+        started = time.monotonic()
+        pool = ThreadPoolExecutor(max_workers=len(planned.jobs), thread_name_prefix="dtlab-unit")
+        futures: dict[Future, Node] = {
+            pool.submit(remote.run_unit, node, spec, timeout=timeout_s + TIMEOUT_MARGIN_S, sink=sink,
+                        log_file=log_dir / f"{node.name}.log"): node
+            for node, spec in planned.jobs}
+        failure: AttemptFailure | None = None
+        try:
+            remaining = set(futures)
+            while remaining:
+                finished, remaining = wait(remaining, timeout=1.0, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    node = futures[future]
+                    failure = failure or self._job_failure(node, future, log_dir, time.monotonic() - started,
+                                                           timeout_s)
+                if failure is not None and remaining:
+                    # The others would wait in a collective until the timeout: stop them now.
+                    self.stop_cell(planned.cell, quiet=True)
+        except KeyboardInterrupt:
+            self.stop_cell(planned.cell)
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        if failure is not None:
+            return None, failure
+        return self.fetch_result(planned, log_dir)
+
+    def _job_failure(self, node: Node, future: Future, log_dir: Path, elapsed: float, timeout_s: int
+                     ) -> AttemptFailure | None:
+        try:
+            answer = future.result()
+        except Exception as error:
+            return AttemptFailure(str(error), node.name, None, _log_tail(log_dir, node.name))
+        if answer.ok:
+            return None
+        tail = _log_tail(log_dir, node.name)
+        if elapsed >= timeout_s:
+            reason = f"timed out after {timeout_s} s on {node.name}"
+        else:
+            reason = f"exit {answer.exit_code} on {node.name}"
+            last_error = next((line for line in reversed(tail) if PROBLEM_LINE.search(line)), None)
+            if last_error:
+                reason += f": {last_error.strip()[:200]}"
+        return AttemptFailure(reason, node.name, answer.exit_code, tail)
+
+    def _execute_external(self, planned: launching.Launch) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
+        try:
+            master_view = planned.external.run()
+        except KeyboardInterrupt:
+            planned.external.cancel()
+            raise
+        except Exception as error:
+            return None, AttemptFailure(f"determined: {error}", self.cluster.master.name if self.cluster.master else None)
+        result, failure = self.fetch_result(planned, None, search=planned.prepare_nodes)
+        if result is not None:
+            result["determined_master"] = master_view
+        return result, failure
+
+    def fetch_result(self, planned: launching.Launch, log_dir: Path | None,
+                     search: tuple[Node, ...] | None = None) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
+        for node in search or (planned.result_node,):
+            text = remote.fetch_text(node, planned.paths.result_path)
+            if text:
+                try:
+                    return json.loads(text), None
+                except json.JSONDecodeError as error:
+                    return None, AttemptFailure(f"{planned.paths.result_path} on {node.name} is not JSON: {error}",
+                                                node.name)
+        node = planned.result_node.name
+        return None, AttemptFailure(f"no result.json at {planned.paths.result_path} on {node} although every "
+                                    "unit exited 0", node, 0, _log_tail(log_dir, node) if log_dir else [])
+
+    def stop_cell(self, cell: Cell, quiet: bool = False) -> None:
+        """Stop this cell's units (and containers) on every node; bounded."""
+        pattern = remote.unit_name(cell.key, "*")
+        answers = remote.fan_out(self.cluster.nodes, lambda node: remote.stop_units(node, pattern, timeout=STOP_WAIT_S))
+        if self.cluster.trainer_runtime == "docker":
+            remote.run_all(self.cluster.workers, f"docker rm -f $(docker ps -aq --filter name=^{pattern.rstrip('*')}) "
+                                                 "2>/dev/null; true", timeout=STOP_WAIT_S)
+        if not quiet and self.display:
+            unreachable = [name for name, answer in answers.items() if isinstance(answer, BaseException)]
+            if unreachable:
+                self.display.note(f"[yellow]could not reach {', '.join(unreachable)} to stop {cell.key}[/]")
+
+
+class PreflightError(DtlabError):
+    def __init__(self, message: str, node: str | None = None):
+        super().__init__(message)
+        self.node = node
+
+
+def _log_tail(log_dir: Path | None, node: str) -> list[str]:
+    if log_dir is None:
+        return []
+    path = log_dir / f"{node}.log"
+    try:
+        return path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
+    except OSError:
+        return []
+
+
+def spark_alive_workers(cluster: Cluster) -> int:
+    """Alive workers as the Spark master's JSON endpoint reports them, asked on the master itself."""
+    master = cluster.master
+    if master is None:
+        return 0
+    url = f"http://{master.address}:{cluster.spark_master_webui_port}/json/"
+    probe = (f"{cluster.python} -c \"import json,urllib.request;"
+             f"print(json.load(urllib.request.urlopen('{url}', timeout=5)).get('aliveworkers', 0))\"")
+    answer = remote.run(master, probe, timeout=30)
+    try:
+        return int(answer.stdout.strip().splitlines()[-1]) if answer.ok else 0
+    except (ValueError, IndexError):
+        return 0
+
+
+def run_all(cluster: Cluster, options: BenchOptions,
+            after: Callable[[list[CellOutcome]], None] | None = None) -> list[CellOutcome]:
+    """bench.all: validate everything first, then run the matrix; `after` gets the outcomes (the report)."""
+    bench = Bench(cluster, options)
+    selected = bench.load_matrix()
+    outcomes = bench.run_matrix(selected)
+    if after:
+        after(outcomes)
+    return outcomes

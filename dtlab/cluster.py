@@ -1,0 +1,341 @@
+"""cluster.check (is the cluster fit to run the matrix?) and cluster.reset (back to a clean, known state).
+
+check: SSH to every node; GPUs seen by nvidia-smi where the inventory expects them; one identical trainer
+environment on every node; the Spark master alive with all its workers (and their GPUs); the Determined
+master and agents where installed; PostgreSQL on the master; clock skew; free disk. One table.
+
+reset: stop every dtlab unit and container on every node, restart Spark (which ends its applications),
+cancel Determined experiments and restart its services where installed, clear node scratch and checkpoints
+of cells not recorded ok, then run check. Recorded results (on the controller) are never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from dtlab import remote
+from dtlab.errors import DtlabError
+from dtlab.inventory import Cluster, Node
+
+MAX_CLOCK_SKEW_S = 1.0
+MIN_FREE_DISK_GB_DEFAULT = 2.0
+SPARK_READY_TIMEOUT_S = 90
+# The trainer's packages whose versions must match on every node (the full freeze is hashed too).
+KEY_PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "pyspark", "determined", "numpy")
+
+VERSIONS_PROBE = (
+    "import hashlib, importlib.metadata as m, json, platform;"
+    "dists = sorted({f'{d.metadata[\"Name\"].lower()}=={d.version}' for d in m.distributions()});"
+    "pkgs = {d.split('==')[0]: d.split('==')[1] for d in dists};"
+    f"print(json.dumps({{'python': platform.python_version(), **{{k: pkgs.get(k) for k in {KEY_PACKAGES!r}}},"
+    "'freeze_sha': hashlib.sha256('\\n'.join(dists).encode()).hexdigest()[:16]}))"
+)
+
+
+@dataclass(frozen=True)
+class CheckRow:
+    check: str
+    node: str
+    ok: bool
+    detail: str
+    required: bool = True     # informational rows never fail the check
+
+
+def node_versions(cluster: Cluster, nodes: tuple[Node, ...] | None = None) -> dict[str, Any]:
+    """Per node: python and key package versions of the trainer venv, plus a hash of its full freeze."""
+    command = f"{shlex.quote(cluster.python)} -c {shlex.quote(VERSIONS_PROBE)}"
+    versions: dict[str, Any] = {}
+    for name, answer in remote.run_all(nodes or cluster.nodes, command, timeout=60).items():
+        if isinstance(answer, BaseException):
+            versions[name] = {"error": str(answer)}
+        elif not answer.ok:
+            versions[name] = {"error": (answer.stderr or answer.stdout).strip()[-200:] or f"exit {answer.exit_code}"}
+        else:
+            try:
+                versions[name] = json.loads(answer.stdout.strip().splitlines()[-1])
+            except (json.JSONDecodeError, IndexError):
+                versions[name] = {"error": f"unreadable: {answer.stdout.strip()[:100]}"}
+    return versions
+
+
+def _probe_script(cluster: Cluster, node: Node) -> str:
+    """One round trip per node: time, disk, GPUs, running dtlab units, service states."""
+    services = "spark-master spark-worker postgresql determined-master determined-agent"
+    return "; ".join([
+        "echo time=$(date +%s.%N)",
+        f"echo disk_kb=$(df -Pk {shlex.quote(cluster.runs_dir)} 2>/dev/null | awk 'NR==2 {{print $4}}' || "
+        f"df -Pk / | awk 'NR==2 {{print $4}}')",
+        "echo gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\\n' ',')",
+        "echo units=$(systemctl list-units --plain --no-legend --state=active,activating 'dtlab-*.service' "
+        "| awk '{print $1}' | tr '\\n' ',')",
+        f"for s in {services}; do for u in $(systemctl list-unit-files --plain --no-legend \"$s*.service\" "
+        "| awk '{print $1}'); do echo \"service.$u=$(systemctl is-active $u)\"; done; done",
+    ])
+
+
+def _parse_probe(text: str) -> dict[str, str]:
+    values = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            values[key.strip()] = value.strip()
+    return values
+
+
+def check(cluster: Cluster) -> list[CheckRow]:
+    rows: list[CheckRow] = []
+    min_free_gb = float(cluster.var("dtlab_min_free_disk_gb", MIN_FREE_DISK_GB_DEFAULT))
+    probes: dict[str, dict[str, str]] = {}
+
+    def probe(node: Node) -> tuple[float, remote.CommandResult, float]:
+        sent = time.time()
+        answer = remote.run(node, _probe_script(cluster, node), timeout=30)
+        return sent, answer, time.time()
+
+    answers = remote.fan_out(cluster.nodes, probe)
+    for node in cluster.nodes:
+        answer = answers[node.name]
+        if isinstance(answer, BaseException):
+            rows.append(CheckRow("ssh", node.name, False, str(answer)))
+            continue
+        sent, result, received = answer
+        values = _parse_probe(result.stdout)
+        probes[node.name] = values
+        rows.append(CheckRow("ssh", node.name, True, f"{node.ssh_user}@{node.address}"))
+        # Clock skew: the node's clock against the controller's at the middle of the round trip.
+        try:
+            skew = float(values["time"]) - (sent + received) / 2
+            rows.append(CheckRow("clock skew", node.name, abs(skew) <= MAX_CLOCK_SKEW_S,
+                                 f"{skew:+.2f} s (limit ±{MAX_CLOCK_SKEW_S:.0f} s, round trip {received - sent:.2f} s)"))
+        except (KeyError, ValueError):
+            rows.append(CheckRow("clock skew", node.name, False, "no time from the node"))
+        try:
+            free_gb = int(values["disk_kb"]) / 2**20
+            rows.append(CheckRow("free disk", node.name, free_gb >= min_free_gb,
+                                 f"{free_gb:.1f} GiB free under {cluster.runs_dir} (need {min_free_gb:.0f})"))
+        except (KeyError, ValueError):
+            rows.append(CheckRow("free disk", node.name, False, "df gave no answer"))
+        if node.uses_gpu:
+            seen = [g for g in values.get("gpus", "").split(",") if g.strip()]
+            missing = [i for i in node.gpu_indices if str(i) not in seen]
+            rows.append(CheckRow("nvidia-smi", node.name, not missing,
+                                 f"GPUs {','.join(seen) or 'none'} seen; inventory expects "
+                                 f"{','.join(map(str, node.gpu_indices))}"))
+        units = [u for u in values.get("units", "").split(",") if u]
+        rows.append(CheckRow("dtlab units", node.name, True, f"{len(units)} running" +
+                             (f": {', '.join(units)}" if units else ""), required=False))
+
+    rows += _check_environment(cluster, [n for n in cluster.nodes if n.name in probes])
+    rows += _check_services(cluster, probes)
+    return rows
+
+
+def _check_environment(cluster: Cluster, reachable: list[Node]) -> list[CheckRow]:
+    if not reachable:
+        return []
+    versions = node_versions(cluster, tuple(reachable))
+    rows = []
+    reference = None
+    for node in reachable:
+        found = versions.get(node.name, {})
+        if "error" in found:
+            rows.append(CheckRow("trainer env", node.name, False, f"{cluster.python}: {found['error']}"))
+            continue
+        reference = reference or found
+        same = found == reference
+        summary = f"python {found.get('python')}, torch {found.get('torch')}, freeze {found.get('freeze_sha')}"
+        differs = [k for k in found if found.get(k) != reference.get(k)]
+        rows.append(CheckRow("trainer env", node.name, same,
+                             summary if same else f"{summary}; differs from the first node in {', '.join(differs)}"))
+    return rows
+
+
+def _service_state(probes: dict[str, dict[str, str]], node: str, prefix: str) -> dict[str, str]:
+    return {key.removeprefix("service."): value for key, value in probes.get(node, {}).items()
+            if key.startswith(f"service.{prefix}")}
+
+
+def _check_services(cluster: Cluster, probes: dict[str, dict[str, str]]) -> list[CheckRow]:
+    from dtlab.bench import spark_alive_workers
+
+    rows: list[CheckRow] = []
+    master = cluster.master
+    if master is None or master.name not in probes:
+        return rows
+    spark_units = _service_state(probes, master.name, "spark-master")
+    if spark_units:
+        alive = spark_alive_workers(cluster)
+        expected = len(cluster.workers)
+        detail = f"{', '.join(f'{u} {s}' for u, s in spark_units.items())}; {alive}/{expected} workers alive"
+        if cluster.device == "cuda":
+            detail += f"; GPUs offered: {spark_worker_gpus(cluster)}"
+        rows.append(CheckRow("spark master", master.name, alive == expected and
+                             all(s == "active" for s in spark_units.values()), detail))
+    else:
+        rows.append(CheckRow("spark master", master.name, False, "no spark-master unit; run ansible-playbook site.yml"))
+    postgres = _service_state(probes, master.name, "postgresql")
+    if postgres:
+        ready = remote.run(master, f"pg_isready -q -h 127.0.0.1 -p {cluster.postgresql_port}", timeout=20)
+        rows.append(CheckRow("postgresql", master.name, ready.ok,
+                             f"accepting connections on {cluster.postgresql_port}" if ready.ok
+                             else f"pg_isready exit {ready.exit_code}"))
+    else:
+        rows.append(CheckRow("postgresql", master.name, False, "no postgresql unit; run ansible-playbook site.yml"))
+    if cluster.has_determined_master:
+        states = _service_state(probes, master.name, "determined-master")
+        rows.append(CheckRow("determined master", master.name, bool(states) and
+                             all(s == "active" for s in states.values()), str(states or "not installed")))
+        for worker in cluster.workers:
+            agent = _service_state(probes, worker.name, "determined-agent")
+            rows.append(CheckRow("determined agent", worker.name, bool(agent) and
+                                 all(s == "active" for s in agent.values()), str(agent or "not installed")))
+    else:
+        rows.append(CheckRow("determined", master.name, True,
+                             "binaries not installed here (determined_install_binaries: false): cells run the "
+                             "Core API off-cluster", required=False))
+    return rows
+
+
+def spark_worker_gpus(cluster: Cluster) -> int:
+    """GPUs the Spark master sees on its alive workers (the study's Listings 4.2/4.3 make them visible)."""
+    master = cluster.master
+    if master is None:
+        return 0
+    url = f"http://{master.address}:{cluster.spark_master_webui_port}/json/"
+    probe = (f"{cluster.python} -c \"import json,urllib.request;w=json.load(urllib.request.urlopen('{url}',timeout=5))"
+             ".get('workers',[]);print(sum(len((x.get('resources') or {}).get('gpu',{}).get('addresses',[])) "
+             "for x in w if x.get('state')=='ALIVE'))\"")
+    answer = remote.run(master, probe, timeout=30)
+    try:
+        return int(answer.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return 0
+
+
+def failed(rows: list[CheckRow]) -> list[CheckRow]:
+    return [r for r in rows if r.required and not r.ok]
+
+
+def render(rows: list[CheckRow], cluster: Cluster, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console(highlight=False)
+    table = Table(title=f"cluster.check: {cluster.name} ({cluster.inventory_path.name})", show_lines=False)
+    for column in ("check", "node", "status", "detail"):
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        status = "[green]ok[/]" if row.ok else ("[red]FAIL[/]" if row.required else "[yellow]note[/]")
+        table.add_row(row.check, row.node, status, row.detail)
+    console.print(table)
+    bad = failed(rows)
+    console.print(f"[red]{len(bad)} check(s) failed[/]" if bad else "[green]all checks passed[/]")
+
+
+# --- reset -------------------------------------------------------------------------------
+
+
+def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None) -> list[CheckRow]:
+    """Stop, restart, clear scratch of unrecorded cells; return cluster.check's rows. Safe to repeat."""
+    from rich.console import Console
+
+    console = console or Console(highlight=False)
+    say = console.print
+    say("[bold]1/5[/] stopping dtlab units and containers on every node")
+    stop = (f"{_stop_units_command()}; "
+            "if command -v docker >/dev/null; then ids=$(docker ps -aq --filter name=^dtlab-); "
+            "[ -n \"$ids\" ] && docker rm -f $ids >/dev/null; fi; true")
+    _report_failures(say, remote.run_all(cluster.nodes, stop, timeout=90), "stop units")
+
+    say("[bold]2/5[/] restarting Spark (ends running applications)")
+    if cluster.master is not None:
+        _report_failures(say, {cluster.master.name: remote.run(cluster.master, _restart_command("spark-master"),
+                                                                  timeout=120)}, "restart spark master")
+    _report_failures(say, remote.run_all(cluster.workers, _restart_command("spark-worker"), timeout=120),
+                     "restart spark workers")
+
+    say("[bold]3/5[/] Determined: cancel experiments, restart master and agents")
+    if cluster.has_determined_master and cluster.master is not None:
+        _cancel_determined_experiments(cluster, say)
+        remote.run(cluster.master, _restart_command("determined-master"), timeout=120)
+        remote.run_all(cluster.workers, _restart_command("determined-agent"), timeout=120)
+    else:
+        say("  not installed on this inventory; nothing to do")
+
+    say("[bold]4/5[/] clearing scratch and checkpoints of unfinished cells (recorded results stay)")
+    keep = " ".join(shlex.quote(k) for k in sorted(recorded_cells or ()))
+    clear = (f"cd {shlex.quote(cluster.runs_dir)} 2>/dev/null || exit 0; for d in *; do [ -d \"$d\" ] || continue; "
+             f"case \" {keep} \" in *\" $d \"*) continue;; esac; rm -rf -- \"$d\"; done")
+    _report_failures(say, remote.run_all(cluster.nodes, clear, timeout=120), "clear scratch")
+
+    say("[bold]5/5[/] waiting for Spark workers to register, then cluster.check")
+    _wait_for_spark(cluster)
+    return check(cluster)
+
+
+def _stop_units_command() -> str:
+    pattern = shlex.quote(f"{remote.UNIT_PREFIX}*.service")
+    return (f"systemctl stop {pattern} 2>/dev/null; systemctl kill --signal=SIGKILL {pattern} 2>/dev/null; "
+            f"systemctl reset-failed {pattern} 2>/dev/null; true")
+
+
+def _restart_command(prefix: str) -> str:
+    """Restart every installed unit named <prefix>*.service (none installed: nothing, exit 0)."""
+    return (f"units=$(systemctl list-unit-files --plain --no-legend {shlex.quote(prefix + '*.service')} "
+            "| awk '{print $1}'); [ -z \"$units\" ] || systemctl restart $units")
+
+
+def _report_failures(say, answers: dict[str, Any], what: str) -> None:
+    for name, answer in answers.items():
+        if isinstance(answer, BaseException):
+            say(f"  [red]{name}: {what}: {answer}[/]")
+        elif not answer.ok:
+            say(f"  [red]{name}: {what}: exit {answer.exit_code} {(answer.stderr or answer.stdout).strip()[-200:]}[/]")
+
+
+def _cancel_determined_experiments(cluster: Cluster, say) -> None:
+    from pathlib import Path
+
+    try:
+        from determined.experimental import client
+
+        assert cluster.master is not None
+        remote.assert_safe_target(cluster.master.address)
+        password_file = cluster.var("determined_admin_password_file")
+        client.login(master=f"http://{cluster.master.address}:{cluster.determined_master_port}", user="admin",
+                     password=Path(password_file).read_text().strip() if password_file else None)
+        for experiment in client.list_experiments():
+            state = str(getattr(experiment, "state", ""))
+            if any(s in state.upper() for s in ("ACTIVE", "PAUSED", "QUEUED", "RUNNING")):
+                experiment.kill()
+                say(f"  killed experiment {experiment.id}")
+    except Exception as error:  # the master may be down; the restart below brings it back
+        say(f"  [yellow]could not list experiments: {str(error).splitlines()[0] if str(error) else error}[/]")
+
+
+def _wait_for_spark(cluster: Cluster) -> None:
+    from dtlab.bench import spark_alive_workers
+
+    if cluster.master is None:
+        return
+    deadline = time.monotonic() + SPARK_READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if spark_alive_workers(cluster) >= len(cluster.workers):
+            return
+        time.sleep(2)
+
+
+def check_or_raise(cluster: Cluster, console=None) -> list[CheckRow]:
+    rows = check(cluster)
+    render(rows, cluster, console)
+    if failed(rows):
+        raise ClusterUnhealthy(f"cluster.check: {len(failed(rows))} check(s) failed on {cluster.name}")
+    return rows
+
+
+class ClusterUnhealthy(DtlabError):
+    exit_code = 1

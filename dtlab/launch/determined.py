@@ -1,0 +1,115 @@
+"""Determined: with a master, an experiment created from the rendered config through the Python SDK;
+without one (the lab: no Determined binaries), the Core API entry run off-cluster under torchrun.
+
+Off-cluster cells are labelled "determined (Core API, off-cluster)", never as a Determined cluster run.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dtlab import paths as dtlab_paths
+from dtlab.errors import DtlabError
+from dtlab.inventory import Cluster
+from dtlab.launch import CellPaths, Launch, framework_label, place, trainer_config
+from dtlab.launch import ddp
+from dtlab.results import Cell
+
+OFF_CLUSTER_LABEL = "determined (Core API, off-cluster)"
+CLUSTER_LABEL = "determined (Core API, cluster)"
+TRAINER_MODULE = "trainer.launchers.determined"
+EXPERIMENTS_DIR = dtlab_paths.EXPERIMENTS_DIR / "determined"
+POLL_S = 10
+# Paths are the harness's, per node; a Determined trial keeps its own checkpoints in checkpoint storage.
+NOT_HYPERPARAMETERS = ("output_dir", "checkpoint_dir", "cache_dir")
+
+
+def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+    if not cluster.has_determined_master:
+        return ddp.build(cluster, cell, attempt, timeout_s, module=TRAINER_MODULE, label=OFF_CLUSTER_LABEL)
+    placement = place(cluster, cell)
+    paths = CellPaths(cluster, cell, attempt)
+    label = framework_label(CLUSTER_LABEL, placement.device)
+    config = trainer_config(cluster, placement, paths, label)
+    experiment = ClusterExperiment(cluster, cell, render_experiment(cell, config), timeout_s)
+    # No units of our own: the agents run the trial; rank 0 writes result.json on its agent node.
+    return Launch(cell=cell, placement=placement, paths=paths, jobs=[], prepare_nodes=tuple(cluster.workers),
+                  result_node=placement.slots[0].node, trainer_config=config, label=label, external=experiment)
+
+
+def experiment_template(slots: int) -> Path:
+    """experiments/determined/*<N>slot*.yaml: the 1-slot and 2-slot variants the trainer issue keeps."""
+    candidates = sorted(EXPERIMENTS_DIR.glob(f"*{slots}slot*.y*ml")) or sorted(EXPERIMENTS_DIR.glob("*.y*ml"))
+    if not candidates:
+        raise DtlabError(f"{EXPERIMENTS_DIR}: no experiment config for {slots} slot(s); add one")
+    return candidates[0]
+
+
+def render_experiment(cell: Cell, config: dict[str, Any]) -> dict[str, Any]:
+    """The template with this cell's slots, epochs, seed and hyperparameters filled in."""
+    template = experiment_template(cell.gpus)
+    rendered = copy.deepcopy(yaml.safe_load(template.read_text()) or {})
+    rendered["name"] = f"dtlab-{cell.key}"
+    rendered.setdefault("resources", {})["slots_per_trial"] = cell.gpus
+    hyperparameters = {k: v for k, v in config.items() if k not in NOT_HYPERPARAMETERS and v is not None}
+    rendered["hyperparameters"] = {**(rendered.get("hyperparameters") or {}), **hyperparameters}
+    searcher = rendered.setdefault("searcher", {"name": "single", "metric": "val_loss"})
+    searcher["max_length"] = {"epochs": cell.epochs}
+    rendered["reproducibility"] = {"experiment_seed": cell.seed}
+    return rendered
+
+
+@dataclass
+class ClusterExperiment:
+    """Create, wait for and read one experiment through the master (det SDK), bounded by the cell timeout."""
+
+    cluster: Cluster
+    cell: Cell
+    config: dict[str, Any]
+    timeout_s: int
+    experiment_id: int | None = None
+
+    @property
+    def master_url(self) -> str:
+        assert self.cluster.master is not None
+        return f"http://{self.cluster.master.address}:{self.cluster.determined_master_port}"
+
+    def run(self) -> dict[str, Any]:
+        from determined.experimental import client
+
+        from dtlab.remote import assert_safe_target
+
+        assert self.cluster.master is not None
+        assert_safe_target(self.cluster.master.address)
+        password_file = self.cluster.var("determined_admin_password_file")
+        password = Path(password_file).read_text().strip() if password_file else None
+        client.login(master=self.master_url, user="admin", password=password)
+        experiment = client.create_experiment(config=self.config, model_dir=str(dtlab_paths.REPO_ROOT / "trainer"))
+        self.experiment_id = experiment.id
+        started = time.monotonic()
+        while time.monotonic() - started < self.timeout_s:
+            state = str(experiment.get_state() if hasattr(experiment, "get_state") else experiment.state)
+            if any(word in state.upper() for word in ("COMPLETED", "CANCELED", "ERROR", "DELETED")):
+                break
+            time.sleep(POLL_S)
+            experiment.reload()
+        else:
+            experiment.kill()
+            raise DtlabError(f"determined experiment {experiment.id}: not done after {self.timeout_s} s; killed")
+        trial = experiment.list_trials()[0]
+        validations = [m.metrics for m in trial.iter_metrics("validation")]
+        return {"experiment_id": experiment.id, "state": state, "trial_id": trial.id,
+                "master_validation_metrics": validations}
+
+    def cancel(self) -> None:
+        if self.experiment_id is None:
+            return
+        from determined.experimental import client
+
+        client.get_experiment(self.experiment_id).kill()

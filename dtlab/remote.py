@@ -1,0 +1,295 @@
+"""Fabric fan-out to the nodes: commands, named systemd units, live logs, file transfer.
+
+Every run on a node is a transient systemd unit named dtlab-<cell>-<node>, so it survives a dropped
+SSH session, can be found by name and stopped on every node (`systemctl stop 'dtlab-*'`), and is
+bounded by RuntimeMaxSec even if the controller dies. Its output goes to a log file on the node,
+which is followed live over SSH: each line reaches the controller prefixed by its node.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import shlex
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from dtlab.errors import DtlabError
+from dtlab.inventory import Node
+
+UNIT_PREFIX = "dtlab-"
+CONNECT_TIMEOUT_S = 10
+COMMAND_TIMEOUT_S = 60
+# After a unit ends, give `tail -F` this long to flush its last lines before it is stopped.
+TAIL_GRACE_S = 0.5
+
+T = TypeVar("T")
+LineSink = Callable[[str, str], None]  # (node name, line without newline)
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    node: str
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0
+
+
+class RemoteError(DtlabError):
+    """A node could not be reached or a command on it could not be run (not a non-zero exit)."""
+
+
+def unit_name(cell_key: str, node_name: str) -> str:
+    """systemd unit of one cell on one node; systemd allows [A-Za-z0-9:_.-] in names."""
+    return f"{UNIT_PREFIX}{cell_key}-{node_name}"
+
+
+# --- the lab guard -------------------------------------------------------------
+
+
+def assert_safe_target(address: str) -> None:
+    """Refuse to send a packet to a lab address unless the lab's guard route is in place.
+
+    Without the guard, traffic to a lab address while the lab is down would leave through the default
+    route; that is forbidden. Other addresses (loopback, a real cluster) pass through unchecked.
+    """
+    from dtlab.lab.config import load_config
+    from dtlab.lab.network import assert_guard
+
+    try:
+        target = ipaddress.ip_address(address)
+    except ValueError:
+        return  # a DNS name: the user's real cluster
+    lab = load_config()
+    if target in lab.address_range:
+        assert_guard(lab)
+
+
+# --- connections -----------------------------------------------------------------
+
+
+def connect(node: Node, timeout: float = CONNECT_TIMEOUT_S):
+    """A Fabric Connection to the node, with the inventory's user, port, key and known_hosts (strict)."""
+    import paramiko
+    from fabric import Config, Connection
+
+    assert_safe_target(node.address)
+    connect_kwargs: dict[str, Any] = {"allow_agent": False, "banner_timeout": timeout, "auth_timeout": timeout}
+    if node.ssh_key:
+        key = Path(node.ssh_key).expanduser()
+        if not key.exists():
+            raise DtlabError(f"host {node.name}: ssh key {key} does not exist; fix ansible_ssh_private_key_file")
+        connect_kwargs.update(key_filename=[str(key)], look_for_keys=False)
+    config = Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}})
+    connection = Connection(host=node.address, user=node.ssh_user, port=node.ssh_port, config=config,
+                            connect_timeout=timeout, connect_kwargs=connect_kwargs)
+    # Host keys are checked like ansible.cfg's host_key_checking = True: unknown keys are refused.
+    connection.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+    if node.known_hosts_file:
+        connection.client.load_host_keys(str(Path(node.known_hosts_file).expanduser()))
+    else:
+        with contextlib.suppress(OSError):
+            connection.client.load_system_host_keys()
+    return connection
+
+
+def _as_root(node: Node, command: str) -> str:
+    """systemd-run and systemctl need root; a non-root inventory user goes through sudo -n."""
+    if node.ssh_user == "root":
+        return command
+    return f"sudo -n sh -c {shlex.quote(command)}"
+
+
+class _LineWriter:
+    """File-like sink for Fabric's output: split into lines, prefix by node, copy to a log file."""
+
+    def __init__(self, node: str, sink: LineSink | None, log_file: Path | None):
+        self.node = node
+        self.sink = sink
+        self.buffer = ""
+        self.lines: list[str] = []
+        self.log = open(log_file, "a", encoding="utf-8") if log_file else None  # noqa: SIM115
+
+    def write(self, chunk: str) -> int:
+        self.buffer += chunk
+        *complete, self.buffer = self.buffer.split("\n")
+        for line in complete:
+            self._emit(line.rstrip("\r"))
+        return len(chunk)
+
+    def _emit(self, line: str) -> None:
+        self.lines.append(line)
+        del self.lines[:-200]  # only the tail is ever reported
+        if self.log:
+            self.log.write(line + "\n")
+            self.log.flush()
+        if self.sink:
+            self.sink(self.node, line)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        if self.buffer:
+            self._emit(self.buffer)
+            self.buffer = ""
+        if self.log:
+            self.log.close()
+            self.log = None
+
+
+def run(node: Node, command: str, *, timeout: float = COMMAND_TIMEOUT_S, root: bool = True,
+        sink: LineSink | None = None, log_file: Path | None = None, connection=None) -> CommandResult:
+    """Run a shell command on the node; a non-zero exit is a result, not an exception."""
+    from invoke.exceptions import CommandTimedOut
+
+    own_connection = connection is None
+    connection = connection or connect(node)
+    writer = _LineWriter(node.name, sink, log_file) if (sink or log_file) else None
+    try:
+        kwargs: dict[str, Any] = {"warn": True, "timeout": timeout, "in_stream": False}
+        if writer:
+            kwargs.update(hide=False, out_stream=writer, err_stream=writer)
+        else:
+            kwargs.update(hide=True)
+        result = connection.run(_as_root(node, command) if root else command, **kwargs)
+        return CommandResult(node.name, result.exited, result.stdout, result.stderr)
+    except CommandTimedOut:
+        tail = "\n".join(writer.lines[-5:]) if writer else ""
+        return CommandResult(node.name, 124, tail, f"timed out after {timeout:.0f} s")
+    except DtlabError:
+        raise
+    except Exception as exc:  # paramiko/socket errors: one line that names the node
+        raise RemoteError(f"host {node.name} ({node.address}): ssh failed: {type(exc).__name__}: "
+                          f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}; is the node up "
+                          "(`invoke cluster.check`)?") from None
+    finally:
+        if writer:
+            writer.close()
+        if own_connection:
+            connection.close()
+
+
+def fan_out(nodes: Iterable[Node], action: Callable[[Node], T], max_workers: int = 16
+            ) -> dict[str, T | BaseException]:
+    """Run action(node) on every node at once; each node's value, or the exception it raised."""
+    nodes = list(nodes)
+    if not nodes:
+        return {}
+    results: dict[str, T | BaseException] = {}
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(nodes)), thread_name_prefix="dtlab-ssh") as pool:
+        futures = {node.name: pool.submit(action, node) for node in nodes}
+        for name, future in futures.items():
+            try:
+                results[name] = future.result()
+            except Exception as exc:
+                results[name] = exc
+    return results
+
+
+def run_all(nodes: Iterable[Node], command: str, **kwargs) -> dict[str, CommandResult | BaseException]:
+    return fan_out(nodes, lambda node: run(node, command, **kwargs))
+
+
+# --- named units -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """One process to start as a transient unit on one node."""
+
+    unit: str
+    argv: Sequence[str]
+    log_path: str                      # on the node
+    user: str | None = None            # run as this user (None = root)
+    workdir: str | None = None
+    env: Mapping[str, str] | None = None
+    runtime_max_s: int | None = None   # systemd kills it after this, even if the controller is gone
+
+
+def unit_script(spec: UnitSpec) -> str:
+    """Shell that starts the unit, follows its log until it ends, and exits with the unit's status."""
+    properties = [f"StandardOutput=append:{spec.log_path}", f"StandardError=append:{spec.log_path}",
+                  "KillMode=control-group", "TimeoutStopSec=15"]
+    if spec.user:
+        properties.append(f"User={spec.user}")
+    if spec.workdir:
+        properties.append(f"WorkingDirectory={spec.workdir}")
+    if spec.runtime_max_s:
+        properties.append(f"RuntimeMaxSec={int(spec.runtime_max_s)}")
+    start = ["systemd-run", "--quiet", "--collect", "--wait", f"--unit={spec.unit}"]
+    start += [f"--property={p}" for p in properties]
+    start += [f"--setenv={k}={v}" for k, v in (spec.env or {}).items()]
+    start += ["--", *spec.argv]
+    log_dir = str(Path(spec.log_path).parent)
+    owner = f"chown {shlex.quote(spec.user)} {shlex.quote(log_dir)} {shlex.quote(spec.log_path)}; " if spec.user else ""
+    # systemd-run --wait returns the unit's exit status; the unit outlives this shell if SSH drops.
+    return (f"mkdir -p {shlex.quote(log_dir)}; : > {shlex.quote(spec.log_path)}; {owner}"
+            f"systemctl reset-failed {shlex.quote(spec.unit + '.service')} 2>/dev/null; "
+            f"{shlex.join(start)} & waiter=$!; "
+            f"tail -n +1 -F {shlex.quote(spec.log_path)} 2>/dev/null & tailer=$!; "
+            f"wait $waiter; status=$?; sleep {TAIL_GRACE_S}; kill $tailer 2>/dev/null; exit $status")
+
+
+def run_unit(node: Node, spec: UnitSpec, *, timeout: float, sink: LineSink | None = None,
+             log_file: Path | None = None, connection=None) -> CommandResult:
+    """Start the unit on the node and stream its log until it ends (or `timeout` passes)."""
+    return run(node, unit_script(spec), timeout=timeout, sink=sink, log_file=log_file, connection=connection)
+
+
+def stop_units(node: Node, pattern: str = f"{UNIT_PREFIX}*", timeout: float = 60) -> CommandResult:
+    """Stop every matching dtlab unit on the node and forget failed ones; safe when none runs."""
+    quoted = shlex.quote(pattern + ".service")
+    command = (f"systemctl stop {quoted} 2>/dev/null; systemctl kill --signal=SIGKILL {quoted} 2>/dev/null; "
+               f"systemctl reset-failed {quoted} 2>/dev/null; "
+               f"systemctl list-units --all --plain --no-legend {quoted} | awk '{{print $1}}'")
+    return run(node, command, timeout=timeout)
+
+
+def running_units(node: Node, pattern: str = f"{UNIT_PREFIX}*") -> list[str]:
+    result = run(node, f"systemctl list-units --plain --no-legend --state=active,activating "
+                       f"{shlex.quote(pattern + '.service')} | awk '{{print $1}}'")
+    return [line for line in result.stdout.split() if line]
+
+
+# --- files -------------------------------------------------------------------------
+
+
+def fetch_text(node: Node, remote_path: str, *, timeout: float = COMMAND_TIMEOUT_S) -> str | None:
+    """The content of a file on the node, or None if it does not exist."""
+    result = run(node, f"cat {shlex.quote(remote_path)} 2>/dev/null", timeout=timeout)
+    return result.stdout if result.ok else None
+
+
+def put_file(node: Node, local_path: Path, remote_path: str, connection=None) -> None:
+    """Upload one file with Fabric's sftp (to a path the SSH user may write, e.g. /tmp)."""
+    own = connection is None
+    connection = connection or connect(node)
+    try:
+        connection.put(str(local_path), remote=remote_path)
+    except Exception as exc:
+        raise RemoteError(f"host {node.name}: upload of {local_path.name} failed: {exc}") from None
+    finally:
+        if own:
+            connection.close()
+
+
+class StopFlag:
+    """Set once by Ctrl-C or a failure so running fan-outs stop waiting."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+
+    def set(self) -> None:
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
