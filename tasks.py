@@ -87,11 +87,113 @@ def lab_restart_node(c, node, name=None):
 
 # --- cluster -----------------------------------------------------------------
 
+INVENTORY_HELP = "inventory to target (default: ansible.cfg's `inventory =`, i.e. the local lab)"
+
+
+def _harness_call(function, *args, **kwargs):
+    """Run harness logic; a DtlabError is one line on stderr, Ctrl-C exits 130, nothing else is caught."""
+    from dtlab.errors import DtlabError
+
+    try:
+        return function(*args, **kwargs)
+    except DtlabError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(getattr(error, "exit_code", DtlabError.exit_code) or 0)
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+def _cluster_check(inventory):
+    from dtlab import cluster
+    from dtlab.inventory import load_cluster
+
+    cluster.check_or_raise(load_cluster(inventory))
+
+
+def _cluster_reset(inventory):
+    from dtlab import cluster
+    from dtlab.inventory import load_cluster
+    from dtlab.results import ResultStore
+
+    target = load_cluster(inventory)
+    recorded = {run.cell_key for run in ResultStore.for_cluster(target.name).runs(status="ok")} \
+        if ResultStore.for_cluster(target.name).exists() else set()
+    rows = cluster.reset(target, recorded_cells=recorded)
+    cluster.render(rows, target)
+    if cluster.failed(rows):
+        raise cluster.ClusterUnhealthy(f"cluster.reset: done, but {len(cluster.failed(rows))} check(s) fail")
+
+
+@task(name="check", help={"inventory": INVENTORY_HELP})
+def cluster_check(c, inventory=None):
+    """SSH, GPUs, identical trainer env, Spark, Determined, PostgreSQL, clock skew, disk: one table."""
+    _harness_call(_cluster_check, inventory)
+
+
+@task(name="reset", help={"inventory": INVENTORY_HELP})
+def cluster_reset(c, inventory=None):
+    """Stop every dtlab run, restart Spark/Determined, clear unfinished scratch; ends with cluster.check."""
+    _harness_call(_cluster_reset, inventory)
+
 
 # --- trainer -----------------------------------------------------------------
 
 
+@task(name="deploy", help={"inventory": INVENTORY_HELP})
+def trainer_deploy(c, inventory=None):
+    """Push the trainer code to every node, check identical envs, build the Docker image where chosen."""
+    from dtlab.deploy import deploy
+    from dtlab.inventory import load_cluster
+
+    _harness_call(lambda: deploy(load_cluster(inventory)))
+
+
 # --- bench -------------------------------------------------------------------
+
+BENCH_HELP = {
+    "inventory": INVENTORY_HELP,
+    "profile": "matrix profile from experiments/matrix.yml (default: its default_profile, smoke)",
+    "only": "run only matching cells, comma-separated: ddp, g2, spark-g1, ddp-g*-e20-s1",
+    "force": "rerun cells already recorded for the same config hash",
+    "retries": "retries of a failed cell, resuming from its checkpoint (default 1)",
+    "timeout": "seconds per cell (default: the profile's timeout_s)",
+    "verbose": "stream every log line, not only epochs and errors",
+    "matrix": "matrix file (default experiments/matrix.yml)",
+    "report": "write the report at the end (default: yes)",
+}
+
+
+def _bench_options(profile, only, force, retries, timeout, verbose, matrix, report=True):
+    from dtlab.bench import BenchOptions
+    from dtlab.errors import DtlabError
+
+    try:
+        retries, timeout = int(retries), (int(timeout) if timeout not in (None, "") else None)
+    except ValueError:
+        raise DtlabError(f"--retries {retries} / --timeout {timeout}: must be whole numbers") from None
+    return BenchOptions(profile=profile, only=only, force=force, retries=retries, timeout_s=timeout,
+                        verbose=verbose, matrix_path=Path(matrix) if matrix else None, report=report)
+
+
+@task(name="all", help=BENCH_HELP)
+def bench_all(c, inventory=None, profile=None, only=None, force=False, retries=1, timeout=None, verbose=False,
+              matrix=None, report=True):
+    """Run the whole matrix over SSH in a stable order (resumable), then write the report."""
+    from dtlab.bench import all_command
+
+    _harness_call(lambda: all_command(inventory, _bench_options(profile, only, force, retries, timeout,
+                                                                 verbose, matrix, report)))
+
+
+@task(name="run", help={"cell": "cell key, e.g. ddp-g2-e2-s0 (see bench.all's list)",
+                        **{k: v for k, v in BENCH_HELP.items() if k not in ("only", "force", "report")}})
+def bench_run(c, cell, inventory=None, profile=None, retries=1, timeout=None, verbose=False, matrix=None):
+    """Run one matrix cell now (even if recorded) and record it."""
+    from dtlab.bench import run_command
+
+    outcome = _harness_call(lambda: run_command(inventory, cell, _bench_options(
+        profile, cell, True, retries, timeout, verbose, matrix, report=False)))
+    sys.exit(0 if outcome.status == "ok" else 1)
 
 @task(name="report", help={
     "inventory": "inventory whose results to report (default: the one ansible.cfg names)",
@@ -122,8 +224,8 @@ def test(c, lint=True, pytest_args=""):
 
 
 lab = Collection("lab", lab_up, lab_down, lab_status, lab_ssh, lab_restart_node)
-cluster = Collection("cluster")
-trainer = Collection("trainer")
-bench = Collection("bench", bench_report)
+cluster = Collection("cluster", cluster_check, cluster_reset)
+trainer = Collection("trainer", trainer_deploy)
+bench = Collection("bench", bench_all, bench_run, bench_report)
 
 ns = Collection(lab, cluster, trainer, bench, test)
