@@ -16,20 +16,42 @@ CELL = Cell("ddp", gpus=2, epochs=3, seed=7, profile="smoke", trainer_config={"m
 
 
 def result_for(cell: Cell, *, time_total_s: float = 30.0, final_accuracy: float = 0.75, **options) -> dict:
-    return published_run_as_result(cell.framework, cell.gpus, cell.epochs, cell.seed,
-                                   time_total_s=time_total_s, final_accuracy=final_accuracy, **options)
+    return published_run_as_result(
+        cell.framework,
+        cell.gpus,
+        cell.epochs,
+        cell.seed,
+        time_total_s=time_total_s,
+        final_accuracy=final_accuracy,
+        **options,
+    )
 
 
 def record_ok(store: ResultStore, cell: Cell = CELL, config_hash: str = HASH, **options):
-    return store.record_ok(cell, result_for(cell, **options), config_hash=config_hash, git_rev="abc1234",
-                           inventory="lab", node_versions={"node1": {"torch": "2.13.0"}},
-                           harness_time_s=35.0)
+    return store.record_ok(
+        cell,
+        result_for(cell, **options),
+        config_hash=config_hash,
+        git_rev="abc1234",
+        inventory="lab",
+        node_versions={"node1": {"torch": "2.13.0"}},
+        harness_time_s=35.0,
+    )
 
 
 def record_failure(store: ResultStore, cell: Cell = CELL, config_hash: str = HASH):
-    return store.record_failure(cell, reason="trainer exited 1 on node2", node="node2", exit_code=1,
-                                log_tail=[f"line {i}" for i in range(200)], config_hash=config_hash,
-                                git_rev="abc1234", inventory="lab", node_versions={}, harness_time_s=12.0)
+    return store.record_failure(
+        cell,
+        reason="trainer exited 1 on node2",
+        node="node2",
+        exit_code=1,
+        log_tail=[f"line {i}" for i in range(200)],
+        config_hash=config_hash,
+        git_rev="abc1234",
+        inventory="lab",
+        node_versions={},
+        harness_time_s=12.0,
+    )
 
 
 def test_cell_key_is_stable_and_ignores_trainer_config():
@@ -43,15 +65,27 @@ def test_ok_result_is_recorded_with_everything_and_read_back(tmp_path):
     logs = tmp_path / "fetched-logs"
     logs.mkdir()
     (logs / "node1.log").write_text("epoch 1 done\n")
-    run = store.record_ok(CELL, result_for(CELL), config_hash=HASH, git_rev="abc1234", inventory="lab",
-                          node_versions={"node1": {"torch": "2.13.0", "driver": "535"}}, log_dir=logs,
-                          harness_time_s=35.0)
+    run = store.record_ok(
+        CELL,
+        result_for(CELL),
+        config_hash=HASH,
+        git_rev="abc1234",
+        inventory="lab",
+        node_versions={"node1": {"torch": "2.13.0", "driver": "535"}},
+        log_dir=logs,
+        harness_time_s=35.0,
+    )
 
     [read] = store.runs("ok")
     assert read == run
     assert (read.cell, read.cell.trainer_config) == (CELL, {"max_length": 64})
     assert (read.attempt, read.status, read.config_hash, read.git_rev, read.inventory) == (
-        1, "ok", HASH, "abc1234", "lab")
+        1,
+        "ok",
+        HASH,
+        "abc1234",
+        "lab",
+    )
     assert read.node_versions == {"node1": {"torch": "2.13.0", "driver": "535"}}
     assert (read.harness_time_s, read.trainer_time_s) == (35.0, 30.0)
     assert read.run_dir == tmp_path / "runs" / "ddp-g2-e3-s7" / "attempt-1"
@@ -110,8 +144,9 @@ def test_an_attempt_number_is_never_recorded_twice(tmp_path):
     store = ResultStore(tmp_path)
     record_ok(store)
     with pytest.raises(DtlabError, match="attempt 1 is already recorded"):
-        store.record_failure(CELL, reason="late duplicate", config_hash=HASH, git_rev=None, inventory="lab",
-                             attempt=1)
+        store.record_failure(
+            CELL, reason="late duplicate", config_hash=HASH, git_rev=None, inventory="lab", attempt=1
+        )
     assert [r.status for r in store.runs(None)] == ["ok"]
 
 
@@ -121,8 +156,15 @@ def test_reserved_attempt_takes_live_logs_in_place(tmp_path):
     assert attempt.number == 1 and attempt.log_dir.is_dir()
     (attempt.log_dir / "node1.log").write_text("streamed live\n")
     assert store.reserve_attempt(CELL).number == 2, "a reserved folder is never handed out twice"
-    run = store.record_ok(CELL, result_for(CELL), config_hash=HASH, git_rev=None, inventory="lab",
-                          log_dir=attempt.log_dir, attempt=attempt.number)
+    run = store.record_ok(
+        CELL,
+        result_for(CELL),
+        config_hash=HASH,
+        git_rev=None,
+        inventory="lab",
+        log_dir=attempt.log_dir,
+        attempt=attempt.number,
+    )
     assert (run.log_dir / "node1.log").read_text() == "streamed live\n"
     assert record_ok(store).attempt == 3
 
@@ -141,12 +183,15 @@ def test_is_done_needs_an_ok_attempt_with_the_same_config_hash(tmp_path):
     assert not store.is_done(Cell("ddp", 1, 3, 7).key, HASH)
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda r: r.pop("final_accuracy"), "'final_accuracy' is a required property"),
-    (lambda r: r.update(final_accuracy=1.5), "final_accuracy: 1.5 is greater than the maximum of 1"),
-    (lambda r: r.update(framework="horovod"), "framework: 'horovod' is not one of"),
-    (lambda r: r["epoch_metrics"][0].pop("val_accuracy"), "epoch_metrics/0"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda r: r.pop("final_accuracy"), "'final_accuracy' is a required property"),
+        (lambda r: r.update(final_accuracy=1.5), "final_accuracy: 1.5 is greater than the maximum of 1"),
+        (lambda r: r.update(framework="horovod"), "framework: 'horovod' is not one of"),
+        (lambda r: r["epoch_metrics"][0].pop("val_accuracy"), "epoch_metrics/0"),
+    ],
+)
 def test_invalid_result_is_rejected_and_nothing_recorded(tmp_path, damage, message):
     store = ResultStore(tmp_path)
     result = result_for(CELL)
@@ -160,8 +205,9 @@ def test_invalid_result_is_rejected_and_nothing_recorded(tmp_path, damage, messa
 def test_result_of_another_cell_is_rejected(tmp_path):
     store = ResultStore(tmp_path)
     with pytest.raises(DtlabError, match="seed is 8 but the cell has 7"):
-        store.record_ok(CELL, result_for(Cell("ddp", 2, 3, 8)), config_hash=HASH, git_rev=None,
-                        inventory="lab")
+        store.record_ok(
+            CELL, result_for(Cell("ddp", 2, 3, 8)), config_hash=HASH, git_rev=None, inventory="lab"
+        )
 
 
 def test_concurrent_writers_get_distinct_attempts(tmp_path):
