@@ -39,7 +39,10 @@ class Node:
     gpu_indices: tuple[int, ...] = ()
     device: str = "cuda"
     socket_ifname: str = "eth0"
+    # Raw host variables and a renderer for them: only the keys asked for are templated, so lookups
+    # with side effects (the generated-secret password lookups) never run just because we read the inventory.
     hostvars: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
+    render: Any = field(default=None, repr=False, compare=False, hash=False)
 
     @property
     def is_master(self) -> bool:
@@ -54,7 +57,10 @@ class Node:
         return self.device == "cuda" and bool(self.gpu_indices)
 
     def var(self, key: str, default: Any = None) -> Any:
-        return self.hostvars.get(key, default)
+        if key not in self.hostvars:
+            return default
+        value = self.hostvars[key]
+        return self.render(key, value) if self.render else value
 
 
 @dataclass(frozen=True)
@@ -207,8 +213,10 @@ def load_cluster(inventory: str | Path | None = None) -> Cluster:
     """Read the inventory (default: ansible.cfg's) into a Cluster, with every variable resolved."""
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
-    from ansible.template import Templar
+    from ansible.plugins.loader import init_plugin_loader
     from ansible.vars.manager import VariableManager
+
+    init_plugin_loader()  # lookups in group_vars (e.g. lookup('env')) need the plugin loader
 
     path = Path(inventory).expanduser() if inventory else default_inventory_path()
     if not path.is_absolute():
@@ -230,32 +238,33 @@ def load_cluster(inventory: str | Path | None = None) -> Cluster:
     nodes = []
     for host in hosts:
         raw = variables.get_vars(host=host, include_hostvars=False)
-        try:
-            resolved = Templar(loader=loader, variables=raw).template(dict(raw))
-        except Exception as exc:
-            raise DtlabError(f"inventory {path}: host {host.name}: a variable does not render: "
-                             f"{str(exc).splitlines()[0]}") from None
         where = f"inventory {path}: host {host.name}"
-        address = str(resolved.get("ansible_host") or host.name)
+        render = _renderer(loader, raw, where)
+
+        def get(key: str, default: Any = None, _raw=raw, _render=render) -> Any:
+            return _render(key, _raw[key]) if key in _raw else default
+
+        address = str(get("ansible_host") or host.name)
         ssh_args, known_hosts = _ssh_options(
-            f"{resolved.get('ansible_ssh_common_args', '')} {resolved.get('ansible_ssh_extra_args', '')}")
+            f"{get('ansible_ssh_common_args', '')} {get('ansible_ssh_extra_args', '')}")
         try:
-            ssh_port = int(resolved.get("ansible_port") or resolved.get("ansible_ssh_port") or 22)
+            ssh_port = int(get("ansible_port") or get("ansible_ssh_port") or 22)
         except (TypeError, ValueError):
             raise DtlabError(f"{where}: ansible_port must be a number") from None
         nodes.append(Node(
             name=host.name,
             address=address,
             groups=tuple(sorted(g.name for g in host.get_groups() if g.name != "all")),
-            ssh_user=str(resolved.get("ansible_user") or resolved.get("ansible_ssh_user") or "root"),
+            ssh_user=str(get("ansible_user") or get("ansible_ssh_user") or "root"),
             ssh_port=ssh_port,
-            ssh_key=resolved.get("ansible_ssh_private_key_file") or resolved.get("ansible_private_key_file"),
+            ssh_key=get("ansible_ssh_private_key_file") or get("ansible_private_key_file"),
             ssh_args=ssh_args,
             known_hosts_file=known_hosts,
-            gpu_indices=_gpu_indices(where, resolved.get("gpu_indices")),
-            device=str(resolved.get("dtlab_device", "cuda")),
-            socket_ifname=str(resolved.get("dtlab_socket_ifname", "eth0")),
-            hostvars=resolved,
+            gpu_indices=_gpu_indices(where, get("gpu_indices")),
+            device=str(get("dtlab_device", "cuda")),
+            socket_ifname=str(get("dtlab_socket_ifname", "eth0")),
+            hostvars=dict(raw),
+            render=render,
         ))
 
     nodes.sort(key=lambda n: _inventory_order(manager, n.name))
@@ -263,6 +272,21 @@ def load_cluster(inventory: str | Path | None = None) -> Cluster:
                       nodes=tuple(nodes))
     _validate(cluster)
     return cluster
+
+
+def _renderer(loader: Any, raw: dict[str, Any], where: str):
+    """Template one variable on demand against the host's variables (group_vars, host_vars, inventory_dir)."""
+    from ansible.template import Templar
+
+    templar = Templar(loader=loader, variables=raw)
+
+    def render(key: str, value: Any) -> Any:
+        try:
+            return templar.template(value)
+        except Exception as exc:
+            raise DtlabError(f"{where}: variable {key} does not render: {str(exc).splitlines()[0]}") from None
+
+    return render
 
 
 def _inventory_order(manager: Any, name: str) -> int:
