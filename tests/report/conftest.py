@@ -1,63 +1,9 @@
-"""Stores filled with known runs, and lookups into built report tables."""
+"""Fixtures for the report tests (helpers live in report_helpers.py, a unique module name)."""
 
 import pytest
+from report_helpers import Lookup, fill_with_study_runs
 
-from dtlab.report.study import published, published_run_as_result
-from dtlab.results import Cell, ResultStore
-
-STUDY_SEEDS = (1, 2, 3, 4, 5)
-# The study's 20-epoch figures are means of 5 seeds: spread the seeds symmetrically around the
-# published mean so the mean is exact and the std is known; 100-epoch figures are single runs.
-TIME_SPREAD_S = (-2.0, -1.0, 0.0, 1.0, 2.0)  # sample std 1.58 s
-ACCURACY_SPREAD = (-0.002, -0.001, 0.0, 0.001, 0.002)  # sample std 0.0016
-
-
-def record(
-    store: ResultStore,
-    cell: Cell,
-    *,
-    time_total_s: float,
-    final_accuracy: float,
-    device: str = "cuda",
-    framework_label: str | None = None,
-    config_hash: str = "0123456789abcdef",
-    inventory: str = "study",
-):
-    result = published_run_as_result(
-        cell.framework,
-        cell.gpus,
-        cell.epochs,
-        cell.seed,
-        time_total_s=time_total_s,
-        final_accuracy=final_accuracy,
-        device=device,
-        framework_label=framework_label,
-    )
-    return store.record_ok(
-        cell,
-        result,
-        config_hash=config_hash,
-        git_rev="deadbeef",
-        inventory=inventory,
-        node_versions={"node1": {"nvidia_driver": "535.247.01", "torch": "2.13.0"}},
-        harness_time_s=time_total_s + 4.0,
-    )
-
-
-def fill_with_study_runs(store: ResultStore, profile: str = "study") -> None:
-    for (framework, gpus, epochs), (time_s, accuracy) in published().runs.items():
-        if epochs == 20:
-            for seed, dt, da in zip(STUDY_SEEDS, TIME_SPREAD_S, ACCURACY_SPREAD, strict=True):
-                record(
-                    store,
-                    Cell(framework, gpus, epochs, seed, profile),
-                    time_total_s=time_s + dt,
-                    final_accuracy=accuracy + da,
-                )
-        else:
-            record(
-                store, Cell(framework, gpus, epochs, 1, profile), time_total_s=time_s, final_accuracy=accuracy
-            )
+from dtlab.results import ResultStore
 
 
 @pytest.fixture(scope="session")
@@ -65,31 +11,6 @@ def study_store(tmp_path_factory) -> ResultStore:
     store = ResultStore(tmp_path_factory.mktemp("study-results"))
     fill_with_study_runs(store)
     return store
-
-
-class Lookup:
-    """Find a table by number and read a cell by row prefix and column name (n-th occurrence)."""
-
-    def __init__(self, report):
-        self.report = report
-
-    def table(self, number: str):
-        [table] = [t for t in self.report.tables + self.report.extra_tables if t.number == number]
-        return table
-
-    def rows(self, number: str, *prefixes: str) -> list[list[str]]:
-        table = self.table(number)
-        return [
-            [v.text for v in row]
-            for row in table.rows
-            if all(row[i].text.startswith(p) for i, p in enumerate(prefixes))
-        ]
-
-    def cell(self, number: str, prefixes: tuple[str, ...], column: str, occurrence: int = 1) -> str:
-        table = self.table(number)
-        [row] = self.rows(number, *prefixes)
-        positions = [i for i, name in enumerate(table.columns) if name == column]
-        return row[positions[occurrence - 1]]
 
 
 @pytest.fixture

@@ -1,0 +1,164 @@
+"""Partial, empty and CPU stores; profiles; GPU counts beyond the study's."""
+
+import pytest
+from PIL import Image
+from report_helpers import fill_with_study_runs, record
+
+from dtlab.errors import DtlabError
+from dtlab.report import EmptyStoreError, build_report, generate_report
+from dtlab.report.figures import FRAMEWORK_COLOURS
+from dtlab.results import Cell, ResultStore
+
+DDP, DET, SPARK = "PyTorch DDP", "Determined AI", "Apache Spark"
+OFF_CLUSTER = "determined (Core API, off-cluster)"
+
+
+def colour_area(png, framework: str) -> int:
+    rgb = tuple(int(FRAMEWORK_COLOURS[framework][i : i + 2], 16) for i in (1, 3, 5))
+    return sum(
+        count for count, colour in Image.open(png).convert("RGB").getcolors(1_000_000) if colour == rgb
+    )
+
+
+def test_partial_store_gives_a_partial_report_with_missing_cells(tmp_path, lookup):
+    store = ResultStore(tmp_path / "results")
+    record(store, Cell("ddp", 1, 20, 1), time_total_s=600.0, final_accuracy=0.80)
+    record(store, Cell("ddp", 1, 20, 2), time_total_s=610.0, final_accuracy=0.81)
+    record(store, Cell("spark", 2, 20, 1), time_total_s=1400.0, final_accuracy=0.82)
+
+    files = generate_report(store, tmp_path / "report")
+    look = lookup(build_report(store))
+    assert look.rows("5.1", "1 GPU", "20")[0][:5] == ["1 GPU", "20", "2", "605.00", "7.07"]
+    assert look.rows("5.1", "2 GPUs", "20")[0][:7] == ["2 GPUs", "20", "0", "—", "—", "498.99", "—"]
+    assert look.cell("5.8", (DDP,), "Speedup") == "—", "no 2-GPU DDP run: no speedup, never a made-up one"
+    assert look.cell("5.8", (DDP,), "Study speedup") == "1.36×"
+    assert look.cell("5.7", (SPARK,), "Overhead vs DDP, 2 GPUs") == "—"
+    assert look.rows("5.2", "1 GPU", "20")[0][3] == "—"
+    png = files.out_dir / "figures" / "figure-5.1.png"
+    assert (
+        colour_area(png, "ddp") > 0 and colour_area(png, "spark") > 0 and colour_area(png, "determined") == 0
+    )
+    assert "| 1 GPU | 20 | 2 | 605.00 | 7.07 | 677.10 | 0.89× |" in files.markdown.read_text()
+
+
+def test_store_with_only_failures_reports_them_and_the_study(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    store.record_failure(
+        Cell("spark", 2, 1, 1, "smoke"),
+        reason="executor lost",
+        node="node2",
+        exit_code=137,
+        log_tail=["Killed"],
+        config_hash="0123456789abcdef",
+        git_rev=None,
+        inventory="lab",
+    )
+    report = build_report(store)
+    assert report.notes[0].startswith("No successful runs are recorded yet")
+    [failures] = [t for t in report.extra_tables if t.number == "B.2"]
+    assert [v.text for v in failures.rows[0]][:6] == [
+        "spark-g2-e1-s1",
+        "smoke",
+        "1",
+        "node2",
+        "137",
+        "executor lost",
+    ]
+    files = generate_report(store, tmp_path / "report")
+    names = {p.name for p in files.figures}
+    assert "figure-5.1-study.png" in names and "figure-5.1.png" not in names
+
+
+@pytest.mark.parametrize("make_dir", [True, False])
+def test_empty_store_gives_one_clear_message(tmp_path, make_dir):
+    results = tmp_path / "results"
+    if make_dir:
+        results.mkdir()
+    with pytest.raises(
+        EmptyStoreError, match=r"no recorded runs in .*results; run `invoke bench.all`"
+    ) as raised:
+        generate_report(results)
+    assert isinstance(raised.value, DtlabError) and raised.value.exit_code == 0
+    assert not (results / "report").exists()
+    assert results.exists() == make_dir, "reading an empty store creates nothing"
+
+
+@pytest.fixture
+def cpu_lab_store(tmp_path):
+    """The lab's smoke profile: CPU workers, 1- and 2-epoch runs, Determined off-cluster."""
+    store = ResultStore(tmp_path / "results")
+    labels = {
+        "ddp": "ddp (torchrun, gloo, CPU)",
+        "spark": "spark (TorchDistributor, CPU)",
+        "determined": OFF_CLUSTER,
+    }
+    for framework, label in labels.items():
+        for workers in (1, 2):
+            for epochs in (1, 2):
+                time_s = {"ddp": 10.0, "determined": 12.0, "spark": 30.0}[framework] * epochs / workers
+                record(
+                    store,
+                    Cell(framework, workers, epochs, 1, "smoke"),
+                    time_total_s=time_s,
+                    final_accuracy=0.6,
+                    device="cpu",
+                    framework_label=label,
+                    inventory="lab",
+                )
+    return store
+
+
+def test_cpu_cells_are_labelled_as_cpu_workers_and_by_what_ran(cpu_lab_store, lookup):
+    report = build_report(cpu_lab_store)
+    look = lookup(report)
+    assert look.rows("5.1", "2 workers (CPU)", "1")[0][:4] == ["2 workers (CPU)", "1", "1", "5.00"]
+    assert look.rows("5.2", "1 worker (CPU)", "2")[0][:4] == ["1 worker (CPU)", "2", "1", "24.00"]
+    assert look.table("5.2").title.startswith(f"Determined AI [{OFF_CLUSTER}]")
+    assert (OFF_CLUSTER, "2 workers (CPU)", 2) in report.run_labels
+    assert "Study, 2 GPUs" in look.table("5.5").columns and "2 workers (CPU)" in look.table("5.5").columns
+    assert "GPUs" not in look.table("5.9").rows[0][1].text
+    assert (report.short_epochs, report.long_epochs) == (1, 2)
+    assert any("short runs have 1 epochs, the study's 20" in note for note in report.notes)
+    assert look.cell("5.4", (DDP, "2 workers (CPU)"), "Ratio long/short") == "1.00"
+    assert look.cell("5.8", (SPARK, "2 workers (CPU) vs 1"), "Speedup") == "2.00×"
+    assert look.cell("5.9", (DET, "1 worker (CPU)"), "Overhead (%)") == "+20%"
+    assert look.cell("B.1", (DDP, "1 worker (CPU)", "1"), "GPU utilisation") == "not recorded"
+    environment = dict(report.environment)
+    assert "CPU workers per run: 1, 2" in environment["Devices"] and environment["Inventory"] == "lab"
+
+
+def test_cpu_figure_labels_groups_as_workers(cpu_lab_store, tmp_path):
+    files = generate_report(cpu_lab_store, tmp_path / "report")
+    svg = (files.out_dir / "figures" / "figure-5.1.svg").read_text()
+    assert "workers (CPU)" in svg
+    assert "Figure B.1" in files.markdown.read_text()
+
+
+def test_profiles_never_mix_newest_is_default(cpu_lab_store, tmp_path):
+    fill_with_study_runs(cpu_lab_store, profile="study")
+    assert build_report(cpu_lab_store).profile == "study"
+    smoke = build_report(cpu_lab_store, profile="smoke")
+    assert (smoke.profile, smoke.other_profiles, smoke.short_epochs) == ("smoke", ["study"], 1)
+    with pytest.raises(
+        DtlabError, match="--profile nope has no recorded runs; recorded profiles: smoke, study"
+    ):
+        build_report(cpu_lab_store, profile="nope")
+
+
+def test_scaling_generalises_to_any_gpu_counts(tmp_path, lookup):
+    store = ResultStore(tmp_path / "results")
+    for gpus, time_s in ((1, 800.0), (2, 500.0), (4, 320.0)):
+        record(store, Cell("ddp", gpus, 20, 1), time_total_s=time_s, final_accuracy=0.82)
+    look = lookup(build_report(store))
+    assert look.cell("5.8", (DDP, "2 GPUs vs 1"), "Speedup") == "1.60×"
+    assert look.cell("5.8", (DDP, "4 GPUs vs 1"), "Speedup") == "2.50×"
+    assert look.cell("5.8", (DDP, "4 GPUs vs 1"), "Efficiency") == "63%"  # 2.5 / 4, half-up
+    assert look.cell("5.8", (DDP, "4 GPUs vs 1"), "Study speedup") == "—"
+    assert look.cell("5.8", (DDP, "2 GPUs vs 1"), "This/study") == "1.18×"  # 1.60 / 1.36
+
+
+def test_force_rerun_newest_attempt_is_reported(tmp_path, lookup):
+    store = ResultStore(tmp_path / "results")
+    record(store, Cell("ddp", 1, 20, 1), time_total_s=700.0, final_accuracy=0.8)
+    record(store, Cell("ddp", 1, 20, 1), time_total_s=650.0, final_accuracy=0.8)
+    assert lookup(build_report(store)).rows("5.1", "1 GPU", "20")[0][2:4] == ["1", "650.00"]

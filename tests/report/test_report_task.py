@@ -1,0 +1,48 @@
+"""`invoke bench.report` as a user runs it."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+from report_helpers import record
+
+from dtlab.paths import REPO_ROOT
+from dtlab.results import Cell, ResultStore
+
+INVOKE = Path(sys.executable).parent / "invoke"
+
+
+def bench_report(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(INVOKE), "bench.report", *args], cwd=REPO_ROOT, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_bench_report_writes_the_report(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    record(store, Cell("ddp", 1, 20, 1), time_total_s=600.0, final_accuracy=0.8)
+    done = bench_report("--results-dir", str(store.root), "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert f"report: {tmp_path / 'out' / 'report.md'}" in done.stdout
+    assert (tmp_path / "out" / "report.html").is_file()
+    assert (tmp_path / "out" / "figures" / "figure-5.1.png").is_file()
+
+
+def test_bench_report_on_an_empty_store_prints_one_line_and_exits_0(tmp_path):
+    done = bench_report("--results-dir", str(tmp_path / "none"))
+    assert done.returncode == 0
+    assert done.stdout.strip().splitlines() == [
+        f"bench.report: no recorded runs in {tmp_path / 'none'}; "
+        "run `invoke bench.all` (or bench.run) first, then `invoke bench.report`"
+    ]
+
+
+def test_bench_report_unknown_profile_is_one_error_line_exit_2(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    record(store, Cell("ddp", 1, 20, 1), time_total_s=600.0, final_accuracy=0.8)
+    done = bench_report("--results-dir", str(store.root), "--profile", "nope")
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        == "error: bench.report: --profile nope has no recorded runs; recorded profiles: custom"
+    )
