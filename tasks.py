@@ -195,8 +195,9 @@ def bench_run(c, cell, inventory=None, profile=None, retries=1, timeout=None, ve
         profile, cell, True, retries, timeout, verbose, matrix, report=False)))
     sys.exit(0 if outcome.status == "ok" else 1)
 
+
 @task(name="report", help={
-    "inventory": "inventory whose results to report (default: the one ansible.cfg names)",
+    "inventory": INVENTORY_HELP,
     "results_dir": "results folder to read instead of results/<cluster name>",
     "out": "folder to write the report to (default: <results folder>/report)",
     "profile": "matrix profile to report (default: that of the newest successful run)"})
@@ -204,8 +205,8 @@ def bench_report(c, inventory=None, results_dir=None, out=None, profile=None):
     """Regenerate the study's Tables 5.1-5.9 and Figure 5.1 from the results store, beside the study's."""
     import dtlab.report
 
-    _lab_call(dtlab.report.report_command, inventory=inventory, results_dir=results_dir, out=out, profile=profile)
-
+    _harness_call(dtlab.report.report_command, inventory=inventory, results_dir=results_dir, out=out,
+                  profile=profile)
 
 
 # --- top level ---------------------------------------------------------------
