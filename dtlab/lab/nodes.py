@@ -134,7 +134,9 @@ def start(config: LabConfig, node: str, root: Path, binds: dict[str, str]) -> in
     """Boot the node in the background (it outlives this process); its console goes to console.log."""
     netns_path = NETNS_DIR / config.netns_name(node)
     argv = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--quiet",
-            "-D", str(root), f"--machine={node}", f"--network-namespace-path={netns_path}",
+            # The machine name must be unique on the host (nspawn keys /run/systemd/nspawn/* on it).
+            "-D", str(root), f"--machine={config.name}-{node}", f"--hostname={node}",
+            f"--network-namespace-path={netns_path}",
             "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=passive"]
     argv += [f"--bind-ro={source}:{target}" for source, target in sorted(binds.items())]
     log_path = config.node_dir(node) / "console.log"
