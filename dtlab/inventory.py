@@ -22,6 +22,7 @@ MASTER_GROUP = "master"
 WORKERS_GROUP = "workers"
 # A group whose presence marks the local lab (its settings live in group_vars/lab.yml).
 LAB_GROUP = "lab"
+_PLUGINS_READY = False
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,10 @@ def load_cluster(inventory: str | Path | None = None) -> Cluster:
     from ansible.plugins.loader import init_plugin_loader
     from ansible.vars.manager import VariableManager
 
-    init_plugin_loader()  # lookups in group_vars (e.g. lookup('env')) need the plugin loader
+    global _PLUGINS_READY
+    if not _PLUGINS_READY:  # lookups in group_vars (e.g. lookup('env')) need it; it may be set up once
+        init_plugin_loader()
+        _PLUGINS_READY = True
 
     path = Path(inventory).expanduser() if inventory else default_inventory_path()
     if not path.is_absolute():

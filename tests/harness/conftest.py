@@ -1,0 +1,35 @@
+"""Fixtures for the harness tests: temporary inventories and matrices."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, GPU_CLUSTER_4X2, write_inventory
+
+
+@pytest.fixture
+def gpu_cluster(tmp_path):
+    from dtlab.inventory import load_cluster
+
+    return load_cluster(write_inventory(tmp_path, GPU_CLUSTER_4X2, group_vars={"all": "dtlab_cluster_name: four\n"}))
+
+
+@pytest.fixture
+def cpu_cluster(tmp_path):
+    from dtlab.inventory import load_cluster
+
+    return load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": CPU_SITE_VARS}))
+
+
+@pytest.fixture
+def matrix_file(tmp_path):
+    """Write a matrix.yml with one profile `p` from the given runs/trainer YAML snippet."""
+
+    def write(body: str) -> Path:
+        path = tmp_path / "matrix.yml"
+        path.write_text("profiles:\n  p:\n" + textwrap.indent(textwrap.dedent(body), "    "))
+        return path
+
+    return write

@@ -1,0 +1,62 @@
+"""Helpers for the harness tests: temporary inventories, written like a user would."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+from dtlab import paths
+
+
+def write_inventory(directory: Path, hosts_yaml: str, group_vars: dict[str, str] | None = None,
+                    host_vars: dict[str, str] | None = None, copy_all: bool = True) -> Path:
+    """An inventory directory: hosts.yml, group_vars/all/ (the repo's all.yml, then a site file), host_vars/.
+
+    Like Ansible, variables in group_vars files beat `vars:` inside the inventory file, so site
+    overrides of group_vars/all.yml go to group_vars={"all": ...} (group_vars/all/site.yml).
+    """
+    (directory / "group_vars" / "all").mkdir(parents=True, exist_ok=True)
+    (directory / "host_vars").mkdir(exist_ok=True)
+    if copy_all:
+        all_vars = (paths.INVENTORY_DIR / "group_vars" / "all.yml").read_text()
+        (directory / "group_vars" / "all" / "00-dtlab.yml").write_text(all_vars)
+    for name, text in (group_vars or {}).items():
+        target = directory / "group_vars" / ("all/site.yml" if name == "all" else f"{name}.yml")
+        target.write_text(textwrap.dedent(text))
+    for name, text in (host_vars or {}).items():
+        (directory / "host_vars" / f"{name}.yml").write_text(textwrap.dedent(text))
+    inventory = directory / "hosts.yml"
+    inventory.write_text(textwrap.dedent(hosts_yaml))
+    return inventory
+
+
+GPU_CLUSTER_4X2 = """\
+    all:
+      vars: {ansible_user: ubuntu}
+      children:
+        master:
+          hosts:
+            head: {ansible_host: 127.0.10.1}
+        workers:
+          hosts:
+            gpu1: {ansible_host: 127.0.10.11, gpu_indices: [0, 1]}
+            gpu2: {ansible_host: 127.0.10.12, gpu_indices: [0, 1]}
+            gpu3: {ansible_host: 127.0.10.13, gpu_indices: [0, 1]}
+            gpu4: {ansible_host: 127.0.10.14, gpu_indices: [0, 1]}
+"""
+
+CPU_SITE_VARS = "dtlab_device: cpu\ndtlab_socket_ifname: veth9\ndtlab_cluster_name: three\n"
+CPU_CLUSTER_3 = """\
+    all:
+      vars: {ansible_user: root}
+      children:
+        master:
+          hosts:
+            n0: {ansible_host: 127.0.20.10}
+        workers:
+          hosts:
+            n1: {ansible_host: 127.0.20.11}
+            n2: {ansible_host: 127.0.20.12}
+"""
+
+

@@ -1,0 +1,99 @@
+"""experiments/matrix.yml: the profiles the issue asks for, and one clear line for each bad matrix."""
+
+import pytest
+
+from dtlab import matrix
+from dtlab.errors import DtlabError
+
+
+def test_study_profile_is_the_reference_studys_matrix():
+    study = matrix.load("study")
+    keys = {cell.key for cell in study}
+    assert len(study) == 3 * 2 * 5 + 3 * 2 * 1
+    for framework in ("ddp", "spark", "determined"):
+        for gpus in (1, 2):
+            assert {f"{framework}-g{gpus}-e20-s{seed}" for seed in range(1, 6)} <= keys
+            assert f"{framework}-g{gpus}-e100-s1" in keys
+    options = study.cells[0].trainer_config
+    assert options["model"] == "prajjwal1/bert-tiny" and options["dataset"] == "stanfordnlp/imdb"
+    assert (options["learning_rate"], options["weight_decay"], options["warmup_steps"], options["batch_size"]) \
+        == (5e-5, 0.01, 500, 32)
+
+
+def test_smoke_profile_runs_every_framework_on_one_and_two_workers_with_generated_data():
+    smoke = matrix.load("smoke", max_gpus=2)
+    assert [c.key for c in smoke] == ["ddp-g1-e2-s0", "spark-g1-e2-s0", "determined-g1-e2-s0",
+                                      "ddp-g2-e2-s0", "spark-g2-e2-s0", "determined-g2-e2-s0"]
+    options = smoke.cells[0].trainer_config
+    assert options["dataset"] == "generated" and options["model"].startswith("generated:")
+    assert all(1 <= c.epochs <= 2 for c in smoke)
+
+
+def test_default_profile_is_smoke():
+    assert matrix.load().profile == "smoke"
+
+
+def test_the_trainer_accepts_every_profiles_options():
+    from trainer.config import TrainConfig
+
+    for name in matrix.profiles():
+        for cell in matrix.load(name):
+            TrainConfig(**{**matrix.trainer_config(cell), "output_dir": "/tmp"})  # unknown keys would raise
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("runs: [{frameworks: [ddp, horovod], gpus: 1, epochs: 1, seeds: 0}]",
+     "p.runs[0].frameworks: unknown framework 'horovod'; choose from ddp, spark, determined"),
+    ("runs: [{frameworks: ddp, gpus: 1, epochs: 0, seeds: 0}]", "p.runs[0].epochs: epochs must be an integer >= 1, got 0"),
+    ("runs: [{frameworks: ddp, gpus: 1, epochs: -3, seeds: 0}]", "epochs must be an integer >= 1, got -3"),
+    ("runs: [{frameworks: ddp, gpus: 0, epochs: 1, seeds: 0}]", "gpus must be an integer >= 1, got 0"),
+    ("runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}, {frameworks: [spark, ddp], gpus: 1, epochs: 1, seeds: 0}]",
+     "p.runs[1]: duplicate cell ddp-g1-e1-s0 (already in"),
+    ("runs: [{frameworks: ddp, gpus: [1, 1], epochs: 1, seeds: 0}]", "duplicate cell ddp-g1-e1-s0"),
+    ("runs: [{frameworks: ddp, gpus: 3, epochs: 1, seeds: 0}]", "p.runs[0].gpus: 3 GPUs but the inventory offers 2"),
+    ("runs: [{frameworks: ddp, gpus: 1, epochs: 1}]", "p.runs[0]: missing 'seeds'"),
+    ("runs: [{frameworks: ddp, gpu: 1, gpus: 1, epochs: 1, seeds: 0}]", "unknown key 'gpu'"),
+    ("trainer: {learning_rat: 0.1}\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
+     "p.trainer.learning_rat: unknown trainer option"),
+    ("trainer: {epochs: 3}\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
+     "p.trainer.epochs: set per cell by the harness"),
+    ("timeout_s: 0\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]", "p.timeout_s: must be a positive"),
+    ("runs: []", "p.runs: must be a non-empty list"),
+])
+def test_a_bad_matrix_fails_with_one_line_naming_the_key(matrix_file, body, message):
+    path = matrix_file(body)
+    with pytest.raises(DtlabError) as failure:
+        matrix.load("p", path, max_gpus=2)
+    text = str(failure.value)
+    assert message in text
+    assert "\n" not in text and text.startswith(str(path))
+
+
+def test_unknown_profile_and_broken_yaml_fail_with_one_line(tmp_path, matrix_file):
+    with pytest.raises(DtlabError, match=r"no profile 'nope'; choose one of study, smoke"):
+        matrix.load("nope")
+    broken = tmp_path / "broken.yml"
+    broken.write_text("profiles: [unclosed\n")
+    with pytest.raises(DtlabError, match="not valid YAML"):
+        matrix.load("p", broken)
+    with pytest.raises(DtlabError, match="cannot read"):
+        matrix.load("p", tmp_path / "missing.yml")
+
+
+def test_only_filters_by_framework_gpus_and_globs():
+    smoke = matrix.load("smoke")
+    assert [c.key for c in smoke.select("ddp")] == ["ddp-g1-e2-s0", "ddp-g2-e2-s0"]
+    assert [c.key for c in smoke.select("g2")] == ["ddp-g2-e2-s0", "spark-g2-e2-s0", "determined-g2-e2-s0"]
+    assert [c.key for c in smoke.select("spark-g1,determined-g2")] == ["spark-g1-e2-s0", "determined-g2-e2-s0"]
+    assert [c.key for c in smoke.select("d*-g1")] == ["ddp-g1-e2-s0", "determined-g1-e2-s0"]
+    with pytest.raises(DtlabError, match="--only 'horovod': matches no cell of profile smoke"):
+        smoke.select("horovod")
+
+
+def test_config_hash_is_stable_and_changes_with_what_changes_the_run():
+    first, again = matrix.load("study").cells[0], matrix.load("study").cells[0]
+    assert matrix.config_hash(first) == matrix.config_hash(again)
+    hashes = {matrix.config_hash(c) for c in matrix.load("study")}
+    assert len(hashes) == len(matrix.load("study"))  # seed, epochs, GPUs and framework all count
+    smoke_ddp = matrix.load("smoke").cells[0]
+    assert matrix.config_hash(smoke_ddp) != matrix.config_hash(matrix.load("study").cells[0])
