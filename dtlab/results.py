@@ -27,7 +27,7 @@ API (the harness, ``dtlab.bench``, is the writer; ``dtlab.report`` only reads)::
                              node_versions={...}, log_dir=attempt.log_dir, harness_time_s=40.0,
                              attempt=attempt.number)
     store.runs(status="ok")          # list[Run], oldest first; status=None for all, "failed" for failures
-    store.latest_ok_runs()           # one Run per cell key: its newest ok attempt (what the report uses)
+    store.latest_ok_runs(profile)    # one Run per cell key: its newest ok attempt (what the report uses)
     store.dataframe()                # pandas DataFrame, one flat row per attempt
     store.delete_all(confirm=True)   # the only way anything recorded goes away
 
@@ -554,11 +554,12 @@ class ResultStore:
             for row in self._read(f"SELECT * FROM runs {where} ORDER BY id", params)
         ]
 
-    def latest_ok_runs(self) -> list[Run]:
-        """The newest ok attempt of each cell key (a --force rerun supersedes, the older stays recorded)."""
+    def latest_ok_runs(self, profile: str | None = None) -> list[Run]:
+        """The newest ok attempt of each cell key (of one profile, if given); older ones stay recorded."""
         newest: dict[str, Run] = {}
         for run in self.runs("ok"):
-            newest[run.cell_key] = run
+            if profile is None or run.cell.profile == profile:
+                newest[run.cell_key] = run
         return sorted(newest.values(), key=lambda run: run.id)
 
     def dataframe(self, status: str | None = None):

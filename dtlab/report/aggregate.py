@@ -33,7 +33,7 @@ class Sample:
     gpu_util_pct: float | None
     peak_rss_mb: float | None
     harness_extra_s: float | None  # harness wall time beyond the trainer's own time
-    epoch_accuracy: tuple[float, ...]
+    epoch_accuracy: tuple[tuple[int, float], ...]  # (epoch, validation accuracy), epochs ascending
 
     @classmethod
     def from_run(cls, run: Run) -> Sample:
@@ -55,7 +55,7 @@ class Sample:
             gpu_util_pct=result.get("gpu_utilization_pct"),
             peak_rss_mb=(result.get("peak_memory_mb") or {}).get("rss"),
             harness_extra_s=harness_extra,
-            epoch_accuracy=tuple(accuracy_by_epoch[e] for e in sorted(accuracy_by_epoch)),
+            epoch_accuracy=tuple(sorted(accuracy_by_epoch.items())),
         )
 
 
@@ -94,8 +94,10 @@ class GroupStats:
         times = [s.time_s for s in samples]
         accuracies = [s.accuracy for s in samples]
         throughputs = [s.samples_per_s for s in samples]
-        curve_length = min(len(s.epoch_accuracy) for s in samples)
-        curve = tuple(statistics.fmean(s.epoch_accuracy[i] for s in samples) for i in range(curve_length))
+        # Only epochs every seed reported (a resumed run may lack the epochs before its checkpoint).
+        by_seed = [dict(s.epoch_accuracy) for s in samples]
+        common = sorted(set.intersection(*(set(accuracies) for accuracies in by_seed)))
+        curve = tuple((epoch, statistics.fmean(a[epoch] for a in by_seed)) for epoch in common)
         return cls(
             framework=first.framework,
             gpus=first.gpus,

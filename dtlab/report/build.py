@@ -158,9 +158,8 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
             f"bench.report: no recorded runs in {store.root}; "
             "run `invoke bench.all` (or bench.run) first, then `invoke bench.report`"
         )
-    latest_ok = store.latest_ok_runs()
-    chosen, others = choose_profile(latest_ok, profile)
-    ok_runs = [run for run in latest_ok if run.cell.profile == chosen]
+    chosen, others = choose_profile(store.runs("ok"), profile)
+    ok_runs = store.latest_ok_runs(chosen) if chosen is not None else []
     failed = [
         run for run in all_runs if run.status == "failed" and (chosen is None or run.cell.profile == chosen)
     ]

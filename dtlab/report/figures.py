@@ -68,7 +68,10 @@ def time_bars(
 
 
 def accuracy_curves(
-    curves: Mapping[tuple[str, int], tuple[float, ...]], *, count_label: Callable[[int], str], title: str
+    curves: Mapping[tuple[str, int], tuple[tuple[int, float], ...]],
+    *,
+    count_label: Callable[[int], str],
+    title: str,
 ) -> Figure:
     """Validation accuracy per epoch (mean over seeds), one line per framework and count."""
     figure = _new_figure()
@@ -77,8 +80,8 @@ def accuracy_curves(
     counts = sorted({k[1] for k in curves})
     for (framework, count), curve in curves.items():
         axes.plot(
-            range(1, len(curve) + 1),
-            curve,
+            [epoch for epoch, _accuracy in curve],
+            [accuracy for _epoch, accuracy in curve],
             styles[counts.index(count) % len(styles)],
             marker=".",
             color=FRAMEWORK_COLOURS.get(framework, _OTHER_COLOUR),

@@ -7,6 +7,7 @@ from report_helpers import fill_with_study_runs, record
 from dtlab.errors import DtlabError
 from dtlab.report import EmptyStoreError, build_report, generate_report
 from dtlab.report.figures import FRAMEWORK_COLOURS
+from dtlab.report.study import published_run_as_result
 from dtlab.results import Cell, ResultStore
 
 DDP, DET, SPARK = "PyTorch DDP", "Determined AI", "Apache Spark"
@@ -162,3 +163,25 @@ def test_force_rerun_newest_attempt_is_reported(tmp_path, lookup):
     record(store, Cell("ddp", 1, 20, 1), time_total_s=700.0, final_accuracy=0.8)
     record(store, Cell("ddp", 1, 20, 1), time_total_s=650.0, final_accuracy=0.8)
     assert lookup(build_report(store)).rows("5.1", "1 GPU", "20")[0][2:4] == ["1", "650.00"]
+
+
+def test_a_newer_run_of_another_profile_does_not_hide_this_profiles_run(tmp_path, lookup):
+    store = ResultStore(tmp_path / "results")
+    record(store, Cell("ddp", 1, 20, 1, "study"), time_total_s=700.0, final_accuracy=0.8)
+    record(store, Cell("ddp", 1, 20, 1, "smoke"), time_total_s=5.0, final_accuracy=0.5)
+    look = lookup(build_report(store, profile="study"))
+    assert look.rows("5.1", "1 GPU", "20")[0][2:4] == ["1", "700.00"]
+
+
+def test_accuracy_curve_keeps_only_epochs_every_seed_reported(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    record(store, Cell("ddp", 1, 3, 1), time_total_s=30.0, final_accuracy=0.9)
+    resumed = published_run_as_result("ddp", 1, 3, 2, time_total_s=20.0, final_accuracy=0.7)
+    resumed["epoch_metrics"] = resumed["epoch_metrics"][1:]  # resumed after epoch 1's checkpoint
+    resumed["resumed_from_epoch"] = 1
+    store.record_ok(
+        Cell("ddp", 1, 3, 2), resumed, config_hash="0123456789abcdef", git_rev=None, inventory="lab"
+    )
+    [stats] = build_report(store).groups.values()
+    assert [epoch for epoch, _ in stats.accuracy_curve] == [2, 3]
+    assert stats.accuracy_curve[-1][1] == pytest.approx(0.8)
