@@ -1,0 +1,159 @@
+"""The lab's pure parts, no root needed: its shape, the host's apt sources, the inventory, the apt proxy."""
+
+import dataclasses
+import http.server
+import ipaddress
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+
+from dtlab import aptproxy
+from dtlab.errors import DtlabError
+from dtlab.lab import config, host, inventory, network
+
+
+def test_default_lab_shape_comes_from_group_vars():
+    lab = config.load_config("dtlab")
+    lab_vars = yaml.safe_load(config.LAB_VARS_FILE.read_text())
+    assert lab.node_names == [f"node{index}" for index in range(lab_vars["lab_node_count"])]
+    assert str(lab.subnet) == lab_vars["lab_default_subnet"]
+    assert lab.inventory_path.name == "lab.yml"
+    first_address = lab.subnet.network_address + lab_vars["lab_node_address_offset"]
+    assert lab.node_address("node0") == first_address
+
+
+@pytest.mark.parametrize("name", ["dtlab", "dtlabtest", "harness", "averylonglabnamexyz1"])
+def test_every_lab_fits_linux_ifnames_and_the_guarded_range(name):
+    lab = config.load_config(name, node_count=200)
+    assert lab.subnet.subnet_of(lab.address_range)
+    assert lab.bridge_address in lab.subnet
+    names = [lab.bridge_ifname, *(lab.veth_host_ifname(node) for node in lab.node_names)]
+    assert all(len(ifname) <= 15 for ifname in names)
+    assert len(set(names)) == len(names)
+
+
+def test_other_labs_get_their_own_subnet_and_inventory():
+    default, other = config.load_config("dtlab"), config.load_config("dtlabtest")
+    assert not other.subnet.overlaps(default.subnet)
+    assert other.inventory_path.name == "lab-dtlabtest.yml"
+    assert config.load_config("dtlabtest").subnet == other.subnet  # deterministic
+    assert other.bridge_ifname != default.bridge_ifname
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"name": "Bad_Name"}, "lowercase"),
+    ({"name": "dtlab", "subnet": "192.168.1.0/24"}, "inside 10.213.0.0/16"),
+    ({"name": "dtlab", "subnet": "10.213.4.0/23"}, "must be a /24"),
+    ({"name": "dtlab", "node_count": 1}, "lab_node_count"),
+])
+def test_bad_lab_settings_are_one_line_errors(kwargs, message):
+    with pytest.raises(DtlabError, match=message) as error:
+        config.load_config(**kwargs)
+    assert "\n" not in str(error.value)
+
+
+ONE_LINE_SOURCES = """\
+deb [arch=amd64 signed-by=/k] http://mirror.invalid/debian bookworm main
+# deb http://commented.invalid/debian bookworm main
+deb-src http://src.invalid/debian bookworm main
+"""
+DEB822_SOURCES = """\
+Types: deb
+URIs: http://mirror.invalid/debian
+Suites: bookworm bookworm-updates
+Components: main
+
+Types: deb
+Enabled: no
+URIs: http://off.invalid/debian
+Suites: bookworm
+Components: main
+"""
+
+
+def test_apt_sources_are_read_from_both_formats():
+    assert host._parse_one_line(ONE_LINE_SOURCES) == [
+        host.AptSource("http://mirror.invalid/debian", "bookworm", ("main",))]
+    deb822 = host._parse_deb822(DEB822_SOURCES)
+    assert [(source.host, source.suite) for source in deb822] == [("mirror.invalid", "bookworm"),
+                                                                  ("mirror.invalid", "bookworm-updates")]
+
+
+def test_inventory_uses_the_reference_groups_and_portable_paths():
+    lab = config.load_config("dtlab", node_count=4)
+    rendered = yaml.safe_load(inventory.render(lab))["lab"]
+    assert list(rendered["children"]) == ["master", "workers"]
+    assert list(rendered["children"]["workers"]["hosts"]) == ["node1", "node2", "node3"]
+    assert rendered["hosts"]["node3"] == {"ansible_host": str(lab.node_address("node3")), "gpu_indices": []}
+    key_file = rendered["vars"]["ansible_ssh_private_key_file"]
+    assert key_file.startswith("{{ inventory_dir }}/../.dtlab/lab/dtlab/")
+    assert "StrictHostKeyChecking=yes" in rendered["vars"]["ansible_ssh_common_args"]
+
+
+def test_committed_default_inventory_is_the_current_rendering():
+    lab = config.load_config("dtlab")
+    assert lab.inventory_path.read_text() == inventory.render(lab)
+
+
+def test_assert_guard_refuses_a_range_without_blackhole():
+    unguarded_range = ipaddress.IPv4Network("10.214.0.0/16")
+    unguarded = dataclasses.replace(config.load_config("dtlab"), address_range=unguarded_range)
+    with pytest.raises(DtlabError, match="guard route"):
+        network.assert_guard(unguarded)
+
+
+def test_not_root_is_a_one_line_error(monkeypatch):
+    monkeypatch.setattr(host.os, "geteuid", lambda: 1000)
+    with pytest.raises(DtlabError, match="needs root"):
+        host.require_root()
+
+
+def test_too_little_disk_is_a_one_line_error(tmp_path):
+    with pytest.raises(DtlabError, match="GiB free"):
+        host.require_free_disk(tmp_path / "not" / "yet", 2**60)
+
+
+# --- the apt proxy, on loopback only ------------------------------------------------------------------
+
+class _Origin(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        body = b"Release file"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def proxy_and_origin():
+    origin = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Origin)
+    handler = type("Handler", (aptproxy.AptProxyHandler,), {"allowed_hosts": frozenset({"127.0.0.1"})})
+    proxy = aptproxy.AptProxyServer(("127.0.0.1", 0), handler)
+    for server in (origin, proxy):
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{proxy.server_port}", f"http://127.0.0.1:{origin.server_port}"
+    for server in (origin, proxy):
+        server.shutdown()
+        server.server_close()
+
+
+def _via_proxy(proxy_url, url, method="GET"):
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({"http": proxy_url}))
+    try:
+        with opener.open(urllib.request.Request(url, method=method), timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, b""
+
+
+def test_apt_proxy_forwards_get_to_allowed_hosts_only(proxy_and_origin):
+    proxy_url, origin_url = proxy_and_origin
+    assert _via_proxy(proxy_url, f"{origin_url}/debian/dists/bookworm/Release") == (200, b"Release file")
+    assert _via_proxy(proxy_url, "http://localhost:9/")[0] == 403  # not in the allowlist: never contacted
+    assert _via_proxy(proxy_url, f"{origin_url}/x", method="POST")[0] == 405
