@@ -181,8 +181,9 @@ def bench_all(c, inventory=None, profile=None, only=None, force=False, retries=1
     """Run the whole matrix over SSH in a stable order (resumable), then write the report."""
     from dtlab.bench import all_command
 
-    _harness_call(lambda: all_command(inventory, _bench_options(profile, only, force, retries, timeout,
-                                                                 verbose, matrix, report)))
+    outcomes = _harness_call(lambda: all_command(inventory, _bench_options(profile, only, force, retries, timeout,
+                                                                           verbose, matrix, report)))
+    sys.exit(1 if any(outcome.status == "failed" for outcome in outcomes) else 0)
 
 
 @task(name="run", help={"cell": "cell key, e.g. ddp-g2-e2-s0 (see bench.all's list)",

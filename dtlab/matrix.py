@@ -85,8 +85,11 @@ def load(profile: str | None = None, path: str | Path | None = None, max_gpus: i
     """Read and validate one profile. max_gpus: what the target inventory offers (None = don't check)."""
     path = Path(path) if path else MATRIX_FILE
     document = _read(path)
-    profile = profile or document.get("default_profile")
     available = document["profiles"]
+    profile = profile or document.get("default_profile") or (next(iter(available)) if len(available) == 1 else None)
+    if profile is None:
+        raise DtlabError(f"{path}: several profiles and no default_profile; pass --profile "
+                         f"({', '.join(available)})")
     if profile not in available:
         raise DtlabError(f"{path}: no profile {profile!r}; choose one of {', '.join(available)}")
     spec = available[profile]
