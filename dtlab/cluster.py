@@ -65,15 +65,18 @@ def node_versions(cluster: Cluster, nodes: tuple[Node, ...] | None = None) -> di
 def _probe_script(cluster: Cluster, node: Node) -> str:
     """One round trip per node: time, disk, GPUs, running dtlab units, service states."""
     services = "spark-master spark-worker postgresql determined-master determined-agent"
+    cell_units = " ".join(shlex.quote(p + ".service") for p in remote.CELL_UNIT_PATTERNS)
     return "; ".join([
         "echo time=$(date +%s.%N)",
-        f"echo disk_kb=$(df -Pk {shlex.quote(cluster.runs_dir)} 2>/dev/null | awk 'NR==2 {{print $4}}' || "
-        f"df -Pk / | awk 'NR==2 {{print $4}}')",
+        # Free space where runs go, or on the nearest existing parent before the first run.
+        f"d={shlex.quote(cluster.runs_dir)}; while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; "
+        "echo disk_kb=$(df -Pk \"$d\" | awk 'NR==2 {print $4}')",
         "echo gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\\n' ',')",
-        "echo units=$(systemctl list-units --plain --no-legend --state=active,activating 'dtlab-*.service' "
+        f"echo units=$(systemctl list-units --plain --no-legend --state=active,activating {cell_units} "
         "| awk '{print $1}' | tr '\\n' ',')",
-        f"for s in {services}; do for u in $(systemctl list-unit-files --plain --no-legend \"$s*.service\" "
-        "| awk '{print $1}'); do echo \"service.$u=$(systemctl is-active $u)\"; done; done",
+        # Services are found by name wherever their roles put a prefix (dtlab-spark-master, postgresql@15-main).
+        f"for s in {services}; do for u in $(systemctl list-unit-files --plain --no-legend \"*$s*.service\" "
+        "| awk '{print $1}'); do echo \"service.$s.$u=$(systemctl is-active $u)\"; done; done",
     ])
 
 
@@ -154,9 +157,10 @@ def _check_environment(cluster: Cluster, reachable: list[Node]) -> list[CheckRow
     return rows
 
 
-def _service_state(probes: dict[str, dict[str, str]], node: str, prefix: str) -> dict[str, str]:
-    return {key.removeprefix("service."): value for key, value in probes.get(node, {}).items()
-            if key.startswith(f"service.{prefix}")}
+def _service_state(probes: dict[str, dict[str, str]], node: str, service: str) -> dict[str, str]:
+    """{unit: active state} of the units found for one service on one node."""
+    return {key.removeprefix(f"service.{service}."): value for key, value in probes.get(node, {}).items()
+            if key.startswith(f"service.{service}.")}
 
 
 def _check_services(cluster: Cluster, probes: dict[str, dict[str, str]]) -> list[CheckRow]:
@@ -247,7 +251,7 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     say = console.print
     say("[bold]1/5[/] stopping dtlab units and containers on every node")
     stop = (f"{_stop_units_command()}; "
-            "if command -v docker >/dev/null; then ids=$(docker ps -aq --filter name=^dtlab-); "
+            "if command -v docker >/dev/null; then ids=$(docker ps -aq --filter name=^dtlab-ddp-g); "
             "[ -n \"$ids\" ] && docker rm -f $ids >/dev/null; fi; true")
     _report_failures(say, remote.run_all(cluster.nodes, stop, timeout=90), "stop units")
 
@@ -278,14 +282,14 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
 
 
 def _stop_units_command() -> str:
-    pattern = shlex.quote(f"{remote.UNIT_PREFIX}*.service")
+    pattern = " ".join(shlex.quote(p + ".service") for p in remote.CELL_UNIT_PATTERNS)
     return (f"systemctl stop {pattern} 2>/dev/null; systemctl kill --signal=SIGKILL {pattern} 2>/dev/null; "
             f"systemctl reset-failed {pattern} 2>/dev/null; true")
 
 
-def _restart_command(prefix: str) -> str:
-    """Restart every installed unit named <prefix>*.service (none installed: nothing, exit 0)."""
-    return (f"units=$(systemctl list-unit-files --plain --no-legend {shlex.quote(prefix + '*.service')} "
+def _restart_command(service: str) -> str:
+    """Restart every installed unit named *<service>*.service (none installed: nothing, exit 0)."""
+    return (f"units=$(systemctl list-unit-files --plain --no-legend {shlex.quote('*' + service + '*.service')} "
             "| awk '{print $1}'); [ -z \"$units\" ] || systemctl restart $units")
 
 

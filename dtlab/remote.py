@@ -22,6 +22,9 @@ from dtlab.errors import DtlabError
 from dtlab.inventory import Node
 
 UNIT_PREFIX = "dtlab-"
+# Every cell's units: dtlab-<framework>-g<N>-...; narrower than dtlab-*, which would also match the
+# provisioned services (dtlab-spark-master, dtlab-spark-worker).
+CELL_UNIT_PATTERNS = tuple(f"{UNIT_PREFIX}{framework}-g*" for framework in ("ddp", "spark", "determined"))
 CONNECT_TIMEOUT_S = 10
 COMMAND_TIMEOUT_S = 60
 # After a unit ends, give `tail -F` this long to flush its last lines before it is stopped.
@@ -245,18 +248,21 @@ def run_unit(node: Node, spec: UnitSpec, *, timeout: float, sink: LineSink | Non
     return run(node, unit_script(spec), timeout=timeout, sink=sink, log_file=log_file, connection=connection)
 
 
-def stop_units(node: Node, pattern: str = f"{UNIT_PREFIX}*", timeout: float = 60) -> CommandResult:
-    """Stop every matching dtlab unit on the node and forget failed ones; safe when none runs."""
-    quoted = shlex.quote(pattern + ".service")
+def stop_units(node: Node, patterns: str | Sequence[str] = CELL_UNIT_PATTERNS, timeout: float = 60
+               ) -> CommandResult:
+    """Stop every matching cell unit on the node and forget failed ones; safe when none runs."""
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    quoted = " ".join(shlex.quote(p + ".service") for p in patterns)
     command = (f"systemctl stop {quoted} 2>/dev/null; systemctl kill --signal=SIGKILL {quoted} 2>/dev/null; "
                f"systemctl reset-failed {quoted} 2>/dev/null; "
                f"systemctl list-units --all --plain --no-legend {quoted} | awk '{{print $1}}'")
     return run(node, command, timeout=timeout)
 
 
-def running_units(node: Node, pattern: str = f"{UNIT_PREFIX}*") -> list[str]:
-    result = run(node, f"systemctl list-units --plain --no-legend --state=active,activating "
-                       f"{shlex.quote(pattern + '.service')} | awk '{{print $1}}'")
+def running_units(node: Node, patterns: Sequence[str] = CELL_UNIT_PATTERNS) -> list[str]:
+    quoted = " ".join(shlex.quote(p + ".service") for p in patterns)
+    result = run(node, f"systemctl list-units --plain --no-legend --state=active,activating {quoted} "
+                       "| awk '{print $1}'")
     return [line for line in result.stdout.split() if line]
 
 
