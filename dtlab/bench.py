@@ -68,6 +68,7 @@ class CellOutcome:
     seconds: float = 0.0
     failure: AttemptFailure | None = None
     result: dict[str, Any] | None = None
+    phases: dict[str, float] = field(default_factory=dict)   # seconds per harness phase, last attempt
 
 
 class Interrupted(Exception):
@@ -175,6 +176,7 @@ class Bench:
         self.display = display
         self.git_rev = git_revision()
         self._node_versions: dict[str, Any] | None = None
+        self.phases: dict[str, float] = {}
 
     # --- the matrix ----------------------------------------------------------------
 
@@ -227,10 +229,12 @@ class Bench:
         for attempts in range(1, self.options.retries + 2):
             result, failure = self.run_attempt(cell, attempts, timeout_s, fresh=attempts == 1)
             if result is not None:
-                return CellOutcome(cell, "ok", attempts, time.monotonic() - started, result=result)
+                return CellOutcome(cell, "ok", attempts, time.monotonic() - started, result=result,
+                                   phases=dict(self.phases))
             if failure is not None and not failure.retryable:
                 break
-        return CellOutcome(cell, "failed", attempts, time.monotonic() - started, failure=failure)
+        return CellOutcome(cell, "failed", attempts, time.monotonic() - started, failure=failure,
+                           phases=dict(self.phases))
 
     def run_attempt(self, cell: Cell, number_in_run: int, timeout_s: int, *, fresh: bool
                     ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
@@ -241,11 +245,23 @@ class Bench:
         record = {"config_hash": matrix_module.config_hash(cell), "git_rev": self.git_rev,
                   "inventory": self.cluster.name, "log_dir": attempt.log_dir, "attempt": attempt.number}
         planned: launching.Launch | None = None
+        self.phases = {}
+        mark = time.monotonic()
+
+        def phase(name: str) -> None:
+            nonlocal mark
+            now = time.monotonic()
+            self.phases[name] = now - mark
+            mark = now
+
         try:
             planned = launching.build(self.cluster, cell, attempt.number, timeout_s)
             self.preflight(planned)
+            phase("preflight")
             self.prepare(planned, fresh=fresh)
+            phase("prepare")
             result, failure = self.execute(planned, attempt.log_dir, timeout_s)
+            phase("run_and_fetch")
         except KeyboardInterrupt:
             self.stop_cell(cell)
             raise
@@ -257,6 +273,7 @@ class Bench:
             try:
                 self.store.record_ok(cell, result, node_versions=versions,
                                      harness_time_s=time.monotonic() - attempt_started, **record)
+                phase("record")
                 return result, None
             except DtlabError as error:  # a result that does not match the schema or the cell
                 failure = AttemptFailure(f"result rejected: {error}", planned.result_node.name if planned else None)

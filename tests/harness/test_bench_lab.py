@@ -1,0 +1,160 @@
+"""The harness on the real lab: bench.all over SSH, retries from checkpoints, Ctrl-C, cluster.reset.
+
+Needs root; uses the session lab (tests/conftest.py `lab`) provisioned by `ansible-playbook site.yml`
+(fixture `harness_lab` below) and the trainer pushed with `invoke trainer.deploy`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dtlab import remote
+from dtlab.results import ResultStore
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+INVOKE = str(Path(sys.executable).parent / "invoke")
+SMOKE_KEYS = {"ddp-g1-e2-s0", "ddp-g2-e2-s0", "spark-g1-e2-s0", "spark-g2-e2-s0", "determined-g1-e2-s0",
+              "determined-g2-e2-s0"}
+
+
+def invoke(*args, env, timeout=1200):
+    return subprocess.run([INVOKE, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
+
+
+def cell_units(cluster) -> dict[str, list[str]]:
+    return {node.name: remote.running_units(node) for node in cluster.nodes}
+
+
+def trainer_processes(cluster) -> dict[str, str]:
+    """Trainer processes left on each node (pgrep only looks; nothing is killed by name)."""
+    answers = remote.run_all(cluster.nodes, "pgrep -a -f 'trainer[.]launchers' || true")
+    return {name: answer.stdout.strip() for name, answer in answers.items() if answer.stdout.strip()}
+
+
+def test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing(harness_lab):
+    cluster, env = harness_lab
+    first = invoke("bench.all", "-i", str(cluster.inventory_path), "--profile", "smoke", env=env)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-2000:]
+    store = ResultStore.for_cluster(cluster.name)
+    ok = {run.cell_key: run for run in store.runs(status="ok")}
+    assert set(ok) >= SMOKE_KEYS
+    labels = {key: run.result["framework_label"] for key, run in ok.items()}
+    assert labels["determined-g2-e2-s0"] == "determined (Core API, off-cluster), CPU"
+    assert labels["spark-g1-e2-s0"].startswith("spark") and labels["ddp-g2-e2-s0"].endswith("CPU")
+    assert ok["ddp-g2-e2-s0"].result["world_size"] == 2 and ok["ddp-g2-e2-s0"].result["nodes"] == 2
+    assert ok["spark-g2-e2-s0"].result["world_size"] == 2
+    for run in ok.values():
+        assert (run.log_dir / f"{run.result['hostnames'][0]}.log").exists() or any(run.log_dir.iterdir())
+    assert "report:" in first.stdout  # bench.all ends with the report
+
+    rows_before = len(store.runs(status=None))
+    started = time.monotonic()
+    second = invoke("bench.all", "-i", str(cluster.inventory_path), "--profile", "smoke", "--no-report", env=env)
+    assert second.returncode == 0, second.stderr
+    assert "0 ran ok, 6 already recorded, 0 failed" in second.stdout
+    assert len(store.runs(status=None)) == rows_before
+    assert time.monotonic() - started < 60
+
+
+def test_a_trainer_killed_mid_cell_is_retried_from_its_checkpoint(harness_lab, tmp_path):
+    from dtlab.bench import Bench, BenchOptions
+
+    cluster, _ = harness_lab
+    matrix_file = tmp_path / "matrix.yml"
+    # Long enough that epoch 1's checkpoint exists well before the end.
+    matrix_file.write_text("""\
+profiles:
+  kill:
+    timeout_s: 600
+    trainer: {model: "generated:bert-tiny", dataset: generated, generated_train_size: 1024,
+              generated_test_size: 128, generated_median_words: 40, max_length: 64, batch_size: 16,
+              learning_rate: 5.0e-4, warmup_steps: 4}
+    runs: [{frameworks: [ddp], gpus: [2], epochs: [4], seeds: [7]}]
+""")
+    store = ResultStore.for_cluster(cluster.name)
+    recorded_before = {(r.cell_key, r.attempt, r.status) for r in store.runs(status=None)}
+    bench = Bench(cluster, BenchOptions(profile="kill", matrix_path=matrix_file, force=True, retries=1))
+    selected = bench.load_matrix()
+    outcome = {}
+    runner = threading.Thread(target=lambda: outcome.update(result=bench.run_matrix(selected)))
+    runner.start()
+    rank0, worker = cluster.workers[0], cluster.workers[1]
+    checkpoint = f"{cluster.runs_dir}/ddp-g2-e4-s7/checkpoints/epoch-0001/checkpoint.pt"
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and not remote.run(rank0, f"test -f {checkpoint}").ok:
+        time.sleep(1)
+    assert remote.run(rank0, f"test -f {checkpoint}").ok, "epoch 1 never checkpointed"
+    unit = remote.unit_name("ddp-g2-e4-s7", worker.name)
+    # Kill the trainer (torchrun's child) on the second worker by PID.
+    killed = remote.run(worker, f"pid=$(systemctl show -p MainPID --value {unit}); "
+                                f"child=$(pgrep -P $pid | head -1); kill -9 $child && echo $child")
+    assert killed.ok and killed.stdout.strip(), killed
+    runner.join(600)
+    assert not runner.is_alive()
+    [result] = outcome["result"]
+    assert result.status == "ok" and result.attempts == 2, result.failure
+    assert result.result["resumed_from_epoch"] >= 1
+    attempts = [r for r in store.runs(status=None, cell_key="ddp-g2-e4-s7")
+                if (r.cell_key, r.attempt, r.status) not in recorded_before]
+    assert [r.status for r in attempts] == ["failed", "ok"]
+    assert attempts[0].failed_node in (worker.name, rank0.name) and attempts[0].log_tail
+    # Nothing recorded before was lost or changed.
+    assert recorded_before <= {(r.cell_key, r.attempt, r.status) for r in store.runs(status=None)}
+
+
+def test_sigint_to_bench_all_leaves_no_trainer_on_any_node(harness_lab):
+    cluster, env = harness_lab
+    store = ResultStore.for_cluster(cluster.name)
+    ok_before = {(r.cell_key, r.attempt) for r in store.runs(status="ok")}
+    process = subprocess.Popen([INVOKE, "bench.all", "-i", str(cluster.inventory_path), "--only", "ddp-g2",
+                                "--force", "--no-report"], env={**os.environ, **env}, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not any(cell_units(cluster).values()):
+            time.sleep(0.5)
+        assert any(cell_units(cluster).values()), "the cell never started"
+        time.sleep(3)  # well inside training
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 130, output[-2000:]
+    assert "interrupted" in output
+    assert not any(cell_units(cluster).values())
+    assert trainer_processes(cluster) == {}
+    assert ok_before <= {(r.cell_key, r.attempt) for r in store.runs(status="ok")}
+
+
+def test_a_stuck_cell_is_cleared_by_cluster_reset(harness_lab):
+    from dtlab import launch, matrix
+
+    cluster, env = harness_lab
+    # Stuck for real: rank 0 of a 2-node DDP cell whose second node never starts waits in rendezvous.
+    cell = next(c for c in matrix.load("smoke") if c.key == "ddp-g2-e2-s0")
+    planned = launch.build(cluster, cell, attempt=99, timeout_s=3600)
+    node, spec = planned.jobs[0]
+    assert remote.run(node, launch.prepare_command(planned, cluster.user, fresh=True)).ok
+    start = remote.unit_script(spec).replace(" --wait", "")  # detached: nobody follows it
+    remote.run(node, start.split("& waiter")[0], timeout=30)
+    time.sleep(5)
+    assert remote.running_units(node) == [spec.unit + ".service"]
+
+    reset = invoke("cluster.reset", "-i", str(cluster.inventory_path), env=env, timeout=600)
+    assert reset.returncode == 0, reset.stdout[-3000:] + reset.stderr
+    assert "all checks passed" in reset.stdout
+    assert not any(cell_units(cluster).values()) and trainer_processes(cluster) == {}
+    again = invoke("cluster.reset", "-i", str(cluster.inventory_path), env=env, timeout=600)
+    assert again.returncode == 0, again.stdout[-2000:]  # safe twice in a row
+    check = invoke("cluster.check", "-i", str(cluster.inventory_path), env=env, timeout=300)
+    assert check.returncode == 0 and "spark master" in check.stdout
