@@ -1,0 +1,78 @@
+"""Helpers for the trainer tests: tiny configs on generated data, and real torchrun launches.
+
+Every run here is real CPU torch with 1 thread per worker and tiny sizes (max_length 64).
+The tokenized splits are cached once per session in a shared directory, as on a real node.
+"""
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from trainer.config import TrainConfig
+
+# Small enough for seconds per epoch on one core, big enough that accuracy means something.
+TINY = dict(model="generated:bert-tiny", dataset="generated", generated_train_size=256,
+            generated_test_size=128, generated_median_words=60, max_length=64, batch_size=8, epochs=2,
+            learning_rate=1e-3, warmup_steps=4, threads=1, device="cpu", mixed_precision="no")
+SUBPROCESS_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="session")
+def token_cache(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("token-cache")
+
+
+@pytest.fixture
+def make_config(tmp_path, token_cache):
+    """make_config(**overrides) -> a validated TrainConfig writing under this test's tmp_path."""
+    def make(**overrides) -> TrainConfig:
+        values = {**TINY, "output_dir": str(tmp_path / "out"), "cache_dir": str(token_cache), **overrides}
+        return TrainConfig(**values).validate()
+    return make
+
+
+def write_config(cfg: TrainConfig, path: Path) -> Path:
+    path.write_text(yaml.safe_dump(cfg.as_dict()))
+    return path
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def trainer_env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+
+def torchrun_command(nproc: int, *trainer_args: str) -> list[str]:
+    """torchrun on loopback with the torchrun launcher module, as a user types it."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
+            "--master_addr=127.0.0.1", f"--master_port={free_loopback_port()}",
+            "-m", "trainer.launchers.torchrun", *trainer_args]
+
+
+def run(command: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    completed = subprocess.run(command, env=trainer_env(), capture_output=True, text=True,
+                               timeout=SUBPROCESS_TIMEOUT_S)
+    if check and completed.returncode != 0:
+        raise AssertionError(f"{command} exited {completed.returncode}:\n"
+                             f"{completed.stdout}\n{completed.stderr}")
+    return completed
+
+
+def final_weights(checkpoint_dir: Path, epoch: int) -> dict[str, torch.Tensor]:
+    state = torch.load(checkpoint_dir / f"epoch-{epoch:04d}" / "checkpoint.pt", weights_only=False)
+    return state["model"]
+
+
+def max_weight_difference(left: dict, right: dict) -> float:
+    assert left.keys() == right.keys()
+    return max((left[key].double() - right[key].double()).abs().max().item() for key in left)

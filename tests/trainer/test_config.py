@@ -1,0 +1,89 @@
+"""Config: YAML + flags, and invalid values failing with one clear line before training starts."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.trainer.conftest import TINY, trainer_env
+from trainer.config import ConfigError, TrainConfig, parse_args
+from trainer.core import train
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"epochs": 0}, "epochs: must be an integer >= 1, got 0"),
+    ({"batch_size": 0}, "batch_size: must be an integer >= 1, got 0"),
+    ({"model": "/nonexistent/bert-tiny"}, "model: local path /nonexistent/bert-tiny does not exist"),
+    ({"dataset": "./no-such-imdb"}, "dataset: local path ./no-such-imdb does not exist"),
+    ({"max_length": 4096}, "max_length: must be between 8 and 512"),
+    ({"mixed_precision": "bf16"}, "mixed_precision: bf16 is CUDA-only"),
+    ({"generated_train_size": 30_000}, "generated_train_size: must be between 2 and 25000"),
+    ({"device": "tpu"}, "device: must be one of auto, cpu, cuda"),
+])
+def test_invalid_values_fail_with_one_line(tmp_path, overrides, message):
+    with pytest.raises(ConfigError) as error:
+        TrainConfig(**{**TINY, "output_dir": str(tmp_path / "out"), **overrides}).validate()
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_unwritable_output_dir_fails(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(ConfigError, match=r"output_dir: .*a-file/out is not writable"):
+        TrainConfig(**{**TINY, "output_dir": str(blocker / "out")}).validate()
+
+
+def test_more_workers_than_cpus_fails_before_the_process_group(make_config, monkeypatch):
+    slots = len(__import__("os").sched_getaffinity(0))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", str(slots + 1))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(slots + 1))
+    expected = rf"world size: {slots + 1} processes on this node but only {slots} CPUs"
+    with pytest.raises(ConfigError, match=expected):
+        train(make_config())
+    assert not torch.distributed.is_initialized()
+
+
+def test_yaml_then_flags(tmp_path):
+    config_file = tmp_path / "run.yml"
+    config_file.write_text("model: generated:bert-tiny\ndataset: generated\nepochs: 3\nbatch_size: 16\n"
+                           f"output_dir: {tmp_path / 'out'}\ncheckpoint_dir: null\n")
+    cfg = parse_args(["--config", str(config_file), "--epochs", "5", "--learning-rate", "1e-3",
+                      "--group-by-length", "false"])
+    assert (cfg.epochs, cfg.batch_size, cfg.learning_rate, cfg.group_by_length) == (5, 16, 1e-3, False)
+    assert cfg.checkpoint_dir is None
+
+
+def test_unknown_yaml_key_names_the_key(tmp_path):
+    config_file = tmp_path / "run.yml"
+    config_file.write_text("epochs: 2\nbatch_sise: 16\n")
+    with pytest.raises(ConfigError, match=r"run.yml: batch_sise: unknown option"):
+        parse_args(["--config", str(config_file)])
+
+
+def test_bad_yaml_type_names_the_key(tmp_path):
+    config_file = tmp_path / "run.yml"
+    config_file.write_text("epochs: many\n")
+    with pytest.raises(ConfigError, match=r"run.yml: epochs: expected int, got 'many'"):
+        parse_args(["--config", str(config_file)])
+
+
+def test_launcher_prints_one_line_and_exits_2(tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "trainer.launchers.torchrun", "--model", "generated:bert-tiny",
+         "--dataset", "generated", "--epochs", "0", "--output-dir", str(tmp_path / "out")],
+        env=trainer_env(), capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == ["trainer: error: epochs: must be an integer >= 1, got 0"]
+    assert not (tmp_path / "out" / "result.json").exists()
+
+
+def test_launcher_help_lists_every_option():
+    completed = subprocess.run([sys.executable, "-m", "trainer.launchers.torchrun", "--help"],
+                               env=trainer_env(), capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0
+    for flag in ("--config", "--batch-size", "--learning-rate", "--checkpoint-dir", "--mixed-precision",
+                 "--threads", "--framework-label"):
+        assert flag in completed.stdout

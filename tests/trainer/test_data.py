@@ -1,0 +1,109 @@
+"""Data: the generated IMDB-like set, the WordPiece tokenizer, the token cache and the batch order."""
+
+import multiprocessing
+
+import numpy as np
+import torch
+
+from trainer.config import TrainConfig
+from trainer.data import (
+    LengthGroupedBatchSampler,
+    PaddedBatches,
+    generate_imdb_like,
+    load_tokenizer,
+    text_source,
+    tokenized_splits,
+    validation_batches,
+)
+
+
+def test_generated_data_is_deterministic_balanced_and_imdb_shaped():
+    first = generate_imdb_like(seed=7, train_size=2000, test_size=400)
+    again = generate_imdb_like(seed=7, train_size=2000, test_size=400)
+    other_seed = generate_imdb_like(seed=8, train_size=2000, test_size=400)
+    assert first["train"]["text"] == again["train"]["text"]
+    assert first["train"]["text"] != other_seed["train"]["text"]
+    assert (first.num_rows["train"], first.num_rows["test"]) == (2000, 400)
+    assert sum(first["train"]["label"]) == 1000  # balanced
+    words = np.array([len(text.split()) for text in first["train"]["text"]])
+    assert 200 <= np.median(words) <= 260  # IMDB: ~230 words median
+    assert np.mean(words) > np.median(words) * 1.15  # long right tail, like IMDB's
+    assert words.max() > 4 * np.median(words)
+
+
+def test_generated_data_scales_down():
+    short = generate_imdb_like(seed=7, train_size=100, test_size=10, median_words=40)
+    assert 30 <= np.median([len(text.split()) for text in short["train"]["text"]]) <= 50
+
+
+def test_wordpiece_tokenizer_knows_the_words(make_config):
+    cfg = make_config()
+    tokenizer = load_tokenizer(cfg, text_source(cfg))
+    encoding = tokenizer.encode("the movie was great but the plot was dull")
+    unknown = tokenizer.token_to_id("[UNK]")
+    assert encoding.tokens[0] == "[CLS]" and encoding.tokens[-1] == "[SEP]"
+    assert unknown not in encoding.ids
+    assert tokenizer.token_to_id("[PAD]") == 0  # BERT's pad_token_id
+
+
+def test_token_cache_is_built_once_and_reused(make_config, tmp_path):
+    cfg = make_config(cache_dir=str(tmp_path / "cache"))
+    built = []
+    first = tokenized_splits(cfg, log=built.append)
+    second = tokenized_splits(cfg, log=built.append)
+    assert len(built) == 1
+    assert np.array_equal(first["train"].ids, second["train"].ids)
+    assert first["train"].lengths.max() <= cfg.max_length
+    tokenized_splits(make_config(cache_dir=str(tmp_path / "cache"), max_length=32), log=built.append)
+    assert len(built) == 2  # max_length is part of the key
+    assert len(list((tmp_path / "cache").glob("tokens-*"))) == 2
+
+
+def _tokenize_in_child(cfg_values: dict) -> tuple[int, int]:
+    built = []
+    splits = tokenized_splits(TrainConfig(**cfg_values), log=built.append)
+    return len(built), int(np.asarray(splits["train"].ids, dtype=np.int64).sum())
+
+
+def test_token_cache_is_safe_for_workers_starting_together(make_config, tmp_path):
+    cfg = make_config(cache_dir=str(tmp_path / "cache"), generated_train_size=2000)
+    with multiprocessing.get_context("spawn").Pool(3) as pool:
+        outcomes = pool.map(_tokenize_in_child, [cfg.as_dict()] * 3, chunksize=1)
+    assert sum(builds for builds, _ in outcomes) == 1  # one built it, the others waited and read it
+    assert len({checksum for _, checksum in outcomes}) == 1
+    leftovers = [p.name for p in (tmp_path / "cache").iterdir() if p.is_dir() and p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_length_grouped_batches_keep_the_samplers_split():
+    lengths = np.random.default_rng(0).integers(5, 500, size=1000)
+    epochs = {}
+    for rank in (0, 1):
+        sampler = torch.utils.data.DistributedSampler(range(1000), num_replicas=2, rank=rank, seed=3)
+        batches = LengthGroupedBatchSampler(sampler, lengths, batch_size=16, seed=3, group_batches=8)
+        batches.set_epoch(1)
+        epochs[rank] = list(batches)
+        assert sorted(i for batch in epochs[rank] for i in batch) == sorted(sampler)  # same share
+        assert epochs[rank] == list(batches)  # deterministic
+        assert len(epochs[rank]) == len(batches)
+    assert not set(sum(epochs[0], [])) & set(sum(epochs[1], []))
+    padding = sum(len(b) * lengths[b].max() - lengths[b].sum() for b in epochs[0])
+    plain = [list(sampler)[i:i + 16] for i in range(0, 500, 16)]
+    plain_padding = sum(len(b) * lengths[b].max() - lengths[b].sum() for b in plain)
+    assert padding < plain_padding / 4  # grouping by length is what removes the padding
+
+
+def test_validation_shards_cover_the_test_split_once():
+    lengths = np.arange(101)
+    shards = [validation_batches(lengths, rank, 2, batch_size=8) for rank in (0, 1)]
+    seen = sorted(i for shard in shards for batch in shard for i in batch)
+    assert seen == list(range(101))
+
+
+def test_batches_are_padded_to_their_longest_member(make_config):
+    splits = tokenized_splits(make_config())
+    batch = PaddedBatches(splits["train"])[[0, 1, 2]]
+    width = int(splits["train"].lengths[[0, 1, 2]].max())
+    assert batch["input_ids"].shape == (3, width)
+    assert batch["attention_mask"].sum().item() == int(splits["train"].lengths[[0, 1, 2]].sum())
+    assert batch["labels"].tolist() == splits["train"].labels[[0, 1, 2]].tolist()

@@ -1,0 +1,103 @@
+"""The training core in this process (a 1-process gloo group): result, learning, checkpoints, resume."""
+
+import json
+
+import jsonschema
+import pytest
+import torch.distributed as dist
+
+from tests.trainer.conftest import final_weights, max_weight_difference
+from trainer.checkpoint import latest_checkpoint
+from trainer.config import ConfigError
+from trainer.core import TrainHooks, train
+from trainer.result import load_schema, validate_result
+
+
+def test_single_process_run_writes_a_valid_result(make_config, tmp_path):
+    cfg = make_config(epochs=2)
+    result = train(cfg)
+    on_disk = json.loads((tmp_path / "out" / "result.json").read_text())
+    validate_result(on_disk)
+    assert on_disk == result
+    assert (result["framework"], result["framework_label"], result["world_size"], result["device"]) == \
+        ("ddp", "ddp (torchrun)", 1, "cpu")
+    assert (result["backend"], result["gpus"], result["nodes"]) == ("gloo", 0, 1)
+    assert [m["epoch"] for m in result["epoch_metrics"]] == [1, 2]
+    assert all(m["train_samples"] == cfg.generated_train_size for m in result["epoch_metrics"])
+    epoch_time = sum(m["train_time_s"] + m["val_time_s"] for m in result["epoch_metrics"])
+    assert epoch_time <= result["time_total_s"] <= epoch_time + 5
+    assert result["peak_memory_mb"]["rss"] > 100
+    assert result["resumed_from_epoch"] is None
+    assert not dist.is_initialized()  # the core removes the group it created
+
+
+def test_schema_rejects_a_broken_result(make_config):
+    result = train(make_config(epochs=1))
+    del result["final_accuracy"]
+    with pytest.raises(jsonschema.ValidationError, match="final_accuracy"):
+        validate_result(result)
+    assert "final_accuracy" in load_schema()["required"]
+
+
+def test_learns_the_generated_signal(make_config):
+    # ~100 steps on one core: random bert-tiny weights to >= 0.95 accuracy.
+    result = train(make_config(generated_train_size=1024, generated_test_size=256, batch_size=32, epochs=3,
+                               learning_rate=1e-3, warmup_steps=5))
+    accuracies = [m["val_accuracy"] for m in result["epoch_metrics"]]
+    assert result["final_accuracy"] >= 0.95, accuracies
+    assert result["epoch_metrics"][-1]["val_loss"] < result["epoch_metrics"][0]["val_loss"]
+
+
+class StopAfter(TrainHooks):
+    """Stops the run after `epoch`, as a preempted or killed run would end."""
+
+    def __init__(self, epoch: int):
+        self.stop_epoch, self.seen = epoch, []
+
+    def on_epoch_end(self, epoch, metrics):
+        self.seen.append(epoch)
+
+    def should_stop(self):
+        return bool(self.seen) and self.seen[-1] >= self.stop_epoch
+
+
+def test_stopped_then_resumed_run_matches_an_unbroken_run(make_config, tmp_path):
+    # Dropout stays on: an exact match needs the RNG states from the checkpoint.
+    unbroken_cfg = make_config(epochs=3, checkpoint_dir=str(tmp_path / "unbroken"),
+                               output_dir=str(tmp_path / "unbroken-out"))
+    unbroken = train(unbroken_cfg)
+
+    resumed_cfg = make_config(epochs=3, checkpoint_dir=str(tmp_path / "resumed"),
+                              output_dir=str(tmp_path / "resumed-out"))
+    stopper = StopAfter(epoch=1)
+    assert train(resumed_cfg, stopper) is None
+    assert stopper.seen == [1]
+    assert latest_checkpoint(tmp_path / "resumed").name == "epoch-0001"
+    assert not (tmp_path / "resumed-out" / "result.json").exists()
+
+    resumed = train(resumed_cfg)
+    assert resumed["resumed_from_epoch"] == 1
+    for key in ("val_loss", "val_accuracy", "train_loss", "train_samples"):
+        assert [m[key] for m in resumed["epoch_metrics"]] == [m[key] for m in unbroken["epoch_metrics"]], key
+    unbroken_weights = final_weights(tmp_path / "unbroken", 3)
+    assert max_weight_difference(unbroken_weights, final_weights(tmp_path / "resumed", 3)) == 0.0
+
+
+def test_checkpoints_are_kept_per_epoch_and_pruned(make_config, tmp_path):
+    train(make_config(epochs=3, checkpoint_dir=str(tmp_path / "ckpt")))
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["epoch-0002", "epoch-0003"]
+
+
+def test_a_finished_run_resumes_to_its_result_without_training(make_config, tmp_path):
+    cfg = make_config(epochs=1, checkpoint_dir=str(tmp_path / "ckpt"))
+    first = train(cfg)
+    again = train(cfg)
+    assert again["resumed_from_epoch"] == 1
+    assert again["epoch_metrics"] == first["epoch_metrics"]
+
+
+def test_checkpoint_from_another_config_is_refused(make_config, tmp_path):
+    train(make_config(epochs=1, checkpoint_dir=str(tmp_path / "ckpt")))
+    with pytest.raises(ConfigError, match="checkpoint_dir: the checkpoint was written by a different config"):
+        train(make_config(epochs=1, seed=5, checkpoint_dir=str(tmp_path / "ckpt")))
+    assert not dist.is_initialized()
