@@ -1,5 +1,6 @@
 """Shared pytest fixtures. Each section belongs to one part of dtlab; add yours as its own section."""
 
+import fcntl
 import os
 import subprocess
 
@@ -18,6 +19,22 @@ LAB_TEST_TORCH = "torch==2.13.0"
 LAB_TEST_WHEELS = "/opt/wheels"
 
 
+def _claim_test_lab_name():
+    """The first of dtlabtest, dtlabtest2, ... that no other pytest session is using (held until exit)."""
+    from dtlab.lab.config import LAB_RUN_ROOT
+
+    LAB_RUN_ROOT.mkdir(parents=True, exist_ok=True)
+    for index in range(1, 6):
+        name = TEST_LAB_NAME if index == 1 else f"{TEST_LAB_NAME}{index}"
+        session_lock = open(LAB_RUN_ROOT / f".{name}.session", "w")  # noqa: SIM115 (held for the session)
+        try:
+            fcntl.flock(session_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return name, session_lock
+        except BlockingIOError:
+            session_lock.close()
+    pytest.fail(f"five pytest sessions already use test labs {TEST_LAB_NAME}..{TEST_LAB_NAME}5")
+
+
 def _lab_test_venv_dir():
     from dtlab import paths
 
@@ -26,7 +43,7 @@ def _lab_test_venv_dir():
 
 @pytest.fixture(scope="session")
 def lab():
-    """The up test lab (a dtlab.lab.LabConfig): `lab.inventory_path`, `lab.node_names`, ...
+    """The up test lab (a dtlab.lab.LabConfig): `lab.inventory_path`, `lab.node_names`, `lab.name`, ...
 
     Fresh nodes each session (unless DTLAB_TEST_LAB_KEEP=1); always brought down at the end,
     also when a test or lab.up itself fails. Needs root.
@@ -36,12 +53,16 @@ def lab():
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
     _lab_test_venv_dir().mkdir(parents=True, exist_ok=True)  # filled on demand by lab_torch_python
+    name, session_lock = _claim_test_lab_name()  # parallel sessions never share (and wipe) one lab
     try:
         if not KEEP_TEST_LAB:
-            dtlab.lab.down(TEST_LAB_NAME, wipe=True)  # a crashed session's leftovers
-        yield dtlab.lab.up(TEST_LAB_NAME, binds={str(_lab_test_venv_dir()): LAB_TEST_VENV_MOUNT})
+            dtlab.lab.down(name, wipe=True)  # a crashed session's leftovers
+        yield dtlab.lab.up(name, binds={str(_lab_test_venv_dir()): LAB_TEST_VENV_MOUNT})
     finally:
-        dtlab.lab.down(TEST_LAB_NAME, wipe=not KEEP_TEST_LAB)
+        try:
+            dtlab.lab.down(name, wipe=not KEEP_TEST_LAB)
+        finally:
+            session_lock.close()
 
 
 @pytest.fixture(scope="session")

@@ -102,6 +102,8 @@ def down(name: str | None = None, wipe: bool = False) -> LabConfig:
                 mounts.remove_tree(config.node_dir(node))
             state.data = {"created": state.data["created"], "nodes": {}}
             state.save()
+            if not any(state.data["created"].values()):
+                state.path.unlink()  # nothing of this lab is left to remember
     return config
 
 

@@ -57,8 +57,11 @@ def ensure_tools() -> None:
         return
     install = ["apt-get", "install", "-y", "--no-install-recommends", *missing]
     print(f"lab: installing host packages: {' '.join(missing)}")
-    result = subprocess.run(install, capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+    environment = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    result = subprocess.run(install, capture_output=True, text=True, timeout=600, env=environment)
+    if result.returncode != 0:  # perhaps stale or missing package lists
+        subprocess.run(["apt-get", "update"], capture_output=True, timeout=600, env=environment)
+        result = subprocess.run(install, capture_output=True, text=True, timeout=600, env=environment)
     if result.returncode != 0:
         raise DtlabError(f"lab: host packages missing: {' '.join(missing)}; run `{' '.join(install)}`")
 

@@ -147,7 +147,7 @@ def test_status_reports_guard_and_running_nodes(lab):
 
 
 def test_a_second_lab_comes_up_beside_and_goes_down_without_leftovers(lab):
-    name = "dtlabtestdown"
+    name = f"{lab.name}x"
     try:
         other = dtlab.lab.up(name, node_count=2)
         assert other.subnet != lab.subnet and not other.subnet.overlaps(lab.subnet)
@@ -161,10 +161,11 @@ def test_a_second_lab_comes_up_beside_and_goes_down_without_leftovers(lab):
 
 
 def test_a_second_lab_on_a_taken_subnet_is_refused(lab):
+    name = f"{lab.name}c"
     with pytest.raises(DtlabError, match="already in use"):
-        dtlab.lab.up("dtlabtestclash", node_count=2, subnet=str(lab.subnet))
-    dtlab.lab.down("dtlabtestclash", wipe=True)
-    assert dtlab.lab.leftovers("dtlabtestclash") == []
+        dtlab.lab.up(name, node_count=2, subnet=str(lab.subnet))
+    dtlab.lab.down(name, wipe=True)
+    assert dtlab.lab.leftovers(name) == []
 
 
 def test_lab_ssh_task_runs_a_command_on_a_node(lab):
