@@ -1,0 +1,85 @@
+"""GPU roles at unit level: with the GPU fact forced on, the nvidia and docker GPU tasks render and run
+in check mode (against the controller itself, changing nothing). Every download URL points at a
+loopback HTTP server that serves stand-in keys: no traffic leaves the machine."""
+
+import http.server
+import os
+import subprocess
+import threading
+
+import pytest
+
+from dtlab import paths
+
+ANSIBLE_PLAYBOOK = paths.REPO_ROOT / ".venv" / "bin" / "ansible-playbook"
+STAND_IN_KEY = "-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nstand-in key for a check-mode test\n-----END PGP PUBLIC KEY BLOCK-----\n"
+
+
+@pytest.fixture
+def key_server(tmp_path):
+    """A loopback HTTP server with a stand-in signing key at every path the roles fetch."""
+    root = tmp_path / "www"
+    for key_path in ("cuda/debian12/x86_64/3bf863cc.pub", "cuda/ubuntu2404/x86_64/3bf863cc.pub",
+                     "docker/debian/gpg", "docker/ubuntu/gpg", "libnvidia-container/gpgkey"):
+        (root / key_path).parent.mkdir(parents=True, exist_ok=True)
+        (root / key_path).write_text(STAND_IN_KEY)
+
+    class QuietHandler(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+@pytest.fixture
+def controller_inventory(tmp_path):
+    """The controller as a one-host cluster (master and worker), with the repository's group_vars."""
+    inventory_dir = tmp_path / "inventory"
+    inventory_dir.mkdir()
+    os.symlink(paths.INVENTORY_DIR / "group_vars", inventory_dir / "group_vars")
+    (inventory_dir / "hosts.yml").write_text(
+        "all:\n  children:\n    master:\n      hosts:\n        controller:\n"
+        "          ansible_host: 127.0.0.1\n          ansible_connection: local\n"
+        "          ansible_python_interpreter: /usr/bin/python3\n          gpu_indices: [0]\n"
+        "    workers:\n      hosts:\n        controller:\n")
+    return inventory_dir / "hosts.yml"
+
+
+def run_check_mode(inventory, *extra_args):
+    env = {**os.environ, "ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_NOCOLOR": "1"}
+    return subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "ansible/nvidia.yml", "ansible/docker.yml",
+         "--check", *extra_args], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_gpu_tasks_run_in_check_mode_with_the_gpu_fact_forced_on(controller_inventory, key_server):
+    sources_before = sorted(os.listdir("/etc/apt/sources.list.d"))
+    result = run_check_mode(
+        controller_inventory, "-e", "dtlab_gpu_count=1",
+        "-e", f"nvidia_cuda_repo_base_url={key_server}/cuda",
+        "-e", f"docker_repo_base_url={key_server}/docker",
+        "-e", f"docker_nvidia_toolkit_key_url={key_server}/libnvidia-container/gpgkey",
+        "-e", f"docker_nvidia_toolkit_repo_url={key_server}/libnvidia-container/stable/deb/amd64")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    out = result.stdout
+    assert "TASK [nvidia : Add NVIDIA's CUDA apt repository with its signing key]" in out
+    assert "nvidia: check mode, CUDA repository not configured yet" in out
+    assert "TASK [docker : Add NVIDIA's container toolkit repository with its signing key]" in out
+    assert "TASK [docker : Register the nvidia runtime with Docker (nvidia-ctk)]" in out
+    assert "no NVIDIA GPU" not in out
+    # Check mode changed nothing on the controller.
+    assert sorted(os.listdir("/etc/apt/sources.list.d")) == sources_before
+
+
+def test_gpu_tasks_skip_with_their_message_without_a_gpu(controller_inventory):
+    result = run_check_mode(controller_inventory, "-e", "dtlab_gpu_count=0", "-e", "docker_install_source=distribution")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "nvidia: no NVIDIA GPU on controller (lspci); skipping driver, CUDA, cuDNN and persistence mode" in result.stdout
+    assert "docker: no NVIDIA GPU on controller (lspci); skipping the NVIDIA container toolkit" in result.stdout
+    assert "TASK [nvidia : Add NVIDIA's CUDA apt repository" not in result.stdout
