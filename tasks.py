@@ -181,8 +181,8 @@ def bench_all(c, inventory=None, profile=None, only=None, force=False, retries=1
     """Run the whole matrix over SSH in a stable order (resumable), then write the report."""
     from dtlab.bench import all_command
 
-    outcomes = _harness_call(lambda: all_command(inventory, _bench_options(profile, only, force, retries, timeout,
-                                                                           verbose, matrix, report)))
+    options = _harness_call(_bench_options, profile, only, force, retries, timeout, verbose, matrix, report)
+    outcomes = _harness_call(all_command, inventory, options)
     sys.exit(1 if any(outcome.status == "failed" for outcome in outcomes) else 0)
 
 
@@ -192,8 +192,8 @@ def bench_run(c, cell, inventory=None, profile=None, retries=1, timeout=None, ve
     """Run one matrix cell now (even if recorded) and record it."""
     from dtlab.bench import run_command
 
-    outcome = _harness_call(lambda: run_command(inventory, cell, _bench_options(
-        profile, cell, True, retries, timeout, verbose, matrix, report=False)))
+    options = _harness_call(_bench_options, profile, cell, True, retries, timeout, verbose, matrix, False)
+    outcome = _harness_call(run_command, inventory, cell, options)
     sys.exit(0 if outcome.status == "ok" else 1)
 
 

@@ -33,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cluster = load_cluster(args.inventory)
-        bench = Bench(cluster, BenchOptions(profile=args.profile, only=args.only, force=True, retries=0,
-                                            report=False))
+        bench = Bench(
+            cluster, BenchOptions(profile=args.profile, only=args.only, force=True, retries=0, report=False)
+        )
         outcomes = bench.run_matrix(bench.load_matrix())
     except DtlabError as error:
         print(f"error: {error}", file=sys.stderr)
@@ -42,26 +43,40 @@ def main(argv: list[str] | None = None) -> int:
     rows = defaultdict(list)
     for outcome in outcomes:
         if outcome.status != "ok" or not outcome.result:
-            print(f"{outcome.cell.key}: {outcome.status} ({outcome.failure.reason if outcome.failure else ''})")
+            print(
+                f"{outcome.cell.key}: {outcome.status} ({outcome.failure.reason if outcome.failure else ''})"
+            )
             continue
         trainer_s = float(outcome.result["time_total_s"])
         phases = outcome.phases
-        rows[(outcome.cell.framework, outcome.cell.gpus)].append({
-            "wall": outcome.seconds, "trainer": trainer_s, "overhead": outcome.seconds - trainer_s,
-            "ssh": phases.get("preflight", 0) + phases.get("prepare", 0),
-            "startup": phases.get("run_and_fetch", 0) - trainer_s, "record": phases.get("record", 0)})
-    print(f"\nharness overhead per cell on {cluster.name} ({cluster.device}, {len(cluster.workers)} workers), "
-          f"profile {args.profile}")
-    header = (f"{'framework':<11}{'gpus':>5}{'wall s':>9}{'trainer s':>11}{'overhead s':>12}{'wall/trainer':>14}"
-              f"{'ssh+prep s':>12}{'start-up s':>12}{'record s':>10}")
+        rows[(outcome.cell.framework, outcome.cell.gpus)].append(
+            {
+                "wall": outcome.seconds,
+                "trainer": trainer_s,
+                "overhead": outcome.seconds - trainer_s,
+                "ssh": phases.get("preflight", 0) + phases.get("prepare", 0),
+                "startup": phases.get("run_and_fetch", 0) - trainer_s,
+                "record": phases.get("record", 0),
+            }
+        )
+    print(
+        f"\nharness overhead per cell on {cluster.name} ({cluster.device}, {len(cluster.workers)} workers), "
+        f"profile {args.profile}"
+    )
+    header = (
+        f"{'framework':<11}{'gpus':>5}{'wall s':>9}{'trainer s':>11}{'overhead s':>12}{'wall/trainer':>14}"
+        f"{'ssh+prep s':>12}{'start-up s':>12}{'record s':>10}"
+    )
     print(header)
     print("-" * len(header))
     verdict = []
     for (framework, gpus), samples in sorted(rows.items()):
         mean = {k: statistics.mean(s[k] for s in samples) for k in samples[0]}
-        print(f"{framework:<11}{gpus:>5}{mean['wall']:>9.1f}{mean['trainer']:>11.1f}{mean['overhead']:>12.1f}"
-              f"{mean['wall'] / mean['trainer']:>13.2f}x{mean['ssh']:>12.1f}{mean['startup']:>12.1f}"
-              f"{mean['record']:>10.2f}")
+        print(
+            f"{framework:<11}{gpus:>5}{mean['wall']:>9.1f}{mean['trainer']:>11.1f}{mean['overhead']:>12.1f}"
+            f"{mean['wall'] / mean['trainer']:>13.2f}x{mean['ssh']:>12.1f}{mean['startup']:>12.1f}"
+            f"{mean['record']:>10.2f}"
+        )
         if framework == "ddp":
             verdict.append(mean["overhead"] <= DDP_TARGET_S)
     if verdict:

@@ -45,8 +45,8 @@ class BenchOptions:
     only: str | None = None
     force: bool = False
     retries: int = 1
-    timeout_s: int | None = None       # None: the profile's timeout_s
-    verbose: bool = False              # stream every log line, not only epochs and errors
+    timeout_s: int | None = None  # None: the profile's timeout_s
+    verbose: bool = False  # stream every log line, not only epochs and errors
     matrix_path: Path | None = None
     report: bool = True
 
@@ -63,12 +63,12 @@ class AttemptFailure:
 @dataclass
 class CellOutcome:
     cell: Cell
-    status: str                         # ok | failed | skipped
+    status: str  # ok | failed | skipped
     attempts: int = 0
     seconds: float = 0.0
     failure: AttemptFailure | None = None
     result: dict[str, Any] | None = None
-    phases: dict[str, float] = field(default_factory=dict)   # seconds per harness phase, last attempt
+    phases: dict[str, float] = field(default_factory=dict)  # seconds per harness phase, last attempt
 
 
 class Interrupted(Exception):
@@ -77,10 +77,18 @@ class Interrupted(Exception):
 
 def git_revision() -> str | None:
     try:
-        rev = subprocess.run(["git", "-C", str(paths.REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
-                             capture_output=True, text=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(paths.REPO_ROOT), "status", "--porcelain", "--", "trainer"],
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", str(paths.REPO_ROOT), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(paths.REPO_ROOT), "status", "--porcelain", "--", "trainer"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
     return f"{rev}-dirty" if rev and dirty else (rev or None)
@@ -98,9 +106,15 @@ class Display:
         self.total = total
         self.done = self.failed = self.skipped = 0
         self.cell_seconds: dict[str, list[float]] = defaultdict(list)
-        self.progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(),
-                                 TextColumn("{task.fields[counts]}"), TextColumn("ETA {task.fields[eta]}"),
-                                 TimeElapsedColumn(), console=self.console, transient=False)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.fields[counts]}"),
+            TextColumn("ETA {task.fields[eta]}"),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=False,
+        )
         self.task = self.progress.add_task("matrix", total=total, counts="", eta="?")
         self.pending: list[Cell] = []
 
@@ -120,15 +134,21 @@ class Display:
         if not measured:
             return None
         overall = statistics.mean(measured)
-        return sum(statistics.mean(self.cell_seconds[c.framework]) if self.cell_seconds[c.framework] else overall
-                   for c in self.pending)
+        return sum(
+            statistics.mean(self.cell_seconds[c.framework]) if self.cell_seconds[c.framework] else overall
+            for c in self.pending
+        )
 
     def _refresh(self, current: str = "matrix") -> None:
         left = self.total - self.done - self.failed - self.skipped
         eta = self.eta_seconds()
-        self.progress.update(self.task, description=current, completed=self.total - left,
-                             counts=f"{self.done} done, {self.failed} failed, {self.skipped} skipped, {left} left",
-                             eta="?" if eta is None else _duration(eta))
+        self.progress.update(
+            self.task,
+            description=current,
+            completed=self.total - left,
+            counts=f"{self.done} done, {self.failed} failed, {self.skipped} skipped, {left} left",
+            eta="?" if eta is None else _duration(eta),
+        )
 
     def start_cell(self, cell: Cell, attempt: int) -> None:
         if cell in self.pending:
@@ -151,8 +171,10 @@ class Display:
             self.done += 1
             self.cell_seconds[outcome.cell.framework].append(outcome.seconds)
             accuracy = (outcome.result or {}).get("final_accuracy")
-            self.console.print(f"[green]✔ {outcome.cell.key}[/] in {_duration(outcome.seconds)}"
-                               + (f", accuracy {accuracy:.4f}" if accuracy is not None else ""))
+            self.console.print(
+                f"[green]✔ {outcome.cell.key}[/] in {_duration(outcome.seconds)}"
+                + (f", accuracy {accuracy:.4f}" if accuracy is not None else "")
+            )
         elif outcome.status == "skipped":
             self.skipped += 1
         else:
@@ -164,12 +186,21 @@ class Display:
 
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+        if seconds >= 3600
+        else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
 
 
 class Bench:
-    def __init__(self, cluster: Cluster, options: BenchOptions, store: ResultStore | None = None,
-                 display: Display | None = None):
+    def __init__(
+        self,
+        cluster: Cluster,
+        options: BenchOptions,
+        store: ResultStore | None = None,
+        display: Display | None = None,
+    ):
         self.cluster = cluster
         self.options = options
         self.store = store or ResultStore.for_cluster(cluster.name)
@@ -181,7 +212,9 @@ class Bench:
     # --- the matrix ----------------------------------------------------------------
 
     def load_matrix(self) -> matrix_module.Matrix:
-        loaded = matrix_module.load(self.options.profile, self.options.matrix_path, max_gpus=self.cluster.max_gpus)
+        loaded = matrix_module.load(
+            self.options.profile, self.options.matrix_path, max_gpus=self.cluster.max_gpus
+        )
         selected = loaded.select(self.options.only)
         if self.options.retries < 0:
             raise DtlabError(f"--retries {self.options.retries}: must be >= 0")
@@ -198,8 +231,10 @@ class Bench:
         self.display = display
         outcomes: list[CellOutcome] = []
         display.pending = list(selected.cells)
-        display.note(f"matrix {selected.profile}: {len(selected)} cells on {self.cluster.name} "
-                     f"({self.cluster.device}, {len(self.cluster.workers)} workers); results in {self.store.root}")
+        display.note(
+            f"matrix {selected.profile}: {len(selected)} cells on {self.cluster.name} "
+            f"({self.cluster.device}, {len(self.cluster.workers)} workers); results in {self.store.root}"
+        )
         with display:
             for cell in selected.cells:
                 if not self.options.force and self.store.is_done(cell, matrix_module.config_hash(cell)):
@@ -229,21 +264,29 @@ class Bench:
         for attempts in range(1, self.options.retries + 2):
             result, failure = self.run_attempt(cell, attempts, timeout_s, fresh=attempts == 1)
             if result is not None:
-                return CellOutcome(cell, "ok", attempts, time.monotonic() - started, result=result,
-                                   phases=dict(self.phases))
+                return CellOutcome(
+                    cell, "ok", attempts, time.monotonic() - started, result=result, phases=dict(self.phases)
+                )
             if failure is not None and not failure.retryable:
                 break
-        return CellOutcome(cell, "failed", attempts, time.monotonic() - started, failure=failure,
-                           phases=dict(self.phases))
+        return CellOutcome(
+            cell, "failed", attempts, time.monotonic() - started, failure=failure, phases=dict(self.phases)
+        )
 
-    def run_attempt(self, cell: Cell, number_in_run: int, timeout_s: int, *, fresh: bool
-                    ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
+    def run_attempt(
+        self, cell: Cell, number_in_run: int, timeout_s: int, *, fresh: bool
+    ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
         attempt_started = time.monotonic()
         attempt = self.store.reserve_attempt(cell)
         if self.display:
             self.display.start_cell(cell, number_in_run)
-        record = {"config_hash": matrix_module.config_hash(cell), "git_rev": self.git_rev,
-                  "inventory": self.cluster.name, "log_dir": attempt.log_dir, "attempt": attempt.number}
+        record = {
+            "config_hash": matrix_module.config_hash(cell),
+            "git_rev": self.git_rev,
+            "inventory": self.cluster.name,
+            "log_dir": attempt.log_dir,
+            "attempt": attempt.number,
+        }
         planned: launching.Launch | None = None
         self.phases = {}
         mark = time.monotonic()
@@ -266,44 +309,68 @@ class Bench:
             self.stop_cell(cell)
             raise
         except DtlabError as error:  # preflight and setup problems: reported before the trainer starts
-            result, failure = None, AttemptFailure(str(error), getattr(error, "node", None),
-                                                   retryable=not isinstance(error, PreflightError))
+            result, failure = (
+                None,
+                AttemptFailure(
+                    str(error), getattr(error, "node", None), retryable=not isinstance(error, PreflightError)
+                ),
+            )
         versions = self.node_versions()
         if result is not None:
             try:
-                self.store.record_ok(cell, result, node_versions=versions,
-                                     harness_time_s=time.monotonic() - attempt_started, **record)
+                self.store.record_ok(
+                    cell,
+                    result,
+                    node_versions=versions,
+                    harness_time_s=time.monotonic() - attempt_started,
+                    **record,
+                )
                 phase("record")
                 return result, None
             except DtlabError as error:  # a result that does not match the schema or the cell
-                failure = AttemptFailure(f"result rejected: {error}", planned.result_node.name if planned else None)
+                failure = AttemptFailure(
+                    f"result rejected: {error}", planned.result_node.name if planned else None
+                )
         assert failure is not None
         self.stop_cell(cell)
-        self.store.record_failure(cell, reason=failure.reason, node=failure.node, exit_code=failure.exit_code,
-                                  log_tail=failure.log_tail, node_versions=versions,
-                                  harness_time_s=time.monotonic() - attempt_started, **record)
+        self.store.record_failure(
+            cell,
+            reason=failure.reason,
+            node=failure.node,
+            exit_code=failure.exit_code,
+            log_tail=failure.log_tail,
+            node_versions=versions,
+            harness_time_s=time.monotonic() - attempt_started,
+            **record,
+        )
         return None, failure
 
     def preflight(self, planned: launching.Launch) -> None:
         """Each node the cell needs answers and has the trainer env; needed services are up."""
         cluster = self.cluster
-        check = (f"test -x {cluster.python} || {{ echo 'no trainer venv at {cluster.venv_dir}'; exit 3; }}; "
-                 f"test -f {cluster.code_dir}/trainer/core.py || "
-                 f"{{ echo 'no trainer code in {cluster.code_dir} (run invoke trainer.deploy)'; exit 3; }}; "
-                 "command -v systemd-run >/dev/null || { echo 'no systemd-run'; exit 3; }")
+        check = (
+            f"test -x {cluster.python} || {{ echo 'no trainer venv at {cluster.venv_dir}'; exit 3; }}; "
+            f"test -f {cluster.code_dir}/trainer/core.py || "
+            f"{{ echo 'no trainer code in {cluster.code_dir} (run invoke trainer.deploy)'; exit 3; }}; "
+            "command -v systemd-run >/dev/null || { echo 'no systemd-run'; exit 3; }"
+        )
         answers = remote.run_all(planned.all_nodes, check, timeout=30)
         for name, answer in answers.items():
             if isinstance(answer, BaseException):
                 raise PreflightError(f"preflight: {answer}", name)
             if not answer.ok:
-                raise PreflightError(f"preflight: host {name}: {(answer.stdout or answer.stderr).strip()}", name)
+                raise PreflightError(
+                    f"preflight: host {name}: {(answer.stdout or answer.stderr).strip()}", name
+                )
         if planned.cell.framework == "spark":
             alive = spark_alive_workers(cluster)
             needed = min(planned.cell.gpus, len(cluster.workers))
             if alive < needed:
-                raise PreflightError(f"preflight: Spark master {cluster.master.name if cluster.master else '?'} "
-                                     f"has {alive} alive workers, the cell needs {needed}; run `invoke cluster.reset`",
-                                     cluster.master.name if cluster.master else None)
+                raise PreflightError(
+                    f"preflight: Spark master {cluster.master.name if cluster.master else '?'} "
+                    f"has {alive} alive workers, the cell needs {needed}; run `invoke cluster.reset`",
+                    cluster.master.name if cluster.master else None,
+                )
 
     def prepare(self, planned: launching.Launch, *, fresh: bool) -> None:
         command = launching.prepare_command(planned, self.cluster.user, fresh=fresh)
@@ -311,10 +378,13 @@ class Bench:
             if isinstance(answer, BaseException):
                 raise DtlabError(f"host {name}: cannot prepare the cell: {answer}")
             if not answer.ok:
-                raise DtlabError(f"host {name}: cannot prepare the cell: {(answer.stderr or answer.stdout).strip()}")
+                raise DtlabError(
+                    f"host {name}: cannot prepare the cell: {(answer.stderr or answer.stdout).strip()}"
+                )
 
-    def execute(self, planned: launching.Launch, log_dir: Path, timeout_s: int
-                ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
+    def execute(
+        self, planned: launching.Launch, log_dir: Path, timeout_s: int
+    ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
         """Start every unit at once, follow them; the first failure stops the rest."""
         if planned.external is not None:
             return self._execute_external(planned)
@@ -322,9 +392,16 @@ class Bench:
         started = time.monotonic()
         pool = ThreadPoolExecutor(max_workers=len(planned.jobs), thread_name_prefix="dtlab-unit")
         futures: dict[Future, Node] = {
-            pool.submit(remote.run_unit, node, spec, timeout=timeout_s + TIMEOUT_MARGIN_S, sink=sink,
-                        log_file=log_dir / f"{node.name}.log"): node
-            for node, spec in planned.jobs}
+            pool.submit(
+                remote.run_unit,
+                node,
+                spec,
+                timeout=timeout_s + TIMEOUT_MARGIN_S,
+                sink=sink,
+                log_file=log_dir / f"{node.name}.log",
+            ): node
+            for node, spec in planned.jobs
+        }
         failure: AttemptFailure | None = None
         try:
             remaining = set(futures)
@@ -332,8 +409,9 @@ class Bench:
                 finished, remaining = wait(remaining, timeout=1.0, return_when=FIRST_COMPLETED)
                 for future in finished:
                     node = futures[future]
-                    failure = failure or self._job_failure(node, future, log_dir, time.monotonic() - started,
-                                                           timeout_s)
+                    failure = failure or self._job_failure(
+                        node, future, log_dir, time.monotonic() - started, timeout_s
+                    )
                 if failure is not None and remaining:
                     # The others would wait in a collective until the timeout: stop them now.
                     self.stop_cell(planned.cell, quiet=True)
@@ -346,8 +424,9 @@ class Bench:
             return None, failure
         return self.fetch_result(planned, log_dir)
 
-    def _job_failure(self, node: Node, future: Future, log_dir: Path, elapsed: float, timeout_s: int
-                     ) -> AttemptFailure | None:
+    def _job_failure(
+        self, node: Node, future: Future, log_dir: Path, elapsed: float, timeout_s: int
+    ) -> AttemptFailure | None:
         try:
             answer = future.result()
         except Exception as error:
@@ -364,40 +443,55 @@ class Bench:
                 reason += f": {last_error.strip()[:200]}"
         return AttemptFailure(reason, node.name, answer.exit_code, tail)
 
-    def _execute_external(self, planned: launching.Launch) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
+    def _execute_external(
+        self, planned: launching.Launch
+    ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
         try:
             master_view = planned.external.run()
         except KeyboardInterrupt:
             planned.external.cancel()
             raise
         except Exception as error:
-            return None, AttemptFailure(f"determined: {error}", self.cluster.master.name if self.cluster.master else None)
+            return None, AttemptFailure(
+                f"determined: {error}", self.cluster.master.name if self.cluster.master else None
+            )
         result, failure = self.fetch_result(planned, None, search=planned.prepare_nodes)
         if result is not None:
             result["determined_master"] = master_view
         return result, failure
 
-    def fetch_result(self, planned: launching.Launch, log_dir: Path | None,
-                     search: tuple[Node, ...] | None = None) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
+    def fetch_result(
+        self, planned: launching.Launch, log_dir: Path | None, search: tuple[Node, ...] | None = None
+    ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
         for node in search or (planned.result_node,):
             text = remote.fetch_text(node, planned.paths.result_path)
             if text:
                 try:
                     return json.loads(text), None
                 except json.JSONDecodeError as error:
-                    return None, AttemptFailure(f"{planned.paths.result_path} on {node.name} is not JSON: {error}",
-                                                node.name)
+                    return None, AttemptFailure(
+                        f"{planned.paths.result_path} on {node.name} is not JSON: {error}", node.name
+                    )
         node = planned.result_node.name
-        return None, AttemptFailure(f"no result.json at {planned.paths.result_path} on {node} although every "
-                                    "unit exited 0", node, 0, _log_tail(log_dir, node) if log_dir else [])
+        return None, AttemptFailure(
+            f"no result.json at {planned.paths.result_path} on {node} although every unit exited 0",
+            node,
+            0,
+            _log_tail(log_dir, node) if log_dir else [],
+        )
 
     def stop_cell(self, cell: Cell, quiet: bool = False) -> None:
         """Stop this cell's units (and containers) on every node; bounded."""
         pattern = remote.unit_name(cell.key, "*")
-        answers = remote.fan_out(self.cluster.nodes, lambda node: remote.stop_units(node, pattern, timeout=STOP_WAIT_S))
+        answers = remote.fan_out(
+            self.cluster.nodes, lambda node: remote.stop_units(node, pattern, timeout=STOP_WAIT_S)
+        )
         if self.cluster.trainer_runtime == "docker":
-            remote.run_all(self.cluster.workers, f"docker rm -f $(docker ps -aq --filter name=^{pattern.rstrip('*')}) "
-                                                 "2>/dev/null; true", timeout=STOP_WAIT_S)
+            remote.run_all(
+                self.cluster.workers,
+                f"docker rm -f $(docker ps -aq --filter name=^{pattern.rstrip('*')}) 2>/dev/null; true",
+                timeout=STOP_WAIT_S,
+            )
         if not quiet and self.display:
             unreachable = [name for name, answer in answers.items() if isinstance(answer, BaseException)]
             if unreachable:
@@ -426,8 +520,10 @@ def spark_alive_workers(cluster: Cluster) -> int:
     if master is None:
         return 0
     url = f"http://{master.address}:{cluster.spark_master_webui_port}/json/"
-    probe = (f"{cluster.python} -c \"import json,urllib.request;"
-             f"print(json.load(urllib.request.urlopen('{url}', timeout=5)).get('aliveworkers', 0))\"")
+    probe = (
+        f'{cluster.python} -c "import json,urllib.request;'
+        f"print(json.load(urllib.request.urlopen('{url}', timeout=5)).get('aliveworkers', 0))\""
+    )
     answer = remote.run(master, probe, timeout=30)
     try:
         return int(answer.stdout.strip().splitlines()[-1]) if answer.ok else 0
@@ -435,8 +531,9 @@ def spark_alive_workers(cluster: Cluster) -> int:
         return 0
 
 
-def run_all(cluster: Cluster, options: BenchOptions,
-            after: Callable[[list[CellOutcome]], None] | None = None) -> list[CellOutcome]:
+def run_all(
+    cluster: Cluster, options: BenchOptions, after: Callable[[list[CellOutcome]], None] | None = None
+) -> list[CellOutcome]:
     """bench.all: validate everything first, then run the matrix; `after` gets the outcomes (the report)."""
     bench = Bench(cluster, options)
     selected = bench.load_matrix()
@@ -473,12 +570,15 @@ def all_command(inventory: str | None, options: BenchOptions) -> list[CellOutcom
         outcomes = bench.run_matrix(selected)
     except KeyboardInterrupt:
         (bench.display.console.print if bench.display else print)(
-            "interrupted: the running cell's units are stopped on every node; recorded results are intact")
+            "interrupted: the running cell's units are stopped on every node; recorded results are intact"
+        )
         raise
     done = sum(o.status == "ok" for o in outcomes)
     failed_cells = [o for o in outcomes if o.status == "failed"]
     skipped = sum(o.status == "skipped" for o in outcomes)
-    print(f"bench.all {selected.profile}: {done} ran ok, {skipped} already recorded, {len(failed_cells)} failed")
+    print(
+        f"bench.all {selected.profile}: {done} ran ok, {skipped} already recorded, {len(failed_cells)} failed"
+    )
     if options.report:
         write_report(cluster, selected.profile)
     return outcomes
@@ -493,8 +593,10 @@ def run_command(inventory: str | None, cell_key: str, options: BenchOptions) -> 
     selected = bench.load_matrix()
     matching = [c for c in selected.cells if c.key == cell_key]
     if not matching:
-        raise DtlabError(f"bench.run {cell_key}: no such cell in profile {selected.profile}; cells: "
-                         f"{', '.join(c.key for c in selected.cells)}")
+        raise DtlabError(
+            f"bench.run {cell_key}: no such cell in profile {selected.profile}; cells: "
+            f"{', '.join(c.key for c in selected.cells)}"
+        )
     bench.display = Display(1, options.verbose)
     bench.display.pending = list(matching)
     with bench.display:

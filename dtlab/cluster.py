@@ -42,7 +42,7 @@ class CheckRow:
     node: str
     ok: bool
     detail: str
-    required: bool = True     # informational rows never fail the check
+    required: bool = True  # informational rows never fail the check
 
 
 def node_versions(cluster: Cluster, nodes: tuple[Node, ...] | None = None) -> dict[str, Any]:
@@ -53,7 +53,9 @@ def node_versions(cluster: Cluster, nodes: tuple[Node, ...] | None = None) -> di
         if isinstance(answer, BaseException):
             versions[name] = {"error": str(answer)}
         elif not answer.ok:
-            versions[name] = {"error": (answer.stderr or answer.stdout).strip()[-200:] or f"exit {answer.exit_code}"}
+            versions[name] = {
+                "error": (answer.stderr or answer.stdout).strip()[-200:] or f"exit {answer.exit_code}"
+            }
         else:
             try:
                 versions[name] = json.loads(answer.stdout.strip().splitlines()[-1])
@@ -66,18 +68,21 @@ def _probe_script(cluster: Cluster, node: Node) -> str:
     """One round trip per node: time, disk, GPUs, running dtlab units, service states."""
     services = "spark-master spark-worker postgresql determined-master determined-agent"
     cell_units = " ".join(shlex.quote(p + ".service") for p in remote.CELL_UNIT_PATTERNS)
-    return "; ".join([
-        "echo time=$(date +%s.%N)",
-        # Free space where runs go, or on the nearest existing parent before the first run.
-        f"d={shlex.quote(cluster.runs_dir)}; while [ ! -d \"$d\" ]; do d=$(dirname \"$d\"); done; "
-        "echo disk_kb=$(df -Pk \"$d\" | awk 'NR==2 {print $4}')",
-        "echo gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\\n' ',')",
-        f"echo units=$(systemctl list-units --plain --no-legend --state=active,activating {cell_units} "
-        "| awk '{print $1}' | tr '\\n' ',')",
-        # Services are found by name wherever their roles put a prefix (dtlab-spark-master, postgresql@15-main).
-        f"for s in {services}; do for u in $(systemctl list-unit-files --plain --no-legend \"*$s*.service\" "
-        "| awk '{print $1}'); do echo \"service.$s.$u=$(systemctl is-active $u)\"; done; done",
-    ])
+    return "; ".join(
+        [
+            "echo time=$(date +%s.%N)",
+            # Free space where runs go, or on the nearest existing parent before the first run.
+            f'd={shlex.quote(cluster.runs_dir)}; while [ ! -d "$d" ]; do d=$(dirname "$d"); done; '
+            "echo disk_kb=$(df -Pk \"$d\" | awk 'NR==2 {print $4}')",
+            "echo gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\\n' ',')",
+            f"echo units=$(systemctl list-units --plain --no-legend --state=active,activating {cell_units} "
+            "| awk '{print $1}' | tr '\\n' ',')",
+            # Services are found by name whatever prefix their role gives them (dtlab-spark-master).
+            f"for s in {services}; do "
+            'for u in $(systemctl list-unit-files --plain --no-legend "*$s*.service" '
+            "| awk '{print $1}'); do echo \"service.$s.$u=$(systemctl is-active $u)\"; done; done",
+        ]
+    )
 
 
 def _parse_probe(text: str) -> dict[str, str]:
@@ -112,25 +117,50 @@ def check(cluster: Cluster) -> list[CheckRow]:
         # Clock skew: the node's clock against the controller's at the middle of the round trip.
         try:
             skew = float(values["time"]) - (sent + received) / 2
-            rows.append(CheckRow("clock skew", node.name, abs(skew) <= MAX_CLOCK_SKEW_S,
-                                 f"{skew:+.2f} s (limit ±{MAX_CLOCK_SKEW_S:.0f} s, round trip {received - sent:.2f} s)"))
+            rows.append(
+                CheckRow(
+                    "clock skew",
+                    node.name,
+                    abs(skew) <= MAX_CLOCK_SKEW_S,
+                    f"{skew:+.2f} s (limit ±{MAX_CLOCK_SKEW_S:.0f} s, round trip {received - sent:.2f} s)",
+                )
+            )
         except (KeyError, ValueError):
             rows.append(CheckRow("clock skew", node.name, False, "no time from the node"))
         try:
             free_gb = int(values["disk_kb"]) / 2**20
-            rows.append(CheckRow("free disk", node.name, free_gb >= min_free_gb,
-                                 f"{free_gb:.1f} GiB free under {cluster.runs_dir} (need {min_free_gb:.0f})"))
+            rows.append(
+                CheckRow(
+                    "free disk",
+                    node.name,
+                    free_gb >= min_free_gb,
+                    f"{free_gb:.1f} GiB free under {cluster.runs_dir} (need {min_free_gb:.0f})",
+                )
+            )
         except (KeyError, ValueError):
             rows.append(CheckRow("free disk", node.name, False, "df gave no answer"))
         if node.uses_gpu:
             seen = [g for g in values.get("gpus", "").split(",") if g.strip()]
             missing = [i for i in node.gpu_indices if str(i) not in seen]
-            rows.append(CheckRow("nvidia-smi", node.name, not missing,
-                                 f"GPUs {','.join(seen) or 'none'} seen; inventory expects "
-                                 f"{','.join(map(str, node.gpu_indices))}"))
+            rows.append(
+                CheckRow(
+                    "nvidia-smi",
+                    node.name,
+                    not missing,
+                    f"GPUs {','.join(seen) or 'none'} seen; inventory expects "
+                    f"{','.join(map(str, node.gpu_indices))}",
+                )
+            )
         units = [u for u in values.get("units", "").split(",") if u]
-        rows.append(CheckRow("dtlab units", node.name, True, f"{len(units)} running" +
-                             (f": {', '.join(units)}" if units else ""), required=False))
+        rows.append(
+            CheckRow(
+                "dtlab units",
+                node.name,
+                True,
+                f"{len(units)} running" + (f": {', '.join(units)}" if units else ""),
+                required=False,
+            )
+        )
 
     rows += _check_environment(cluster, [n for n in cluster.nodes if n.name in probes])
     rows += _check_services(cluster, probes)
@@ -150,17 +180,28 @@ def _check_environment(cluster: Cluster, reachable: list[Node]) -> list[CheckRow
             continue
         reference = reference or found
         same = found == reference
-        summary = f"python {found.get('python')}, torch {found.get('torch')}, freeze {found.get('freeze_sha')}"
+        summary = (
+            f"python {found.get('python')}, torch {found.get('torch')}, freeze {found.get('freeze_sha')}"
+        )
         differs = [k for k in found if found.get(k) != reference.get(k)]
-        rows.append(CheckRow("trainer env", node.name, same,
-                             summary if same else f"{summary}; differs from the first node in {', '.join(differs)}"))
+        rows.append(
+            CheckRow(
+                "trainer env",
+                node.name,
+                same,
+                summary if same else f"{summary}; differs from the first node in {', '.join(differs)}",
+            )
+        )
     return rows
 
 
 def _service_state(probes: dict[str, dict[str, str]], node: str, service: str) -> dict[str, str]:
     """{unit: active state} of the units found for one service on one node."""
-    return {key.removeprefix(f"service.{service}."): value for key, value in probes.get(node, {}).items()
-            if key.startswith(f"service.{service}.")}
+    return {
+        key.removeprefix(f"service.{service}."): value
+        for key, value in probes.get(node, {}).items()
+        if key.startswith(f"service.{service}.")
+    }
 
 
 def _check_services(cluster: Cluster, probes: dict[str, dict[str, str]]) -> list[CheckRow]:
@@ -177,30 +218,68 @@ def _check_services(cluster: Cluster, probes: dict[str, dict[str, str]]) -> list
         detail = f"{', '.join(f'{u} {s}' for u, s in spark_units.items())}; {alive}/{expected} workers alive"
         if cluster.device == "cuda":
             detail += f"; GPUs offered: {spark_worker_gpus(cluster)}"
-        rows.append(CheckRow("spark master", master.name, alive == expected and
-                             all(s == "active" for s in spark_units.values()), detail))
+        rows.append(
+            CheckRow(
+                "spark master",
+                master.name,
+                alive == expected and all(s == "active" for s in spark_units.values()),
+                detail,
+            )
+        )
     else:
-        rows.append(CheckRow("spark master", master.name, False, "no spark-master unit; run ansible-playbook site.yml"))
+        rows.append(
+            CheckRow(
+                "spark master", master.name, False, "no spark-master unit; run ansible-playbook site.yml"
+            )
+        )
     postgres = _service_state(probes, master.name, "postgresql")
     if postgres:
         ready = remote.run(master, f"pg_isready -q -h 127.0.0.1 -p {cluster.postgresql_port}", timeout=20)
-        rows.append(CheckRow("postgresql", master.name, ready.ok,
-                             f"accepting connections on {cluster.postgresql_port}" if ready.ok
-                             else f"pg_isready exit {ready.exit_code}"))
+        rows.append(
+            CheckRow(
+                "postgresql",
+                master.name,
+                ready.ok,
+                f"accepting connections on {cluster.postgresql_port}"
+                if ready.ok
+                else f"pg_isready exit {ready.exit_code}",
+            )
+        )
     else:
-        rows.append(CheckRow("postgresql", master.name, False, "no postgresql unit; run ansible-playbook site.yml"))
+        rows.append(
+            CheckRow("postgresql", master.name, False, "no postgresql unit; run ansible-playbook site.yml")
+        )
     if cluster.has_determined_master:
         states = _service_state(probes, master.name, "determined-master")
-        rows.append(CheckRow("determined master", master.name, bool(states) and
-                             all(s == "active" for s in states.values()), str(states or "not installed")))
+        rows.append(
+            CheckRow(
+                "determined master",
+                master.name,
+                bool(states) and all(s == "active" for s in states.values()),
+                str(states or "not installed"),
+            )
+        )
         for worker in cluster.workers:
             agent = _service_state(probes, worker.name, "determined-agent")
-            rows.append(CheckRow("determined agent", worker.name, bool(agent) and
-                                 all(s == "active" for s in agent.values()), str(agent or "not installed")))
+            rows.append(
+                CheckRow(
+                    "determined agent",
+                    worker.name,
+                    bool(agent) and all(s == "active" for s in agent.values()),
+                    str(agent or "not installed"),
+                )
+            )
     else:
-        rows.append(CheckRow("determined", master.name, True,
-                             "binaries not installed here (determined_install_binaries: false): cells run the "
-                             "Core API off-cluster", required=False))
+        rows.append(
+            CheckRow(
+                "determined",
+                master.name,
+                True,
+                "binaries not installed here (determined_install_binaries: false): cells run the "
+                "Core API off-cluster",
+                required=False,
+            )
+        )
     return rows
 
 
@@ -210,9 +289,12 @@ def spark_worker_gpus(cluster: Cluster) -> int:
     if master is None:
         return 0
     url = f"http://{master.address}:{cluster.spark_master_webui_port}/json/"
-    probe = (f"{cluster.python} -c \"import json,urllib.request;w=json.load(urllib.request.urlopen('{url}',timeout=5))"
-             ".get('workers',[]);print(sum(len((x.get('resources') or {}).get('gpu',{}).get('addresses',[])) "
-             "for x in w if x.get('state')=='ALIVE'))\"")
+    probe = (
+        f"{cluster.python} -c \"import json,urllib.request;"
+        f"w=json.load(urllib.request.urlopen('{url}',timeout=5))"
+        ".get('workers',[]);print(sum(len((x.get('resources') or {}).get('gpu',{}).get('addresses',[])) "
+        "for x in w if x.get('state')=='ALIVE'))\""
+    )
     answer = remote.run(master, probe, timeout=30)
     try:
         return int(answer.stdout.strip().splitlines()[-1])
@@ -250,17 +332,25 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     console = console or Console(highlight=False)
     say = console.print
     say("[bold]1/5[/] stopping dtlab units and containers on every node")
-    stop = (f"{_stop_units_command()}; "
-            "if command -v docker >/dev/null; then ids=$(docker ps -aq --filter name=^dtlab-ddp-g); "
-            "[ -n \"$ids\" ] && docker rm -f $ids >/dev/null; fi; true")
+    stop = (
+        f"{_stop_units_command()}; "
+        "if command -v docker >/dev/null; then ids=$(docker ps -aq --filter name=^dtlab-ddp-g); "
+        '[ -n "$ids" ] && docker rm -f $ids >/dev/null; fi; true'
+    )
     _report_failures(say, remote.run_all(cluster.nodes, stop, timeout=90), "stop units")
 
     say("[bold]2/5[/] restarting Spark (ends running applications)")
     if cluster.master is not None:
-        _report_failures(say, {cluster.master.name: remote.run(cluster.master, _restart_command("spark-master"),
-                                                                  timeout=120)}, "restart spark master")
-    _report_failures(say, remote.run_all(cluster.workers, _restart_command("spark-worker"), timeout=120),
-                     "restart spark workers")
+        _report_failures(
+            say,
+            {cluster.master.name: remote.run(cluster.master, _restart_command("spark-master"), timeout=120)},
+            "restart spark master",
+        )
+    _report_failures(
+        say,
+        remote.run_all(cluster.workers, _restart_command("spark-worker"), timeout=120),
+        "restart spark workers",
+    )
 
     say("[bold]3/5[/] Determined: cancel experiments, restart master and agents")
     if cluster.has_determined_master and cluster.master is not None:
@@ -272,8 +362,10 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
 
     say("[bold]4/5[/] clearing scratch and checkpoints of unfinished cells (recorded results stay)")
     keep = " ".join(shlex.quote(k) for k in sorted(recorded_cells or ()))
-    clear = (f"cd {shlex.quote(cluster.runs_dir)} 2>/dev/null || exit 0; for d in *; do [ -d \"$d\" ] || continue; "
-             f"case \" {keep} \" in *\" $d \"*) continue;; esac; rm -rf -- \"$d\"; done")
+    clear = (
+        f'cd {shlex.quote(cluster.runs_dir)} 2>/dev/null || exit 0; for d in *; do [ -d "$d" ] || continue; '
+        f'case " {keep} " in *" $d "*) continue;; esac; rm -rf -- "$d"; done'
+    )
     _report_failures(say, remote.run_all(cluster.nodes, clear, timeout=120), "clear scratch")
 
     say("[bold]5/5[/] waiting for Spark workers to register, then cluster.check")
@@ -283,14 +375,18 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
 
 def _stop_units_command() -> str:
     pattern = " ".join(shlex.quote(p + ".service") for p in remote.CELL_UNIT_PATTERNS)
-    return (f"systemctl stop {pattern} 2>/dev/null; systemctl kill --signal=SIGKILL {pattern} 2>/dev/null; "
-            f"systemctl reset-failed {pattern} 2>/dev/null; true")
+    return (
+        f"systemctl stop {pattern} 2>/dev/null; systemctl kill --signal=SIGKILL {pattern} 2>/dev/null; "
+        f"systemctl reset-failed {pattern} 2>/dev/null; true"
+    )
 
 
 def _restart_command(service: str) -> str:
     """Restart every installed unit named *<service>*.service (none installed: nothing, exit 0)."""
-    return (f"units=$(systemctl list-unit-files --plain --no-legend {shlex.quote('*' + service + '*.service')} "
-            "| awk '{print $1}'); [ -z \"$units\" ] || systemctl restart $units")
+    return (
+        f"units=$(systemctl list-unit-files --plain --no-legend {shlex.quote('*' + service + '*.service')} "
+        "| awk '{print $1}'); [ -z \"$units\" ] || systemctl restart $units"
+    )
 
 
 def _report_failures(say, answers: dict[str, Any], what: str) -> None:
@@ -298,7 +394,10 @@ def _report_failures(say, answers: dict[str, Any], what: str) -> None:
         if isinstance(answer, BaseException):
             say(f"  [red]{name}: {what}: {answer}[/]")
         elif not answer.ok:
-            say(f"  [red]{name}: {what}: exit {answer.exit_code} {(answer.stderr or answer.stdout).strip()[-200:]}[/]")
+            say(
+                f"  [red]{name}: {what}: exit {answer.exit_code} "
+                f"{(answer.stderr or answer.stdout).strip()[-200:]}[/]"
+            )
 
 
 def _cancel_determined_experiments(cluster: Cluster, say) -> None:
@@ -310,8 +409,11 @@ def _cancel_determined_experiments(cluster: Cluster, say) -> None:
         assert cluster.master is not None
         remote.assert_safe_target(cluster.master.address)
         password_file = cluster.var("determined_admin_password_file")
-        client.login(master=f"http://{cluster.master.address}:{cluster.determined_master_port}", user="admin",
-                     password=Path(password_file).read_text().strip() if password_file else None)
+        client.login(
+            master=f"http://{cluster.master.address}:{cluster.determined_master_port}",
+            user="admin",
+            password=Path(password_file).read_text().strip() if password_file else None,
+        )
         for experiment in client.list_experiments():
             state = str(getattr(experiment, "state", ""))
             if any(s in state.upper() for s in ("ACTIVE", "PAUSED", "QUEUED", "RUNNING")):

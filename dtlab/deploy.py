@@ -36,8 +36,12 @@ def bundle() -> tuple[bytes, str]:
     """The trainer as a .tar.gz (no caches) and its content digest."""
     buffer = io.BytesIO()
     digest = hashlib.sha256()
-    files = [p for package in PACKAGES for p in sorted((paths.REPO_ROOT / package).rglob("*"))
-             if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc",)]
+    files = [
+        p
+        for package in PACKAGES
+        for p in sorted((paths.REPO_ROOT / package).rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts and p.suffix not in (".pyc",)
+    ]
     files += [paths.REPO_ROOT / name for name in EXTRA_FILES if (paths.REPO_ROOT / name).is_file()]
     for path in files:
         digest.update(str(path.relative_to(paths.REPO_ROOT)).encode() + b"\0" + path.read_bytes())
@@ -61,15 +65,19 @@ def push(cluster: Cluster, node: Node, archive: Path, revision: str) -> str:
     upload = f"/tmp/dtlab-trainer-{revision}.tar.gz"
     remote.put_file(node, archive, upload)
     new, old = f"{code}.new", f"{code}.old"
-    command = (f"set -e; rm -rf {shlex.quote(new)} {shlex.quote(old)}; mkdir -p {shlex.quote(new)}; "
-               f"tar -xzf {shlex.quote(upload)} -C {shlex.quote(new)} --no-same-owner; rm -f {shlex.quote(upload)}; "
-               f"chmod -R a+rX {shlex.quote(new)}; "
-               f"if [ -d {shlex.quote(code)} ]; then mv {shlex.quote(code)} {shlex.quote(old)}; fi; "
-               f"mv {shlex.quote(new)} {shlex.quote(code)}; rm -rf {shlex.quote(old)}; "
-               f"cat {shlex.quote(code + '/' + REVISION_FILE)}")
+    command = (
+        f"set -e; rm -rf {shlex.quote(new)} {shlex.quote(old)}; mkdir -p {shlex.quote(new)}; "
+        f"tar -xzf {shlex.quote(upload)} -C {shlex.quote(new)} --no-same-owner; rm -f {shlex.quote(upload)}; "
+        f"chmod -R a+rX {shlex.quote(new)}; "
+        f"if [ -d {shlex.quote(code)} ]; then mv {shlex.quote(code)} {shlex.quote(old)}; fi; "
+        f"mv {shlex.quote(new)} {shlex.quote(code)}; rm -rf {shlex.quote(old)}; "
+        f"cat {shlex.quote(code + '/' + REVISION_FILE)}"
+    )
     answer = remote.run(node, command, timeout=120)
     if not answer.ok or answer.stdout.strip() != revision:
-        raise DtlabError(f"host {node.name}: trainer.deploy failed: {(answer.stderr or answer.stdout).strip()[-200:]}")
+        raise DtlabError(
+            f"host {node.name}: trainer.deploy failed: {(answer.stderr or answer.stdout).strip()[-200:]}"
+        )
     return revision
 
 
@@ -77,11 +85,16 @@ def build_image(cluster: Cluster, node: Node) -> None:
     image = str(cluster.var("dtlab_trainer_image", "dtlab-trainer:latest"))
     base = str(cluster.var("dtlab_trainer_base_image", "python:3.11-slim"))
     dockerfile = DOCKERFILE.format(base=base)
-    command = (f"printf %s {shlex.quote(dockerfile)} > {shlex.quote(cluster.code_dir + '/Dockerfile')} && "
-               f"docker build -q -t {shlex.quote(image)} {shlex.quote(cluster.code_dir)}")
+    command = (
+        f"printf %s {shlex.quote(dockerfile)} > {shlex.quote(cluster.code_dir + '/Dockerfile')} && "
+        f"docker build -q -t {shlex.quote(image)} {shlex.quote(cluster.code_dir)}"
+    )
     answer = remote.run(node, command, timeout=1800)
     if not answer.ok:
-        raise DtlabError(f"host {node.name}: docker build of {image} failed: {(answer.stderr or answer.stdout).strip()[-200:]}")
+        raise DtlabError(
+            f"host {node.name}: docker build of {image} failed: "
+            f"{(answer.stderr or answer.stdout).strip()[-200:]}"
+        )
 
 
 def deploy(cluster: Cluster, say=print) -> dict[str, object]:
@@ -100,23 +113,32 @@ def deploy(cluster: Cluster, say=print) -> dict[str, object]:
     broken = {name: v["error"] for name, v in versions.items() if "error" in v}
     if broken:
         name, error = next(iter(broken.items()))
-        raise DtlabError(f"trainer.deploy: host {name}: trainer env at {cluster.venv_dir} unusable ({error}); "
-                         "run ansible-playbook site.yml --tags trainer")
+        raise DtlabError(
+            f"trainer.deploy: host {name}: trainer env at {cluster.venv_dir} unusable ({error}); "
+            "run ansible-playbook site.yml --tags trainer"
+        )
     distinct = {tuple(sorted(v.items())) for v in versions.values()}
     if len(distinct) > 1:
         first = next(iter(versions))
         differing = [n for n, v in versions.items() if v != versions[first]]
-        raise DtlabError(f"trainer.deploy: trainer env differs between {first} and {', '.join(differing)}: "
-                         f"{versions[first]} vs {versions[differing[0]]}; re-run ansible-playbook site.yml --tags trainer")
+        raise DtlabError(
+            f"trainer.deploy: trainer env differs between {first} and {', '.join(differing)}: "
+            f"{versions[first]} vs {versions[differing[0]]}; re-run ansible-playbook site.yml --tags trainer"
+        )
     sample = next(iter(versions.values()))
-    say(f"identical trainer env on {len(versions)} nodes: python {sample.get('python')}, torch {sample.get('torch')}, "
-        f"transformers {sample.get('transformers')}, freeze {sample.get('freeze_sha')}")
+    say(
+        f"identical trainer env on {len(versions)} nodes: python {sample.get('python')}, "
+        f"torch {sample.get('torch')}, "
+        f"transformers {sample.get('transformers')}, freeze {sample.get('freeze_sha')}"
+    )
 
     if cluster.trainer_runtime == "docker":
         failures = remote.fan_out(cluster.workers, lambda node: build_image(cluster, node))
         problems = [str(a) for a in failures.values() if isinstance(a, BaseException)]
         if problems:
             raise DtlabError(problems[0])
-        say(f"docker image {cluster.var('dtlab_trainer_image', 'dtlab-trainer:latest')} built on "
-            f"{', '.join(n.name for n in cluster.workers)}")
+        say(
+            f"docker image {cluster.var('dtlab_trainer_image', 'dtlab-trainer:latest')} built on "
+            f"{', '.join(n.name for n in cluster.workers)}"
+        )
     return {"revision": revision, "versions": versions}

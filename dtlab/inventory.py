@@ -101,7 +101,9 @@ class Cluster:
         for n in self.nodes:
             if n.name == name:
                 return n
-        raise DtlabError(f"{self.inventory_path}: no host named {name!r}; hosts are {[n.name for n in self.nodes]}")
+        raise DtlabError(
+            f"{self.inventory_path}: no host named {name!r}; hosts are {[n.name for n in self.nodes]}"
+        )
 
     def var(self, key: str, default: Any = None) -> Any:
         """A shared fact (port, path, version); the master's view of it, else the first node's."""
@@ -111,7 +113,9 @@ class Cluster:
     def require(self, key: str) -> Any:
         value = self.var(key)
         if value in (None, ""):
-            raise DtlabError(f"{self.inventory_path}: variable {key} is not set; define it in group_vars/all.yml")
+            raise DtlabError(
+                f"{self.inventory_path}: variable {key} is not set; define it in group_vars/all.yml"
+            )
         return value
 
     # Named shortcuts for the facts every module needs; the values live in group_vars only.
@@ -187,7 +191,11 @@ def _ssh_options(args_text: str) -> tuple[tuple[str, ...], str | None]:
     args = tuple(shlex.split(args_text or ""))
     known_hosts = None
     for i, arg in enumerate(args):
-        option = arg[2:] if arg.startswith("-o") and len(arg) > 2 else (args[i + 1] if arg == "-o" and i + 1 < len(args) else "")
+        option = (
+            arg[2:]
+            if arg.startswith("-o") and len(arg) > 2
+            else (args[i + 1] if arg == "-o" and i + 1 < len(args) else "")
+        )
         key, _, value = option.replace("=", " ", 1).partition(" ")
         if key.strip().lower() == "userknownhostsfile":
             known_hosts = value.strip().strip('"').split()[0]
@@ -206,7 +214,9 @@ def _gpu_indices(where: str, raw: Any) -> tuple[int, ...]:
         try:
             indices.append(int(item))
         except (TypeError, ValueError):
-            raise DtlabError(f"{where}: gpu_indices entry {item!r} is not a number; write e.g. [0, 1]") from None
+            raise DtlabError(
+                f"{where}: gpu_indices entry {item!r} is not a number; write e.g. [0, 1]"
+            ) from None
     return tuple(indices)
 
 
@@ -250,30 +260,34 @@ def load_cluster(inventory: str | Path | None = None) -> Cluster:
 
         address = str(get("ansible_host") or host.name)
         ssh_args, known_hosts = _ssh_options(
-            f"{get('ansible_ssh_common_args', '')} {get('ansible_ssh_extra_args', '')}")
+            f"{get('ansible_ssh_common_args', '')} {get('ansible_ssh_extra_args', '')}"
+        )
         try:
             ssh_port = int(get("ansible_port") or get("ansible_ssh_port") or 22)
         except (TypeError, ValueError):
             raise DtlabError(f"{where}: ansible_port must be a number") from None
-        nodes.append(Node(
-            name=host.name,
-            address=address,
-            groups=tuple(sorted(g.name for g in host.get_groups() if g.name != "all")),
-            ssh_user=str(get("ansible_user") or get("ansible_ssh_user") or "root"),
-            ssh_port=ssh_port,
-            ssh_key=get("ansible_ssh_private_key_file") or get("ansible_private_key_file"),
-            ssh_args=ssh_args,
-            known_hosts_file=known_hosts,
-            gpu_indices=_gpu_indices(where, get("gpu_indices")),
-            device=str(get("dtlab_device", "cuda")),
-            socket_ifname=str(get("dtlab_socket_ifname", "eth0")),
-            hostvars=dict(raw),
-            render=render,
-        ))
+        nodes.append(
+            Node(
+                name=host.name,
+                address=address,
+                groups=tuple(sorted(g.name for g in host.get_groups() if g.name != "all")),
+                ssh_user=str(get("ansible_user") or get("ansible_ssh_user") or "root"),
+                ssh_port=ssh_port,
+                ssh_key=get("ansible_ssh_private_key_file") or get("ansible_private_key_file"),
+                ssh_args=ssh_args,
+                known_hosts_file=known_hosts,
+                gpu_indices=_gpu_indices(where, get("gpu_indices")),
+                device=str(get("dtlab_device", "cuda")),
+                socket_ifname=str(get("dtlab_socket_ifname", "eth0")),
+                hostvars=dict(raw),
+                render=render,
+            )
+        )
 
     nodes.sort(key=lambda n: _inventory_order(manager, n.name))
-    cluster = Cluster(name=str(nodes[0].var("dtlab_cluster_name") or path.stem), inventory_path=path,
-                      nodes=tuple(nodes))
+    cluster = Cluster(
+        name=str(nodes[0].var("dtlab_cluster_name") or path.stem), inventory_path=path, nodes=tuple(nodes)
+    )
     _validate(cluster)
     return cluster
 
@@ -302,17 +316,25 @@ def _validate(cluster: Cluster) -> None:
     where = f"inventory {cluster.inventory_path}"
     groups = {g for n in cluster.nodes for g in n.groups}
     if MASTER_GROUP not in groups:
-        raise DtlabError(f"{where}: no '{MASTER_GROUP}' group; add the master host under children.{MASTER_GROUP}")
+        raise DtlabError(
+            f"{where}: no '{MASTER_GROUP}' group; add the master host under children.{MASTER_GROUP}"
+        )
     masters = [n.name for n in cluster.nodes if n.is_master]
     if len(masters) > 1:
-        raise DtlabError(f"{where}: {len(masters)} hosts in '{MASTER_GROUP}' ({', '.join(masters)}); keep exactly one")
+        raise DtlabError(
+            f"{where}: {len(masters)} hosts in '{MASTER_GROUP}' ({', '.join(masters)}); keep exactly one"
+        )
     if not cluster.workers:
         raise DtlabError(f"{where}: no hosts in '{WORKERS_GROUP}'; add at least one worker")
     for node in cluster.nodes:
         if node.device not in ("cuda", "cpu"):
-            raise DtlabError(f"{where}: host {node.name}: dtlab_device must be cuda or cpu, got {node.device!r}")
+            raise DtlabError(
+                f"{where}: host {node.name}: dtlab_device must be cuda or cpu, got {node.device!r}"
+            )
     seen: dict[str, str] = {}
     for node in cluster.nodes:
         if node.address in seen:
-            raise DtlabError(f"{where}: hosts {seen[node.address]} and {node.name} share address {node.address}")
+            raise DtlabError(
+                f"{where}: hosts {seen[node.address]} and {node.name} share address {node.address}"
+            )
         seen[node.address] = node.name

@@ -20,15 +20,24 @@ from typing import Any
 import yaml
 
 from dtlab import paths
-from dtlab.results import Cell
 from dtlab.errors import DtlabError
+from dtlab.results import Cell
 
 MATRIX_FILE = paths.EXPERIMENTS_DIR / "matrix.yml"
 FRAMEWORKS = ("ddp", "spark", "determined")
 DEFAULT_TIMEOUT_S = 3600
 # Trainer options the harness sets per cell and per node; a profile must not fix them.
-HARNESS_OWNED_OPTIONS = ("epochs", "seed", "framework", "framework_label", "output_dir", "checkpoint_dir",
-                         "cache_dir", "device", "threads")
+HARNESS_OWNED_OPTIONS = (
+    "epochs",
+    "seed",
+    "framework",
+    "framework_label",
+    "output_dir",
+    "checkpoint_dir",
+    "cache_dir",
+    "device",
+    "threads",
+)
 RUN_KEYS = {"frameworks": "framework", "gpus": "gpus", "epochs": "epochs", "seeds": "seed"}
 
 
@@ -53,14 +62,21 @@ class Matrix:
         patterns = [p.strip() for p in only.split(",") if p.strip()]
         chosen = tuple(c for c in self.cells if any(_matches(c, p) for p in patterns))
         if not chosen:
-            raise DtlabError(f"--only {only!r}: matches no cell of profile {self.profile}; "
-                             f"cells are e.g. {', '.join(c.key for c in self.cells[:4])}")
+            raise DtlabError(
+                f"--only {only!r}: matches no cell of profile {self.profile}; "
+                f"cells are e.g. {', '.join(c.key for c in self.cells[:4])}"
+            )
         return dataclasses.replace(self, cells=chosen)
 
 
 def trainer_config(cell: Cell) -> dict[str, Any]:
     """The trainer options of one cell (TrainConfig keys), without the per-node paths bench adds."""
-    return {**dict(cell.trainer_config), "epochs": cell.epochs, "seed": cell.seed, "framework": cell.framework}
+    return {
+        **dict(cell.trainer_config),
+        "epochs": cell.epochs,
+        "seed": cell.seed,
+        "framework": cell.framework,
+    }
 
 
 def config_hash(cell: Cell) -> str:
@@ -86,10 +102,13 @@ def load(profile: str | None = None, path: str | Path | None = None, max_gpus: i
     path = Path(path) if path else MATRIX_FILE
     document = _read(path)
     available = document["profiles"]
-    profile = profile or document.get("default_profile") or (next(iter(available)) if len(available) == 1 else None)
+    profile = (
+        profile or document.get("default_profile") or (next(iter(available)) if len(available) == 1 else None)
+    )
     if profile is None:
-        raise DtlabError(f"{path}: several profiles and no default_profile; pass --profile "
-                         f"({', '.join(available)})")
+        raise DtlabError(
+            f"{path}: several profiles and no default_profile; pass --profile ({', '.join(available)})"
+        )
     if profile not in available:
         raise DtlabError(f"{path}: no profile {profile!r}; choose one of {', '.join(available)}")
     spec = available[profile]
@@ -98,7 +117,9 @@ def load(profile: str | None = None, path: str | Path | None = None, max_gpus: i
         raise DtlabError(f"{where}: must be a mapping with trainer: and runs:")
     unknown = set(spec) - {"description", "timeout_s", "trainer", "runs"}
     if unknown:
-        raise DtlabError(f"{where}: unknown key {sorted(unknown)[0]!r}; allowed: description, timeout_s, trainer, runs")
+        raise DtlabError(
+            f"{where}: unknown key {sorted(unknown)[0]!r}; allowed: description, timeout_s, trainer, runs"
+        )
 
     trainer_options = _trainer_options(where, spec.get("trainer") or {})
     timeout_s = spec.get("timeout_s", DEFAULT_TIMEOUT_S)
@@ -114,15 +135,24 @@ def load(profile: str | None = None, path: str | Path | None = None, max_gpus: i
         run_where = f"{where}.runs[{index}]"
         for cell in _expand(run_where, run, profile, trainer_options):
             if max_gpus is not None and cell.gpus > max_gpus:
-                raise DtlabError(f"{run_where}.gpus: {cell.gpus} GPUs but the inventory offers {max_gpus}; "
-                                 "lower gpus or add workers/GPUs to the inventory")
+                raise DtlabError(
+                    f"{run_where}.gpus: {cell.gpus} GPUs but the inventory offers {max_gpus}; "
+                    "lower gpus or add workers/GPUs to the inventory"
+                )
             if cell in first_seen:
-                raise DtlabError(f"{run_where}: duplicate cell {cell.key} (already in {first_seen[cell]}); "
-                                 "remove one of them")
+                raise DtlabError(
+                    f"{run_where}: duplicate cell {cell.key} (already in {first_seen[cell]}); "
+                    "remove one of them"
+                )
             first_seen[cell] = run_where
             cells.append(cell)
-    return Matrix(profile=profile, description=str(spec.get("description", "")), timeout_s=timeout_s,
-                  cells=tuple(cells), source=path)
+    return Matrix(
+        profile=profile,
+        description=str(spec.get("description", "")),
+        timeout_s=timeout_s,
+        cells=tuple(cells),
+        source=path,
+    )
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -132,7 +162,11 @@ def _read(path: Path) -> dict[str, Any]:
         raise DtlabError(f"{path}: cannot read ({exc.strerror}); pass an existing --matrix file") from None
     except yaml.YAMLError as exc:
         raise DtlabError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(document, dict) or not isinstance(document.get("profiles"), dict) or not document["profiles"]:
+    if (
+        not isinstance(document, dict)
+        or not isinstance(document.get("profiles"), dict)
+        or not document["profiles"]
+    ):
         raise DtlabError(f"{path}: needs a top-level 'profiles:' mapping of named profiles")
     return document
 
@@ -145,11 +179,15 @@ def _trainer_options(where: str, options: Any) -> dict[str, Any]:
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     for key in options:
         if key in HARNESS_OWNED_OPTIONS:
-            raise DtlabError(f"{where}.trainer.{key}: set per cell by the harness; use runs: (epochs, seeds) "
-                             "or the inventory (device) instead")
+            raise DtlabError(
+                f"{where}.trainer.{key}: set per cell by the harness; use runs: (epochs, seeds) "
+                "or the inventory (device) instead"
+            )
         if key not in known:
-            raise DtlabError(f"{where}.trainer.{key}: unknown trainer option; see "
-                             "`python -m trainer.launchers.torchrun --help`")
+            raise DtlabError(
+                f"{where}.trainer.{key}: unknown trainer option; see "
+                "`python -m trainer.launchers.torchrun --help`"
+            )
     return dict(sorted(options.items()))
 
 
@@ -177,15 +215,24 @@ def _expand(where: str, run: Any, profile: str, trainer_options: dict[str, Any])
     frameworks = _as_list(f"{where}.frameworks", run["frameworks"])
     for framework in frameworks:
         if framework not in FRAMEWORKS:
-            raise DtlabError(f"{where}.frameworks: unknown framework {framework!r}; choose from "
-                             f"{', '.join(FRAMEWORKS)}")
+            raise DtlabError(
+                f"{where}.frameworks: unknown framework {framework!r}; choose from {', '.join(FRAMEWORKS)}"
+            )
     gpus = [_positive_int(f"{where}.gpus", g, "gpus") for g in _as_list(f"{where}.gpus", run["gpus"])]
-    epochs = [_positive_int(f"{where}.epochs", e, "epochs") for e in _as_list(f"{where}.epochs", run["epochs"])]
+    epochs = [
+        _positive_int(f"{where}.epochs", e, "epochs") for e in _as_list(f"{where}.epochs", run["epochs"])
+    ]
     seeds = _as_list(f"{where}.seeds", run["seeds"])
     for seed in seeds:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise DtlabError(f"{where}.seeds: seed must be an integer, got {seed!r}")
     # Stable order: epochs, then seeds, then GPUs, then framework, so frameworks interleave in time.
     for epoch_count, seed, gpu_count, framework in itertools.product(epochs, seeds, gpus, frameworks):
-        yield Cell(framework=framework, gpus=gpu_count, epochs=epoch_count, seed=seed, profile=profile,
-                   trainer_config=trainer_options)
+        yield Cell(
+            framework=framework,
+            gpus=gpu_count,
+            epochs=epoch_count,
+            seed=seed,
+            profile=profile,
+            trainer_config=trainer_options,
+        )

@@ -85,15 +85,27 @@ def connect(node: Node, timeout: float = CONNECT_TIMEOUT_S):
     from fabric import Config, Connection
 
     assert_safe_target(node.address)
-    connect_kwargs: dict[str, Any] = {"allow_agent": False, "banner_timeout": timeout, "auth_timeout": timeout}
+    connect_kwargs: dict[str, Any] = {
+        "allow_agent": False,
+        "banner_timeout": timeout,
+        "auth_timeout": timeout,
+    }
     if node.ssh_key:
         key = Path(node.ssh_key).expanduser()
         if not key.exists():
-            raise DtlabError(f"host {node.name}: ssh key {key} does not exist; fix ansible_ssh_private_key_file")
+            raise DtlabError(
+                f"host {node.name}: ssh key {key} does not exist; fix ansible_ssh_private_key_file"
+            )
         connect_kwargs.update(key_filename=[str(key)], look_for_keys=False)
     config = Config(overrides={"load_ssh_configs": False, "run": {"in_stream": False}})
-    connection = Connection(host=node.address, user=node.ssh_user, port=node.ssh_port, config=config,
-                            connect_timeout=timeout, connect_kwargs=connect_kwargs)
+    connection = Connection(
+        host=node.address,
+        user=node.ssh_user,
+        port=node.ssh_port,
+        config=config,
+        connect_timeout=timeout,
+        connect_kwargs=connect_kwargs,
+    )
     # Host keys are checked like ansible.cfg's host_key_checking = True: unknown keys are refused.
     connection.client.set_missing_host_key_policy(paramiko.RejectPolicy())
     if node.known_hosts_file:
@@ -149,8 +161,16 @@ class _LineWriter:
             self.log = None
 
 
-def run(node: Node, command: str, *, timeout: float = COMMAND_TIMEOUT_S, root: bool = True,
-        sink: LineSink | None = None, log_file: Path | None = None, connection=None) -> CommandResult:
+def run(
+    node: Node,
+    command: str,
+    *,
+    timeout: float = COMMAND_TIMEOUT_S,
+    root: bool = True,
+    sink: LineSink | None = None,
+    log_file: Path | None = None,
+    connection=None,
+) -> CommandResult:
     """Run a shell command on the node; a non-zero exit is a result, not an exception."""
     from invoke.exceptions import CommandTimedOut
 
@@ -171,9 +191,11 @@ def run(node: Node, command: str, *, timeout: float = COMMAND_TIMEOUT_S, root: b
     except DtlabError:
         raise
     except Exception as exc:  # paramiko/socket errors: one line that names the node
-        raise RemoteError(f"host {node.name} ({node.address}): ssh failed: {type(exc).__name__}: "
-                          f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}; is the node up "
-                          "(`invoke cluster.check`)?") from None
+        raise RemoteError(
+            f"host {node.name} ({node.address}): ssh failed: {type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}; is the node up "
+            "(`invoke cluster.check`)?"
+        ) from None
     finally:
         if writer:
             writer.close()
@@ -181,8 +203,9 @@ def run(node: Node, command: str, *, timeout: float = COMMAND_TIMEOUT_S, root: b
             connection.close()
 
 
-def fan_out(nodes: Iterable[Node], action: Callable[[Node], T], max_workers: int = 16
-            ) -> dict[str, T | BaseException]:
+def fan_out(
+    nodes: Iterable[Node], action: Callable[[Node], T], max_workers: int = 16
+) -> dict[str, T | BaseException]:
     """Run action(node) on every node at once; each node's value, or the exception it raised."""
     nodes = list(nodes)
     if not nodes:
@@ -211,17 +234,21 @@ class UnitSpec:
 
     unit: str
     argv: Sequence[str]
-    log_path: str                      # on the node
-    user: str | None = None            # run as this user (None = root)
+    log_path: str  # on the node
+    user: str | None = None  # run as this user (None = root)
     workdir: str | None = None
     env: Mapping[str, str] | None = None
-    runtime_max_s: int | None = None   # systemd kills it after this, even if the controller is gone
+    runtime_max_s: int | None = None  # systemd kills it after this, even if the controller is gone
 
 
 def unit_script(spec: UnitSpec) -> str:
     """Shell that starts the unit, follows its log until it ends, and exits with the unit's status."""
-    properties = [f"StandardOutput=append:{spec.log_path}", f"StandardError=append:{spec.log_path}",
-                  "KillMode=control-group", "TimeoutStopSec=15"]
+    properties = [
+        f"StandardOutput=append:{spec.log_path}",
+        f"StandardError=append:{spec.log_path}",
+        "KillMode=control-group",
+        "TimeoutStopSec=15",
+    ]
     if spec.user:
         properties.append(f"User={spec.user}")
     if spec.workdir:
@@ -233,36 +260,54 @@ def unit_script(spec: UnitSpec) -> str:
     start += [f"--setenv={k}={v}" for k, v in (spec.env or {}).items()]
     start += ["--", *spec.argv]
     log_dir = str(Path(spec.log_path).parent)
-    owner = f"chown {shlex.quote(spec.user)} {shlex.quote(log_dir)} {shlex.quote(spec.log_path)}; " if spec.user else ""
+    owner = (
+        f"chown {shlex.quote(spec.user)} {shlex.quote(log_dir)} {shlex.quote(spec.log_path)}; "
+        if spec.user
+        else ""
+    )
     # systemd-run --wait returns the unit's exit status; the unit outlives this shell if SSH drops.
-    return (f"mkdir -p {shlex.quote(log_dir)}; : > {shlex.quote(spec.log_path)}; {owner}"
-            f"systemctl reset-failed {shlex.quote(spec.unit + '.service')} 2>/dev/null; "
-            f"{shlex.join(start)} & waiter=$!; "
-            f"tail -n +1 -F {shlex.quote(spec.log_path)} 2>/dev/null & tailer=$!; "
-            f"wait $waiter; status=$?; sleep {TAIL_GRACE_S}; kill $tailer 2>/dev/null; exit $status")
+    return (
+        f"mkdir -p {shlex.quote(log_dir)}; : > {shlex.quote(spec.log_path)}; {owner}"
+        f"systemctl reset-failed {shlex.quote(spec.unit + '.service')} 2>/dev/null; "
+        f"{shlex.join(start)} & waiter=$!; "
+        f"tail -n +1 -F {shlex.quote(spec.log_path)} 2>/dev/null & tailer=$!; "
+        f"wait $waiter; status=$?; sleep {TAIL_GRACE_S}; kill $tailer 2>/dev/null; exit $status"
+    )
 
 
-def run_unit(node: Node, spec: UnitSpec, *, timeout: float, sink: LineSink | None = None,
-             log_file: Path | None = None, connection=None) -> CommandResult:
+def run_unit(
+    node: Node,
+    spec: UnitSpec,
+    *,
+    timeout: float,
+    sink: LineSink | None = None,
+    log_file: Path | None = None,
+    connection=None,
+) -> CommandResult:
     """Start the unit on the node and stream its log until it ends (or `timeout` passes)."""
     return run(node, unit_script(spec), timeout=timeout, sink=sink, log_file=log_file, connection=connection)
 
 
-def stop_units(node: Node, patterns: str | Sequence[str] = CELL_UNIT_PATTERNS, timeout: float = 60
-               ) -> CommandResult:
+def stop_units(
+    node: Node, patterns: str | Sequence[str] = CELL_UNIT_PATTERNS, timeout: float = 60
+) -> CommandResult:
     """Stop every matching cell unit on the node and forget failed ones; safe when none runs."""
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     quoted = " ".join(shlex.quote(p + ".service") for p in patterns)
-    command = (f"systemctl stop {quoted} 2>/dev/null; systemctl kill --signal=SIGKILL {quoted} 2>/dev/null; "
-               f"systemctl reset-failed {quoted} 2>/dev/null; "
-               f"systemctl list-units --all --plain --no-legend {quoted} | awk '{{print $1}}'")
+    command = (
+        f"systemctl stop {quoted} 2>/dev/null; systemctl kill --signal=SIGKILL {quoted} 2>/dev/null; "
+        f"systemctl reset-failed {quoted} 2>/dev/null; "
+        f"systemctl list-units --all --plain --no-legend {quoted} | awk '{{print $1}}'"
+    )
     return run(node, command, timeout=timeout)
 
 
 def running_units(node: Node, patterns: Sequence[str] = CELL_UNIT_PATTERNS) -> list[str]:
     quoted = " ".join(shlex.quote(p + ".service") for p in patterns)
-    result = run(node, f"systemctl list-units --plain --no-legend --state=active,activating {quoted} "
-                       "| awk '{print $1}'")
+    result = run(
+        node,
+        f"systemctl list-units --plain --no-legend --state=active,activating {quoted} | awk '{{print $1}}'",
+    )
     return [line for line in result.stdout.split() if line]
 
 

@@ -66,9 +66,11 @@ def place(cluster: Cluster, cell: Cell) -> Placement:
             slots.append(Slot(worker, 1))
             wanted -= 1
     if wanted > 0:
-        raise DtlabError(f"cell {cell.key}: needs {cell.gpus} {'GPUs' if cluster.device == 'cuda' else 'workers'} "
-                         f"but inventory {cluster.inventory_path.name} offers {cluster.max_gpus}; lower gpus in "
-                         "experiments/matrix.yml or add workers")
+        raise DtlabError(
+            f"cell {cell.key}: needs {cell.gpus} {'GPUs' if cluster.device == 'cuda' else 'workers'} "
+            f"but inventory {cluster.inventory_path.name} offers {cluster.max_gpus}; lower gpus in "
+            "experiments/matrix.yml or add workers"
+        )
     return Placement(cell, cluster.device, tuple(slots))
 
 
@@ -120,8 +122,8 @@ class Launch:
     placement: Placement
     paths: CellPaths
     jobs: list[tuple[Node, UnitSpec]]
-    prepare_nodes: tuple[Node, ...]      # nodes that get the trainer config and output dirs
-    result_node: Node                    # where rank 0's (or the driver's) result.json lands
+    prepare_nodes: tuple[Node, ...]  # nodes that get the trainer config and output dirs
+    result_node: Node  # where rank 0's (or the driver's) result.json lands
     trainer_config: dict[str, Any] = field(default_factory=dict)
     label: str = ""
     # For launchers that run elsewhere (Determined with a master): called instead of starting jobs.
@@ -143,17 +145,28 @@ def framework_label(base: str, device: str) -> str:
 def trainer_config(cluster: Cluster, placement: Placement, paths: CellPaths, label: str) -> dict[str, Any]:
     """The YAML the trainer reads: the cell's options plus device, threads and this attempt's paths."""
     config = matrix.trainer_config(placement.cell)
-    config.update(device=placement.device, threads=int(cluster.var("dtlab_threads_per_worker", 1)),
-                  output_dir=paths.output_dir, checkpoint_dir=paths.checkpoint_dir, cache_dir=paths.cache_dir,
-                  framework_label=label)
+    config.update(
+        device=placement.device,
+        threads=int(cluster.var("dtlab_threads_per_worker", 1)),
+        output_dir=paths.output_dir,
+        checkpoint_dir=paths.checkpoint_dir,
+        cache_dir=paths.cache_dir,
+        framework_label=label,
+    )
     return config
 
 
 def trainer_env(cluster: Cluster, node: Node, slot: Slot | None = None) -> dict[str, str]:
     """Environment of a trainer process: code on the path, socket interface, threads, visible GPUs."""
-    env = {"PYTHONPATH": cluster.code_dir, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
-           "GLOO_SOCKET_IFNAME": node.socket_ifname, "NCCL_SOCKET_IFNAME": node.socket_ifname,
-           "HF_HOME": f"{cluster.data_dir}/huggingface", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        "PYTHONPATH": cluster.code_dir,
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+        "GLOO_SOCKET_IFNAME": node.socket_ifname,
+        "NCCL_SOCKET_IFNAME": node.socket_ifname,
+        "HF_HOME": f"{cluster.data_dir}/huggingface",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     if slot is not None and slot.gpu_indices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in slot.gpu_indices)
     env.update({str(k): str(v) for k, v in (cluster.var("dtlab_trainer_env") or {}).items()})
@@ -169,9 +182,11 @@ def prepare_command(launch: Launch, owner: str, fresh: bool) -> str:
     config_text = yaml.safe_dump(launch.trainer_config, sort_keys=True)
     dirs = " ".join(shlex.quote(d) for d in (p.output_dir, p.checkpoint_dir, p.cache_dir))
     drop = f"rm -rf {shlex.quote(p.checkpoint_dir)} && " if fresh else ""
-    return (f"{drop}rm -rf {shlex.quote(p.attempt_dir)} && mkdir -p {dirs} && "
-            f"printf %s {shlex.quote(config_text)} > {shlex.quote(p.config_path)} && "
-            f"chown -R {shlex.quote(owner)} {shlex.quote(p.cell_dir)} {shlex.quote(p.cache_dir)}")
+    return (
+        f"{drop}rm -rf {shlex.quote(p.attempt_dir)} && mkdir -p {dirs} && "
+        f"printf %s {shlex.quote(config_text)} > {shlex.quote(p.config_path)} && "
+        f"chown -R {shlex.quote(owner)} {shlex.quote(p.cell_dir)} {shlex.quote(p.cache_dir)}"
+    )
 
 
 def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:

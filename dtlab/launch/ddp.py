@@ -16,22 +16,54 @@ TRAINER_MODULE = "trainer.launchers.torchrun"
 DOCKER_IMAGE_DEFAULT = "dtlab-trainer:latest"
 
 
-def torchrun_argv(python: str, slots: tuple[Slot, ...], index: int, rendezvous: Node, port: int,
-                  module: str, config_path: str) -> list[str]:
+def torchrun_argv(
+    python: str,
+    slots: tuple[Slot, ...],
+    index: int,
+    rendezvous: Node,
+    port: int,
+    module: str,
+    config_path: str,
+) -> list[str]:
     """One node's torchrun: static rendezvous (env://) on the first worker, as in the study."""
-    return [python, "-m", "torch.distributed.run", f"--nnodes={len(slots)}",
-            f"--nproc_per_node={slots[index].nproc}", f"--node_rank={index}",
-            f"--master_addr={rendezvous.address}", f"--master_port={port}",
-            "-m", module, "--config", config_path]
+    return [
+        python,
+        "-m",
+        "torch.distributed.run",
+        f"--nnodes={len(slots)}",
+        f"--nproc_per_node={slots[index].nproc}",
+        f"--node_rank={index}",
+        f"--master_addr={rendezvous.address}",
+        f"--master_port={port}",
+        "-m",
+        module,
+        "--config",
+        config_path,
+    ]
 
 
-def docker_argv(cluster: Cluster, cell: Cell, node: Node, slot: Slot, env: dict[str, str],
-                inner: list[str]) -> list[str]:
+def docker_argv(
+    cluster: Cluster, cell: Cell, node: Node, slot: Slot, env: dict[str, str], inner: list[str]
+) -> list[str]:
     """Listing 4.1: docker run --gpus --network host -v code:/app image torchrun ..."""
     image = str(cluster.var("dtlab_trainer_image", DOCKER_IMAGE_DEFAULT))
-    argv = ["docker", "run", "--rm", f"--name={unit(cell, node)}", "--network=host", "--ipc=host",
-            f"--user={cluster.user}", "-v", f"{cluster.code_dir}:/app:ro", "-v",
-            f"{cluster.runs_dir}:{cluster.runs_dir}", "-v", f"{cluster.data_dir}:{cluster.data_dir}", "-w", "/app"]
+    argv = [
+        "docker",
+        "run",
+        "--rm",
+        f"--name={unit(cell, node)}",
+        "--network=host",
+        "--ipc=host",
+        f"--user={cluster.user}",
+        "-v",
+        f"{cluster.code_dir}:/app:ro",
+        "-v",
+        f"{cluster.runs_dir}:{cluster.runs_dir}",
+        "-v",
+        f"{cluster.data_dir}:{cluster.data_dir}",
+        "-w",
+        "/app",
+    ]
     if slot.gpu_indices:
         argv += ["--gpus", f"device={','.join(str(i) for i in slot.gpu_indices)}"]
     for key, value in {**env, "PYTHONPATH": "/app"}.items():
@@ -40,8 +72,15 @@ def docker_argv(cluster: Cluster, cell: Cell, node: Node, slot: Slot, env: dict[
     return [*argv, image, "python", *inner[1:]]
 
 
-def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int, *, module: str = TRAINER_MODULE,
-          label: str = LABEL) -> Launch:
+def build(
+    cluster: Cluster,
+    cell: Cell,
+    attempt: int,
+    timeout_s: int,
+    *,
+    module: str = TRAINER_MODULE,
+    label: str = LABEL,
+) -> Launch:
     placement = place(cluster, cell)
     paths = CellPaths(cluster, cell, attempt)
     label = framework_label(label, placement.device)
@@ -50,13 +89,32 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int, *, module:
     jobs = []
     for index, slot in enumerate(placement.slots):
         env = trainer_env(cluster, slot.node, slot)
-        argv = torchrun_argv(cluster.python, placement.slots, index, first, cluster.rendezvous_port, module,
-                             paths.config_path)
+        argv = torchrun_argv(
+            cluster.python, placement.slots, index, first, cluster.rendezvous_port, module, paths.config_path
+        )
         if docker:
             argv = docker_argv(cluster, cell, slot.node, slot, env, argv)
-        jobs.append((slot.node, UnitSpec(
-            unit=unit(cell, slot.node), argv=argv, log_path=paths.log_path(slot.node),
-            user=None if docker else cluster.user, workdir=cluster.code_dir, env=env,
-            runtime_max_s=timeout_s)))
-    return Launch(cell=cell, placement=placement, paths=paths, jobs=jobs, prepare_nodes=placement.nodes,
-                  result_node=first, trainer_config=trainer_config(cluster, placement, paths, label), label=label)
+        jobs.append(
+            (
+                slot.node,
+                UnitSpec(
+                    unit=unit(cell, slot.node),
+                    argv=argv,
+                    log_path=paths.log_path(slot.node),
+                    user=None if docker else cluster.user,
+                    workdir=cluster.code_dir,
+                    env=env,
+                    runtime_max_s=timeout_s,
+                ),
+            )
+        )
+    return Launch(
+        cell=cell,
+        placement=placement,
+        paths=paths,
+        jobs=jobs,
+        prepare_nodes=placement.nodes,
+        result_node=first,
+        trainer_config=trainer_config(cluster, placement, paths, label),
+        label=label,
+    )

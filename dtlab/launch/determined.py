@@ -17,8 +17,7 @@ import yaml
 from dtlab import paths as dtlab_paths
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
-from dtlab.launch import CellPaths, Launch, framework_label, place, trainer_config
-from dtlab.launch import ddp
+from dtlab.launch import CellPaths, Launch, ddp, framework_label, place, trainer_config
 from dtlab.results import Cell
 
 OFF_CLUSTER_LABEL = "determined (Core API, off-cluster)"
@@ -39,8 +38,17 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     config = trainer_config(cluster, placement, paths, label)
     experiment = ClusterExperiment(cluster, cell, render_experiment(cell, config), timeout_s)
     # No units of our own: the agents run the trial; rank 0 writes result.json on its agent node.
-    return Launch(cell=cell, placement=placement, paths=paths, jobs=[], prepare_nodes=tuple(cluster.workers),
-                  result_node=placement.slots[0].node, trainer_config=config, label=label, external=experiment)
+    return Launch(
+        cell=cell,
+        placement=placement,
+        paths=paths,
+        jobs=[],
+        prepare_nodes=tuple(cluster.workers),
+        result_node=placement.slots[0].node,
+        trainer_config=config,
+        label=label,
+        external=experiment,
+    )
 
 
 def experiment_template(slots: int) -> Path:
@@ -90,7 +98,9 @@ class ClusterExperiment:
         password_file = self.cluster.var("determined_admin_password_file")
         password = Path(password_file).read_text().strip() if password_file else None
         client.login(master=self.master_url, user="admin", password=password)
-        experiment = client.create_experiment(config=self.config, model_dir=str(dtlab_paths.REPO_ROOT / "trainer"))
+        experiment = client.create_experiment(
+            config=self.config, model_dir=str(dtlab_paths.REPO_ROOT / "trainer")
+        )
         self.experiment_id = experiment.id
         started = time.monotonic()
         while time.monotonic() - started < self.timeout_s:
@@ -101,11 +111,17 @@ class ClusterExperiment:
             experiment.reload()
         else:
             experiment.kill()
-            raise DtlabError(f"determined experiment {experiment.id}: not done after {self.timeout_s} s; killed")
+            raise DtlabError(
+                f"determined experiment {experiment.id}: not done after {self.timeout_s} s; killed"
+            )
         trial = experiment.list_trials()[0]
         validations = [m.metrics for m in trial.iter_metrics("validation")]
-        return {"experiment_id": experiment.id, "state": state, "trial_id": trial.id,
-                "master_validation_metrics": validations}
+        return {
+            "experiment_id": experiment.id,
+            "state": state,
+            "trial_id": trial.id,
+            "master_validation_metrics": validations,
+        }
 
     def cancel(self) -> None:
         if self.experiment_id is None:

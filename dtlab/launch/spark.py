@@ -1,4 +1,4 @@
-"""Spark: the Spark launcher runs on the master as the driver, against the standalone cluster, with N processes.
+"""Spark: the Spark launcher runs on the master as the driver, against the standalone cluster, N processes.
 
 TorchDistributor places the N barrier tasks on the workers; the launcher copies rank 0's result to the
 driver's output_dir, so the result is fetched from the master.
@@ -30,11 +30,25 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     if master is None:
         raise DtlabError(f"inventory {cluster.inventory_path}: spark cells need a host in group master")
     worker = placement.slots[0].node
-    executor_env = {"PYTHONPATH": cluster.code_dir, "GLOO_SOCKET_IFNAME": worker.socket_ifname,
-                    "NCCL_SOCKET_IFNAME": worker.socket_ifname, "OMP_NUM_THREADS": "1",
-                    "TOKENIZERS_PARALLELISM": "false", "HF_HOME": f"{cluster.data_dir}/huggingface"}
-    argv = [cluster.python, "-m", TRAINER_MODULE, "--config", paths.config_path,
-            "--num-processes", str(cell.gpus), "--master", master_url(cluster)]
+    executor_env = {
+        "PYTHONPATH": cluster.code_dir,
+        "GLOO_SOCKET_IFNAME": worker.socket_ifname,
+        "NCCL_SOCKET_IFNAME": worker.socket_ifname,
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "HF_HOME": f"{cluster.data_dir}/huggingface",
+    }
+    argv = [
+        cluster.python,
+        "-m",
+        TRAINER_MODULE,
+        "--config",
+        paths.config_path,
+        "--num-processes",
+        str(cell.gpus),
+        "--master",
+        master_url(cluster),
+    ]
     for key, value in executor_env.items():
         argv += ["--spark-conf", f"spark.executorEnv.{key}={value}"]
     secret_file = cluster.var("spark_secret_file")
@@ -45,9 +59,23 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     for key in ("spark_home", "spark_conf_dir"):
         if cluster.var(key):
             env[key.upper()] = str(cluster.var(key))
-    job = UnitSpec(unit=unit(cell, master), argv=argv, log_path=paths.log_path(master), user=cluster.user,
-                   workdir=cluster.code_dir, env=env, runtime_max_s=timeout_s)
+    job = UnitSpec(
+        unit=unit(cell, master),
+        argv=argv,
+        log_path=paths.log_path(master),
+        user=cluster.user,
+        workdir=cluster.code_dir,
+        env=env,
+        runtime_max_s=timeout_s,
+    )
     # Executors may run on any worker: each gets the attempt's dirs so rank 0 can write wherever it lands.
-    return Launch(cell=cell, placement=placement, paths=paths, jobs=[(master, job)],
-                  prepare_nodes=(master, *cluster.workers), result_node=master,
-                  trainer_config=trainer_config(cluster, placement, paths, label), label=label)
+    return Launch(
+        cell=cell,
+        placement=placement,
+        paths=paths,
+        jobs=[(master, job)],
+        prepare_nodes=(master, *cluster.workers),
+        result_node=master,
+        trainer_config=trainer_config(cluster, placement, paths, label),
+        label=label,
+    )

@@ -13,7 +13,9 @@ from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, GPU_CLUSTER_4X2, write
 def gpu_cluster(tmp_path):
     from dtlab.inventory import load_cluster
 
-    return load_cluster(write_inventory(tmp_path, GPU_CLUSTER_4X2, group_vars={"all": "dtlab_cluster_name: four\n"}))
+    return load_cluster(
+        write_inventory(tmp_path, GPU_CLUSTER_4X2, group_vars={"all": "dtlab_cluster_name: four\n"})
+    )
 
 
 @pytest.fixture
@@ -53,8 +55,13 @@ def harness_lab(lab, request, tmp_path_factory):
     except _pytest.FixtureLookupError:  # provisioning's fixture not there: converge here, the same way
         import subprocess
 
-        subprocess.run(["ansible-playbook", "-i", str(lab.inventory_path), "site.yml"], cwd=paths.REPO_ROOT,
-                       check=True, timeout=1800, capture_output=True)
+        subprocess.run(
+            ["ansible-playbook", "-i", str(lab.inventory_path), "site.yml"],
+            cwd=paths.REPO_ROOT,
+            check=True,
+            timeout=1800,
+            capture_output=True,
+        )
     results = tmp_path_factory.mktemp("results")
     saved = paths.RESULTS_DIR
     paths.RESULTS_DIR = results  # in-process stores and the invoke subprocesses agree (env below)

@@ -8,8 +8,13 @@ from pathlib import Path
 from dtlab import paths
 
 
-def write_inventory(directory: Path, hosts_yaml: str, group_vars: dict[str, str] | None = None,
-                    host_vars: dict[str, str] | None = None, copy_all: bool = True) -> Path:
+def write_inventory(
+    directory: Path,
+    hosts_yaml: str,
+    group_vars: dict[str, str] | None = None,
+    host_vars: dict[str, str] | None = None,
+    copy_all: bool = True,
+) -> Path:
     """An inventory directory: hosts.yml, group_vars/all/ (the repo's all.yml, then a site file), host_vars/.
 
     Like Ansible, variables in group_vars files beat `vars:` inside the inventory file, so site
@@ -58,5 +63,3 @@ CPU_CLUSTER_3 = """\
             n1: {ansible_host: 127.0.20.11}
             n2: {ansible_host: 127.0.20.12}
 """
-
-

@@ -22,12 +22,20 @@ from dtlab.results import ResultStore
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
-SMOKE_KEYS = {"ddp-g1-e2-s0", "ddp-g2-e2-s0", "spark-g1-e2-s0", "spark-g2-e2-s0", "determined-g1-e2-s0",
-              "determined-g2-e2-s0"}
+SMOKE_KEYS = {
+    "ddp-g1-e2-s0",
+    "ddp-g2-e2-s0",
+    "spark-g1-e2-s0",
+    "spark-g2-e2-s0",
+    "determined-g1-e2-s0",
+    "determined-g2-e2-s0",
+}
 
 
 def invoke(*args, env, timeout=1200):
-    return subprocess.run([INVOKE, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **env})
+    return subprocess.run(
+        [INVOKE, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **env}
+    )
 
 
 def cell_units(cluster) -> dict[str, list[str]]:
@@ -58,7 +66,9 @@ def test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing(harness
 
     rows_before = len(store.runs(status=None))
     started = time.monotonic()
-    second = invoke("bench.all", "-i", str(cluster.inventory_path), "--profile", "smoke", "--no-report", env=env)
+    second = invoke(
+        "bench.all", "-i", str(cluster.inventory_path), "--profile", "smoke", "--no-report", env=env
+    )
     assert second.returncode == 0, second.stderr
     assert "0 ran ok, 6 already recorded, 0 failed" in second.stdout
     assert len(store.runs(status=None)) == rows_before
@@ -95,16 +105,22 @@ profiles:
     assert remote.run(rank0, f"test -f {checkpoint}").ok, "epoch 1 never checkpointed"
     unit = remote.unit_name("ddp-g2-e4-s7", worker.name)
     # Kill the trainer (torchrun's child) on the second worker by PID.
-    killed = remote.run(worker, f"pid=$(systemctl show -p MainPID --value {unit}); "
-                                f"child=$(pgrep -P $pid | head -1); kill -9 $child && echo $child")
+    killed = remote.run(
+        worker,
+        f"pid=$(systemctl show -p MainPID --value {unit}); "
+        f"child=$(pgrep -P $pid | head -1); kill -9 $child && echo $child",
+    )
     assert killed.ok and killed.stdout.strip(), killed
     runner.join(600)
     assert not runner.is_alive()
     [result] = outcome["result"]
     assert result.status == "ok" and result.attempts == 2, result.failure
     assert result.result["resumed_from_epoch"] >= 1
-    attempts = [r for r in store.runs(status=None, cell_key="ddp-g2-e4-s7")
-                if (r.cell_key, r.attempt, r.status) not in recorded_before]
+    attempts = [
+        r
+        for r in store.runs(status=None, cell_key="ddp-g2-e4-s7")
+        if (r.cell_key, r.attempt, r.status) not in recorded_before
+    ]
     assert [r.status for r in attempts] == ["failed", "ok"]
     assert attempts[0].failed_node in (worker.name, rank0.name) and attempts[0].log_tail
     # Nothing recorded before was lost or changed.
@@ -115,9 +131,22 @@ def test_sigint_to_bench_all_leaves_no_trainer_on_any_node(harness_lab):
     cluster, env = harness_lab
     store = ResultStore.for_cluster(cluster.name)
     ok_before = {(r.cell_key, r.attempt) for r in store.runs(status="ok")}
-    process = subprocess.Popen([INVOKE, "bench.all", "-i", str(cluster.inventory_path), "--only", "ddp-g2",
-                                "--force", "--no-report"], env={**os.environ, **env}, stdout=subprocess.PIPE,
-                               stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [
+            INVOKE,
+            "bench.all",
+            "-i",
+            str(cluster.inventory_path),
+            "--only",
+            "ddp-g2",
+            "--force",
+            "--no-report",
+        ],
+        env={**os.environ, **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not any(cell_units(cluster).values()):

@@ -14,25 +14,39 @@ INVOKE = str(Path(sys.executable).parent / "invoke")
 
 
 def invoke(*args, env=None, timeout=120):
-    return subprocess.run([INVOKE, *args], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [INVOKE, *args],
+        cwd=paths.REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 @pytest.fixture
 def loopback_inventory(tmp_path):
     """Nodes on loopback addresses where nothing listens: any SSH attempt is refused at once."""
-    return write_inventory(tmp_path / "inv", CPU_CLUSTER_3.replace("127.0.20.", "127.0.66."),
-                           group_vars={"all": CPU_SITE_VARS})
+    return write_inventory(
+        tmp_path / "inv", CPU_CLUSTER_3.replace("127.0.20.", "127.0.66."), group_vars={"all": CPU_SITE_VARS}
+    )
 
 
-@pytest.mark.parametrize(("args", "expected"), [
-    (["--profile", "nope"], "no profile 'nope'; choose one of study, smoke"),
-    (["--only", "horovod"], "--only 'horovod': matches no cell of profile smoke"),
-    (["--retries", "-1"], "--retries -1: must be >= 0"),
-    (["--timeout", "soon"], "must be whole numbers"),
-])
-def test_bad_bench_flags_fail_with_one_line_before_any_node_is_contacted(loopback_inventory, tmp_path, args, expected):
-    answer = invoke("bench.all", "-i", str(loopback_inventory), *args, env={"DTLAB_RESULTS_DIR": str(tmp_path / "r")})
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [
+        (["--profile", "nope"], "no profile 'nope'; choose one of study, smoke"),
+        (["--only", "horovod"], "--only 'horovod': matches no cell of profile smoke"),
+        (["--retries", "-1"], "--retries -1: must be >= 0"),
+        (["--timeout", "soon"], "must be whole numbers"),
+    ],
+)
+def test_bad_bench_flags_fail_with_one_line_before_any_node_is_contacted(
+    loopback_inventory, tmp_path, args, expected
+):
+    answer = invoke(
+        "bench.all", "-i", str(loopback_inventory), *args, env={"DTLAB_RESULTS_DIR": str(tmp_path / "r")}
+    )
     assert answer.returncode == 2, answer.stderr
     lines = answer.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0] and "Traceback" not in answer.stderr
@@ -41,35 +55,58 @@ def test_bad_bench_flags_fail_with_one_line_before_any_node_is_contacted(loopbac
 
 def test_a_bad_matrix_file_fails_with_one_line(loopback_inventory, tmp_path):
     bad = tmp_path / "matrix.yml"
-    bad.write_text("profiles:\n  smoke:\n    runs: [{frameworks: [ddp, mpi], gpus: 1, epochs: 1, seeds: 0}]\n")
+    bad.write_text(
+        "profiles:\n  smoke:\n    runs: [{frameworks: [ddp, mpi], gpus: 1, epochs: 1, seeds: 0}]\n"
+    )
     answer = invoke("bench.all", "-i", str(loopback_inventory), "--matrix", str(bad))
     assert answer.returncode == 2
-    assert answer.stderr.strip() == (f"error: {bad}: profiles.smoke.runs[0].frameworks: unknown framework 'mpi'; "
-                                     "choose from ddp, spark, determined")
+    assert answer.stderr.strip() == (
+        f"error: {bad}: profiles.smoke.runs[0].frameworks: unknown framework 'mpi'; "
+        "choose from ddp, spark, determined"
+    )
 
 
 def test_more_gpus_than_the_inventory_has_fails_with_one_line(tmp_path):
-    one_worker = write_inventory(tmp_path, "all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.66.1}}}\n"
-                                 "    workers: {hosts: {w: {ansible_host: 127.0.66.2}}}\n",
-                                 group_vars={"all": "dtlab_device: cpu\n"})
+    one_worker = write_inventory(
+        tmp_path,
+        "all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.66.1}}}\n"
+        "    workers: {hosts: {w: {ansible_host: 127.0.66.2}}}\n",
+        group_vars={"all": "dtlab_device: cpu\n"},
+    )
     answer = invoke("bench.all", "-i", str(one_worker))
     assert answer.returncode == 2
-    assert "gpus: 2 GPUs but the inventory offers 1" in answer.stderr and len(answer.stderr.strip().splitlines()) == 1
+    assert (
+        "gpus: 2 GPUs but the inventory offers 1" in answer.stderr
+        and len(answer.stderr.strip().splitlines()) == 1
+    )
 
 
 @pytest.mark.parametrize("task", ["bench.all", "cluster.check", "cluster.reset", "trainer.deploy"])
 def test_a_bad_inventory_fails_with_one_line(tmp_path, task):
-    two_masters = write_inventory(tmp_path, "all:\n  children:\n    master: {hosts: {a: {ansible_host: 127.0.66.1}, "
-                                  "b: {ansible_host: 127.0.66.3}}}\n    workers: {hosts: {w: {ansible_host: 127.0.66.2}}}\n")
+    two_masters = write_inventory(
+        tmp_path,
+        "all:\n  children:\n    master: {hosts: {a: {ansible_host: 127.0.66.1}, "
+        "b: {ansible_host: 127.0.66.3}}}\n    workers: {hosts: {w: {ansible_host: 127.0.66.2}}}\n",
+    )
     answer = invoke(task, "-i", str(two_masters))
     assert answer.returncode == 2
-    assert answer.stderr.strip() == f"error: inventory {two_masters}: 2 hosts in 'master' (a, b); keep exactly one"
+    assert (
+        answer.stderr.strip()
+        == f"error: inventory {two_masters}: 2 hosts in 'master' (a, b); keep exactly one"
+    )
 
 
 def test_an_unreachable_node_is_reported_by_preflight_before_the_cell_starts(loopback_inventory, tmp_path):
     results = tmp_path / "results"
-    answer = invoke("bench.all", "-i", str(loopback_inventory), "--only", "ddp-g1", "--no-report",
-                    env={"DTLAB_RESULTS_DIR": str(results)})
+    answer = invoke(
+        "bench.all",
+        "-i",
+        str(loopback_inventory),
+        "--only",
+        "ddp-g1",
+        "--no-report",
+        env={"DTLAB_RESULTS_DIR": str(results)},
+    )
     assert answer.returncode == 1, answer.stderr
     assert "preflight: host n1 (127.0.66.11): ssh failed" in answer.stdout
     from dtlab.results import ResultStore

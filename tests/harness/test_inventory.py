@@ -1,12 +1,11 @@
-"""dtlab.inventory: the cluster as Ansible sees it (group_vars and host_vars apply), bad inventories in one line."""
+"""dtlab.inventory: the cluster as Ansible sees it (group_vars and host_vars apply); bad ones: one line."""
 
 import pytest
+from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, GPU_CLUSTER_4X2, write_inventory
 
 from dtlab import inventory, paths
 from dtlab.errors import DtlabError
 from dtlab.inventory import load_cluster
-
-from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, GPU_CLUSTER_4X2, write_inventory
 
 
 def test_example_cluster_inventory_reads_as_the_studys_three_gpu_nodes():
@@ -23,10 +22,15 @@ def test_example_cluster_inventory_reads_as_the_studys_three_gpu_nodes():
 
 
 def test_group_vars_and_host_vars_apply_with_ansibles_precedence(tmp_path):
-    path = write_inventory(tmp_path, GPU_CLUSTER_4X2,
-                           group_vars={"all": "dtlab_cluster_name: four\n",
-                                       "workers": "dtlab_socket_ifname: ib0\ndtlab_rendezvous_port: 31000\n"},
-                           host_vars={"gpu4": "gpu_indices: [1]\ndtlab_socket_ifname: enp1\n"})
+    path = write_inventory(
+        tmp_path,
+        GPU_CLUSTER_4X2,
+        group_vars={
+            "all": "dtlab_cluster_name: four\n",
+            "workers": "dtlab_socket_ifname: ib0\ndtlab_rendezvous_port: 31000\n",
+        },
+        host_vars={"gpu4": "gpu_indices: [1]\ndtlab_socket_ifname: enp1\n"},
+    )
     cluster = load_cluster(path)
     assert cluster.name == "four"
     assert [w.socket_ifname for w in cluster.workers] == ["ib0", "ib0", "ib0", "enp1"]
@@ -41,7 +45,9 @@ def test_templated_variables_render_and_secret_lookups_do_not_run(tmp_path):
     cluster = load_cluster(path)
     assert cluster.name == "three"
     assert cluster.var("dtlab_secrets_dir") == f"{tmp_path}/../.dtlab/secrets/three"
-    assert "lookup('ansible.builtin.password'" in cluster.master.hostvars["spark_auth_secret"]  # left unrendered
+    assert (
+        "lookup('ansible.builtin.password'" in cluster.master.hostvars["spark_auth_secret"]
+    )  # left unrendered
     assert not (tmp_path.parent / ".dtlab").exists()  # reading never generated a secret
     assert cluster.device == "cpu" and cluster.max_gpus == 2
     assert all(n.socket_ifname == "veth9" for n in cluster.nodes)
@@ -50,7 +56,9 @@ def test_templated_variables_render_and_secret_lookups_do_not_run(tmp_path):
 def test_ssh_settings_come_from_the_inventory(tmp_path):
     key = tmp_path / "id_test"
     key.write_text("not a real key")
-    path = write_inventory(tmp_path, f"""\
+    path = write_inventory(
+        tmp_path,
+        f"""\
         all:
           vars:
             ansible_user: admin
@@ -60,7 +68,8 @@ def test_ssh_settings_come_from_the_inventory(tmp_path):
           children:
             master: {{hosts: {{m: {{ansible_host: 127.0.30.1}}}}}}
             workers: {{hosts: {{w: {{ansible_host: 127.0.30.2}}}}}}
-        """)
+        """,
+    )
     node = load_cluster(path).node("w")
     assert (node.ssh_user, node.ssh_port, node.ssh_key) == ("admin", 2222, f"{tmp_path}/id_test")
     assert node.known_hosts_file == f"{tmp_path}/kh"
@@ -75,23 +84,44 @@ def test_default_inventory_is_ansible_cfgs_and_ansible_inventory_overrides(monke
     assert load_cluster().inventory_path == path
 
 
-@pytest.mark.parametrize(("hosts", "message"), [
-    ("all:\n  children:\n    workers: {hosts: {w: {ansible_host: 127.0.0.2}}}\n",
-     "no 'master' group; add the master host under children.master"),
-    ("all:\n  children:\n    master: {hosts: {a: {ansible_host: 127.0.0.2}, b: {ansible_host: 127.0.0.3}}}\n"
-     "    workers: {hosts: {w: {ansible_host: 127.0.0.4}}}\n", "2 hosts in 'master' (a, b); keep exactly one"),
-    ("all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n",
-     "no hosts in 'workers'; add at least one worker"),
-    ("all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
-     "    workers: {hosts: {w: {ansible_host: 127.0.0.3, gpu_indices: [0, x]}}}\n",
-     "host w: gpu_indices entry 'x' is not a number"),
-    ("all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
-     "    workers: {hosts: {w: {ansible_host: 127.0.0.2}}}\n", "hosts m and w share address 127.0.0.2"),
-    ("all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
-     "    workers: {hosts: {w: {ansible_host: 127.0.0.3}}}\n", "dtlab_device must be cuda or cpu, got 'tpu'"),
-])
+@pytest.mark.parametrize(
+    ("hosts", "message"),
+    [
+        (
+            "all:\n  children:\n    workers: {hosts: {w: {ansible_host: 127.0.0.2}}}\n",
+            "no 'master' group; add the master host under children.master",
+        ),
+        (
+            "all:\n  children:\n    master: {hosts: {a: {ansible_host: 127.0.0.2}, "
+            "b: {ansible_host: 127.0.0.3}}}\n"
+            "    workers: {hosts: {w: {ansible_host: 127.0.0.4}}}\n",
+            "2 hosts in 'master' (a, b); keep exactly one",
+        ),
+        (
+            "all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n",
+            "no hosts in 'workers'; add at least one worker",
+        ),
+        (
+            "all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
+            "    workers: {hosts: {w: {ansible_host: 127.0.0.3, gpu_indices: [0, x]}}}\n",
+            "host w: gpu_indices entry 'x' is not a number",
+        ),
+        (
+            "all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
+            "    workers: {hosts: {w: {ansible_host: 127.0.0.2}}}\n",
+            "hosts m and w share address 127.0.0.2",
+        ),
+        (
+            "all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
+            "    workers: {hosts: {w: {ansible_host: 127.0.0.3}}}\n",
+            "dtlab_device must be cuda or cpu, got 'tpu'",
+        ),
+    ],
+)
 def test_a_bad_inventory_fails_with_one_line(tmp_path, hosts, message):
-    path = write_inventory(tmp_path, hosts, group_vars={"all": "dtlab_device: tpu\n"} if "tpu" in message else None)
+    path = write_inventory(
+        tmp_path, hosts, group_vars={"all": "dtlab_device: tpu\n"} if "tpu" in message else None
+    )
     with pytest.raises(DtlabError) as failure:
         load_cluster(path)
     assert message in str(failure.value) and "\n" not in str(failure.value)

@@ -16,14 +16,24 @@ def test_study_profile_is_the_reference_studys_matrix():
             assert f"{framework}-g{gpus}-e100-s1" in keys
     options = study.cells[0].trainer_config
     assert options["model"] == "prajjwal1/bert-tiny" and options["dataset"] == "stanfordnlp/imdb"
-    assert (options["learning_rate"], options["weight_decay"], options["warmup_steps"], options["batch_size"]) \
-        == (5e-5, 0.01, 500, 32)
+    assert (
+        options["learning_rate"],
+        options["weight_decay"],
+        options["warmup_steps"],
+        options["batch_size"],
+    ) == (5e-5, 0.01, 500, 32)
 
 
 def test_smoke_profile_runs_every_framework_on_one_and_two_workers_with_generated_data():
     smoke = matrix.load("smoke", max_gpus=2)
-    assert [c.key for c in smoke] == ["ddp-g1-e2-s0", "spark-g1-e2-s0", "determined-g1-e2-s0",
-                                      "ddp-g2-e2-s0", "spark-g2-e2-s0", "determined-g2-e2-s0"]
+    assert [c.key for c in smoke] == [
+        "ddp-g1-e2-s0",
+        "spark-g1-e2-s0",
+        "determined-g1-e2-s0",
+        "ddp-g2-e2-s0",
+        "spark-g2-e2-s0",
+        "determined-g2-e2-s0",
+    ]
     options = smoke.cells[0].trainer_config
     assert options["dataset"] == "generated" and options["model"].startswith("generated:")
     assert all(1 <= c.epochs <= 2 for c in smoke)
@@ -41,25 +51,49 @@ def test_the_trainer_accepts_every_profiles_options():
             TrainConfig(**{**matrix.trainer_config(cell), "output_dir": "/tmp"})  # unknown keys would raise
 
 
-@pytest.mark.parametrize(("body", "message"), [
-    ("runs: [{frameworks: [ddp, horovod], gpus: 1, epochs: 1, seeds: 0}]",
-     "p.runs[0].frameworks: unknown framework 'horovod'; choose from ddp, spark, determined"),
-    ("runs: [{frameworks: ddp, gpus: 1, epochs: 0, seeds: 0}]", "p.runs[0].epochs: epochs must be an integer >= 1, got 0"),
-    ("runs: [{frameworks: ddp, gpus: 1, epochs: -3, seeds: 0}]", "epochs must be an integer >= 1, got -3"),
-    ("runs: [{frameworks: ddp, gpus: 0, epochs: 1, seeds: 0}]", "gpus must be an integer >= 1, got 0"),
-    ("runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}, {frameworks: [spark, ddp], gpus: 1, epochs: 1, seeds: 0}]",
-     "p.runs[1]: duplicate cell ddp-g1-e1-s0 (already in"),
-    ("runs: [{frameworks: ddp, gpus: [1, 1], epochs: 1, seeds: 0}]", "duplicate cell ddp-g1-e1-s0"),
-    ("runs: [{frameworks: ddp, gpus: 3, epochs: 1, seeds: 0}]", "p.runs[0].gpus: 3 GPUs but the inventory offers 2"),
-    ("runs: [{frameworks: ddp, gpus: 1, epochs: 1}]", "p.runs[0]: missing 'seeds'"),
-    ("runs: [{frameworks: ddp, gpu: 1, gpus: 1, epochs: 1, seeds: 0}]", "unknown key 'gpu'"),
-    ("trainer: {learning_rat: 0.1}\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
-     "p.trainer.learning_rat: unknown trainer option"),
-    ("trainer: {epochs: 3}\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
-     "p.trainer.epochs: set per cell by the harness"),
-    ("timeout_s: 0\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]", "p.timeout_s: must be a positive"),
-    ("runs: []", "p.runs: must be a non-empty list"),
-])
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            "runs: [{frameworks: [ddp, horovod], gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[0].frameworks: unknown framework 'horovod'; choose from ddp, spark, determined",
+        ),
+        (
+            "runs: [{frameworks: ddp, gpus: 1, epochs: 0, seeds: 0}]",
+            "p.runs[0].epochs: epochs must be an integer >= 1, got 0",
+        ),
+        (
+            "runs: [{frameworks: ddp, gpus: 1, epochs: -3, seeds: 0}]",
+            "epochs must be an integer >= 1, got -3",
+        ),
+        ("runs: [{frameworks: ddp, gpus: 0, epochs: 1, seeds: 0}]", "gpus must be an integer >= 1, got 0"),
+        (
+            "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}, "
+            "{frameworks: [spark, ddp], gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[1]: duplicate cell ddp-g1-e1-s0 (already in",
+        ),
+        ("runs: [{frameworks: ddp, gpus: [1, 1], epochs: 1, seeds: 0}]", "duplicate cell ddp-g1-e1-s0"),
+        (
+            "runs: [{frameworks: ddp, gpus: 3, epochs: 1, seeds: 0}]",
+            "p.runs[0].gpus: 3 GPUs but the inventory offers 2",
+        ),
+        ("runs: [{frameworks: ddp, gpus: 1, epochs: 1}]", "p.runs[0]: missing 'seeds'"),
+        ("runs: [{frameworks: ddp, gpu: 1, gpus: 1, epochs: 1, seeds: 0}]", "unknown key 'gpu'"),
+        (
+            "trainer: {learning_rat: 0.1}\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
+            "p.trainer.learning_rat: unknown trainer option",
+        ),
+        (
+            "trainer: {epochs: 3}\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
+            "p.trainer.epochs: set per cell by the harness",
+        ),
+        (
+            "timeout_s: 0\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
+            "p.timeout_s: must be a positive",
+        ),
+        ("runs: []", "p.runs: must be a non-empty list"),
+    ],
+)
 def test_a_bad_matrix_fails_with_one_line_naming_the_key(matrix_file, body, message):
     path = matrix_file(body)
     with pytest.raises(DtlabError) as failure:
@@ -84,7 +118,10 @@ def test_only_filters_by_framework_gpus_and_globs():
     smoke = matrix.load("smoke")
     assert [c.key for c in smoke.select("ddp")] == ["ddp-g1-e2-s0", "ddp-g2-e2-s0"]
     assert [c.key for c in smoke.select("g2")] == ["ddp-g2-e2-s0", "spark-g2-e2-s0", "determined-g2-e2-s0"]
-    assert [c.key for c in smoke.select("spark-g1,determined-g2")] == ["spark-g1-e2-s0", "determined-g2-e2-s0"]
+    assert [c.key for c in smoke.select("spark-g1,determined-g2")] == [
+        "spark-g1-e2-s0",
+        "determined-g2-e2-s0",
+    ]
     assert [c.key for c in smoke.select("d*-g1")] == ["ddp-g1-e2-s0", "determined-g1-e2-s0"]
     with pytest.raises(DtlabError, match="--only 'horovod': matches no cell of profile smoke"):
         smoke.select("horovod")

@@ -1,12 +1,11 @@
 """Which nodes and GPUs a cell gets, and what each launcher starts there: from the inventory alone."""
 
 import pytest
+from harness_helpers import write_inventory
 
 from dtlab import launch, matrix
 from dtlab.errors import DtlabError
 from dtlab.results import Cell
-
-from harness_helpers import write_inventory
 
 
 def cell(framework="ddp", gpus=1, epochs=2, seed=0):
@@ -18,9 +17,16 @@ def test_four_nodes_with_two_gpus_each_from_the_inventory_alone(gpu_cluster):
     assert gpu_cluster.max_gpus == 8
     eight = launch.place(gpu_cluster, cell(gpus=8))
     assert [(s.node.name, s.nproc, s.gpu_indices) for s in eight.slots] == [
-        ("gpu1", 2, (0, 1)), ("gpu2", 2, (0, 1)), ("gpu3", 2, (0, 1)), ("gpu4", 2, (0, 1))]
+        ("gpu1", 2, (0, 1)),
+        ("gpu2", 2, (0, 1)),
+        ("gpu3", 2, (0, 1)),
+        ("gpu4", 2, (0, 1)),
+    ]
     three = launch.place(gpu_cluster, cell(gpus=3))
-    assert [(s.node.name, s.nproc, s.gpu_indices) for s in three.slots] == [("gpu1", 2, (0, 1)), ("gpu2", 1, (0,))]
+    assert [(s.node.name, s.nproc, s.gpu_indices) for s in three.slots] == [
+        ("gpu1", 2, (0, 1)),
+        ("gpu2", 1, (0,)),
+    ]
     assert three.world_size == 3 and three.device == "cuda"
 
 
@@ -45,14 +51,21 @@ def test_ddp_runs_torchrun_on_each_selected_worker_with_rendezvous_on_the_first(
 
 def test_cpu_inventory_means_one_single_thread_worker_per_gpu(cpu_cluster):
     planned = launch.build(cpu_cluster, cell(gpus=2), attempt=3, timeout_s=60)
-    assert [(s.node.name, s.nproc, s.gpu_indices) for s in planned.placement.slots] == [("n1", 1, ()), ("n2", 1, ())]
+    assert [(s.node.name, s.nproc, s.gpu_indices) for s in planned.placement.slots] == [
+        ("n1", 1, ()),
+        ("n2", 1, ()),
+    ]
     config = planned.trainer_config
-    assert config["device"] == "cpu" and config["threads"] == 1 and config["epochs"] == 2 and config["seed"] == 0
+    assert (
+        config["device"] == "cpu" and config["threads"] == 1 and config["epochs"] == 2 and config["seed"] == 0
+    )
     assert config["framework_label"] == "ddp (torchrun), CPU"
     assert config["output_dir"] == "/var/lib/dtlab/runs/ddp-g2-e2-s0/attempt-3/out"
     assert config["checkpoint_dir"] == "/var/lib/dtlab/runs/ddp-g2-e2-s0/checkpoints"  # shared by retries
-    assert all(spec.env["GLOO_SOCKET_IFNAME"] == "veth9" and spec.env["OMP_NUM_THREADS"] == "1"
-               for _, spec in planned.jobs)
+    assert all(
+        spec.env["GLOO_SOCKET_IFNAME"] == "veth9" and spec.env["OMP_NUM_THREADS"] == "1"
+        for _, spec in planned.jobs
+    )
     assert "CUDA_VISIBLE_DEVICES" not in planned.jobs[0][1].env
 
 
@@ -76,9 +89,12 @@ def test_spark_runs_the_launcher_on_the_master_with_n_processes(cpu_cluster):
 
 
 def test_determined_without_a_master_runs_the_core_api_off_cluster_under_torchrun(cpu_cluster, tmp_path):
-    no_binaries = write_inventory(tmp_path / "lab", "all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
-                                  "    workers: {hosts: {w1: {ansible_host: 127.0.0.3}, w2: {ansible_host: 127.0.0.4}}}\n",
-                                  group_vars={"all": "dtlab_device: cpu\ndetermined_install_binaries: false\n"})
+    no_binaries = write_inventory(
+        tmp_path / "lab",
+        "all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
+        "    workers: {hosts: {w1: {ansible_host: 127.0.0.3}, w2: {ansible_host: 127.0.0.4}}}\n",
+        group_vars={"all": "dtlab_device: cpu\ndetermined_install_binaries: false\n"},
+    )
     from dtlab.inventory import load_cluster
 
     planned = launch.build(load_cluster(no_binaries), cell("determined", gpus=2), attempt=1, timeout_s=60)
@@ -92,16 +108,23 @@ def test_determined_without_a_master_runs_the_core_api_off_cluster_under_torchru
 def test_docker_runtime_wraps_torchrun_as_the_studys_listing_4_1(tmp_path):
     from dtlab.inventory import load_cluster
 
-    path = write_inventory(tmp_path, "all:\n  children:\n"
-                           "    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
-                           "    workers: {hosts: {w: {ansible_host: 127.0.0.3, gpu_indices: [0]}}}\n",
-                           group_vars={"all": "dtlab_trainer_runtime: docker\n"})
+    path = write_inventory(
+        tmp_path,
+        "all:\n  children:\n"
+        "    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
+        "    workers: {hosts: {w: {ansible_host: 127.0.0.3, gpu_indices: [0]}}}\n",
+        group_vars={"all": "dtlab_trainer_runtime: docker\n"},
+    )
     [(node, spec)] = launch.build(load_cluster(path), cell(gpus=1), attempt=1, timeout_s=60).jobs
     argv = spec.argv
     assert argv[:3] == ["docker", "run", "--rm"] and "--network=host" in argv
     assert argv[argv.index("--gpus") + 1] == "device=0" and "/opt/dtlab/src:/app:ro" in argv
-    assert argv[argv.index("dtlab-trainer:latest") + 1:][:4] == ["python", "-m", "torch.distributed.run",
-                                                                  "--nnodes=1"]
+    assert argv[argv.index("dtlab-trainer:latest") + 1 :][:4] == [
+        "python",
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+    ]
 
 
 def test_prepare_command_keeps_checkpoints_on_retry_and_drops_them_on_a_fresh_run(cpu_cluster):
