@@ -1,0 +1,101 @@
+"""The torchrun launcher for real: 2 CPU workers on loopback, DDP equivalence, and a SIGKILLed run resumed."""
+
+import contextlib
+import json
+import subprocess
+import time
+
+import psutil
+import pytest
+import torch
+
+from tests.trainer.conftest import (
+    SUBPROCESS_TIMEOUT_S,
+    final_weights,
+    max_weight_difference,
+    run,
+    torchrun_command,
+    trainer_env,
+    write_config,
+)
+from trainer.core import train
+from trainer.model import build_model
+from trainer.result import validate_result
+
+
+@pytest.fixture(scope="module")
+def two_worker_run(tmp_path_factory, token_cache):
+    """One unbroken 2-worker run with checkpoints, shared by the tests that compare against it."""
+    from tests.trainer.conftest import TINY
+    from trainer.config import TrainConfig
+
+    root = tmp_path_factory.mktemp("two-workers")
+    cfg = TrainConfig(**{**TINY, "epochs": 3, "output_dir": str(root / "out"), "cache_dir": str(token_cache),
+                         "checkpoint_dir": str(root / "ckpt")}).validate()
+    completed = run(torchrun_command(2, "--config", str(write_config(cfg, root / "run.yml"))))
+    return cfg, root, completed
+
+
+def test_two_workers_under_torchrun(two_worker_run):
+    cfg, root, completed = two_worker_run
+    result = json.loads((root / "out" / "result.json").read_text())
+    validate_result(result)
+    assert result["world_size"] == 2
+    assert (result["framework_label"], result["backend"]) == ("ddp (torchrun)", "gloo")
+    assert len(result["peak_memory_mb"]["rss_per_rank"]) == 2
+    # Each sample once per epoch across both workers (256 divides evenly, so no sampler padding).
+    assert [m["train_samples"] for m in result["epoch_metrics"]] == [cfg.generated_train_size] * 3
+    assert "epoch 3/3" in completed.stdout
+    assert completed.stdout.count("final accuracy") == 1  # rank 0 alone reports
+
+
+def test_ddp_averages_gradients_like_one_worker_with_the_double_batch(make_config, tmp_path):
+    # SGD, not AdamW: Adam's update ignores the gradient's scale and would hide summed gradients.
+    shared = dict(optimizer="sgd", learning_rate=0.5, warmup_steps=0, dropout=0.0, group_by_length=False,
+                  epochs=1, generated_train_size=128)
+    two = make_config(**shared, batch_size=8, output_dir=str(tmp_path / "two"),
+                      checkpoint_dir=str(tmp_path / "c2"))
+    run(torchrun_command(2, "--config", str(write_config(two, tmp_path / "two.yml"))))
+    one = make_config(**shared, batch_size=16, output_dir=str(tmp_path / "one"),
+                      checkpoint_dir=str(tmp_path / "c1"))
+    train(one)
+
+    torch.manual_seed(one.seed)
+    initial = build_model(one).state_dict()
+    two_workers, one_worker = final_weights(tmp_path / "c2", 1), final_weights(tmp_path / "c1", 1)
+    assert max_weight_difference(one_worker, initial) > 1e-2  # 8 steps really moved the weights
+    assert max_weight_difference(two_workers, one_worker) < 1e-5
+
+
+def test_killed_run_resumes_to_the_unbroken_result(two_worker_run, tmp_path):
+    cfg, unbroken_root, _ = two_worker_run
+    killed_cfg = type(cfg)(**{**cfg.as_dict(), "output_dir": str(tmp_path / "out"),
+                              "checkpoint_dir": str(tmp_path / "ckpt")})
+    command = torchrun_command(2, "--config", str(write_config(killed_cfg, tmp_path / "run.yml")))
+    process = subprocess.Popen(command, env=trainer_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+        while not (tmp_path / "ckpt" / "epoch-0001").exists():
+            assert process.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within the timeout"
+            time.sleep(0.05)
+    finally:
+        # torchrun starts its workers in their own sessions: SIGKILL each by PID, like a node losing power.
+        launched = psutil.Process(process.pid)
+        members = [*launched.children(recursive=True), launched]
+        for member in members:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+        process.wait(timeout=60)
+        psutil.wait_procs(members, timeout=60)
+    assert not (tmp_path / "out" / "result.json").exists()
+
+    completed = run(command)
+    resumed = json.loads((tmp_path / "out" / "result.json").read_text())
+    unbroken = json.loads((unbroken_root / "out" / "result.json").read_text())
+    assert resumed["resumed_from_epoch"] in (1, 2), completed.stdout
+    for key in ("val_loss", "val_accuracy", "train_loss"):
+        assert [m[key] for m in resumed["epoch_metrics"]] == [m[key] for m in unbroken["epoch_metrics"]], key
+    unbroken_weights = final_weights(unbroken_root / "ckpt", 3)
+    assert max_weight_difference(final_weights(tmp_path / "ckpt", 3), unbroken_weights) == 0
