@@ -78,3 +78,20 @@ def lab_torch_python(lab):
 
 
 # --- (next section) -----------------------------------------------------------------------------------
+
+
+# --- provisioning: the test lab converged with site.yml, once per session (H4) -----------------------
+
+
+@pytest.fixture(scope="session")
+def provisioned_lab(lab):
+    """(lab, first converge) after one full `ansible-playbook site.yml` on the test lab.
+
+    The converge is a dtlab.provision.ConvergeResult; a failed converge fails the dependent tests.
+    """
+    from dtlab import provision
+
+    result = provision.converge(lab.inventory_path)
+    if not result.ok:
+        pytest.fail(f"site.yml did not converge on the test lab: {result.summary()}\n{result.output[-4000:]}")
+    return lab, result

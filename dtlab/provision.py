@@ -1,0 +1,95 @@
+"""`ansible-playbook site.yml` from Python (ansible-runner), for the harness, `invoke` and tests.
+
+    from dtlab import provision
+    result = provision.converge()                      # the ansible.cfg inventory
+    result = provision.converge(path, check=True, diff=True)
+    result.ok, result.changed_hosts, result.seconds, result.summary()
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import ansible_runner
+
+from dtlab import paths
+from dtlab.inventory import default_inventory_path
+
+STAT_KEYS = ("ok", "changed", "failures", "dark", "skipped")
+
+
+@dataclass(frozen=True)
+class ConvergeResult:
+    """One run of site.yml: per-host counts from the play recap, the full output and the wall time."""
+
+    rc: int
+    status: str
+    stats: dict[str, dict[str, int]] = field(default_factory=dict)
+    output: str = ""
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.rc == 0 and self.status == "successful"
+
+    @property
+    def hosts(self) -> list[str]:
+        return sorted({host for counts in self.stats.values() for host in counts})
+
+    def count(self, key: str, host: str) -> int:
+        return int(self.stats.get(key, {}).get(host, 0))
+
+    @property
+    def changed_hosts(self) -> dict[str, int]:
+        """Hosts with changed > 0 (empty after an idempotent run)."""
+        return {host: n for host, n in self.stats.get("changed", {}).items() if n}
+
+    def summary(self) -> str:
+        per_host = ", ".join(
+            f"{host}: " + " ".join(f"{key}={self.count(key, host)}" for key in STAT_KEYS) for host in self.hosts)
+        return f"{self.status} (rc {self.rc}) in {self.seconds:.0f} s; {per_host or 'no hosts'}"
+
+
+def converge(inventory: str | Path | None = None, *, check: bool = False, diff: bool = False,
+             tags: list[str] | tuple[str, ...] = (), limit: str | None = None,
+             extravars: dict | None = None, playbook: str = "site.yml") -> ConvergeResult:
+    """Run a playbook from the repository root (so ansible.cfg applies) and return its recap."""
+    inventory_path = Path(inventory) if inventory else default_inventory_path()
+    cmdline = " ".join([*(["--check"] if check else []), *(["--diff"] if diff else [])])
+    artifacts = paths.STATE_DIR / "runner"
+    artifacts.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=artifacts, prefix="site-") as private_dir:
+        runner = ansible_runner.run(
+            private_data_dir=private_dir,
+            project_dir=str(paths.REPO_ROOT),
+            playbook=str(paths.REPO_ROOT / playbook),
+            inventory=str(inventory_path.resolve()),
+            binary=_ansible_playbook(),
+            cmdline=cmdline or None,
+            tags=",".join(tags) or None,
+            limit=limit,
+            extravars=extravars or {},
+            quiet=True,
+            envvars={"ANSIBLE_CONFIG": str(paths.ANSIBLE_CFG), "ANSIBLE_NOCOLOR": "1",
+                     "ANSIBLE_FORCE_COLOR": "0"},
+        )
+        output = runner.stdout.read() if runner.stdout else ""
+        stats = runner.stats or {}
+    return ConvergeResult(
+        rc=int(runner.rc if runner.rc is not None else -1),
+        status=str(runner.status),
+        stats={key: dict(stats.get(key, {})) for key in STAT_KEYS},
+        output=output,
+        seconds=time.monotonic() - started,
+    )
+
+
+def _ansible_playbook() -> str:
+    """The ansible-playbook next to this Python (the project venv), else the one on PATH."""
+    beside = Path(sys.executable).parent / "ansible-playbook"
+    return str(beside) if beside.exists() else "ansible-playbook"

@@ -1,0 +1,186 @@
+"""`ansible-playbook site.yml` on the test lab, as Molecule would: converge, idempotence, check mode,
+then verify for real what each component promises (PostgreSQL, Spark, SSH, Determined configs,
+identical trainer environments). Needs root; brings up the session's test lab."""
+
+import json
+import shlex
+
+import pytest
+import yaml
+
+from dtlab import provision
+from dtlab.inventory import load_cluster
+from dtlab.lab.access import run_on_node
+
+pytestmark = [pytest.mark.lab, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(provisioned_lab):
+    lab, _ = provisioned_lab
+    return load_cluster(lab.inventory_path)
+
+
+@pytest.fixture(scope="module")
+def second_converge(provisioned_lab):
+    lab, _ = provisioned_lab
+    return provision.converge(lab.inventory_path)
+
+
+def on(lab, node, command, timeout=120):
+    result = run_on_node(lab, node, command, timeout=timeout)
+    return result
+
+
+def as_service_user(cluster, command):
+    return f"runuser -u {cluster.user} -- bash -lc {shlex.quote(command)}"
+
+
+def secret(cluster, name):
+    from pathlib import Path
+
+    return (Path(cluster.var("dtlab_secrets_dir")) / name).read_text().split()[0]
+
+
+# --- converge, idempotence, check mode ---------------------------------------------------------------
+
+def test_every_role_applies_on_every_node(provisioned_lab):
+    lab, first = provisioned_lab
+    assert first.ok, first.summary()
+    assert sorted(first.hosts) == sorted(lab.node_names)
+    for role in ("common", "ssh", "nvidia", "docker", "trainer", "postgresql", "spark",
+                 "determined_master", "determined_agent"):
+        assert f"TASK [{role} : " in first.output, f"role {role} did not run"
+
+
+def test_gpu_roles_skip_with_their_message_on_the_gpu_less_lab(provisioned_lab):
+    lab, first = provisioned_lab
+    for node in lab.node_names:
+        assert f"nvidia: no NVIDIA GPU on {node} (lspci)" in first.output
+        assert f"docker: no NVIDIA GPU on {node} (lspci)" in first.output
+
+
+def test_second_run_changes_nothing(second_converge):
+    assert second_converge.ok, second_converge.summary()
+    assert second_converge.changed_hosts == {}, second_converge.summary()
+
+
+def test_check_diff_after_convergence_reports_no_changes(provisioned_lab, second_converge):
+    lab, _ = provisioned_lab
+    checked = provision.converge(lab.inventory_path, check=True, diff=True)
+    assert checked.ok, checked.summary()
+    assert checked.changed_hosts == {}, checked.summary()
+    for name in ("determined_db_password", "spark_auth_secret", "determined_admin_password"):
+        assert secret(load_cluster(lab.inventory_path), name) not in checked.output
+
+
+# --- PostgreSQL --------------------------------------------------------------------------------------
+
+def psql(password, host, extra=""):
+    prefix = f"PGPASSWORD={shlex.quote(password)} " if password is not None else ""
+    return (f"{prefix}PGCONNECT_TIMEOUT=5 psql -w -h {host} -U determined -d determined {extra} "
+            f"-tAc 'select current_user'")
+
+
+def test_postgresql_admits_determined_from_the_master_only(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    password = secret(cluster, "determined_db_password")
+    master, worker = cluster.master, cluster.workers[0]
+    for host in ("127.0.0.1", master.address):
+        from_master = on(lab, master.name, psql(password, host))
+        assert from_master.returncode == 0 and from_master.stdout.strip() == "determined", from_master.stderr
+    from_worker = on(lab, worker.name, psql(password, master.address))
+    assert from_worker.returncode != 0
+    assert "no pg_hba.conf entry" in from_worker.stderr, from_worker.stderr
+    without_password = on(lab, master.name, psql(None, master.address))
+    assert without_password.returncode != 0
+    assert "password" in without_password.stderr, without_password.stderr
+    wrong_password = on(lab, master.name, psql("not-the-password", "127.0.0.1"))
+    assert "password authentication failed" in wrong_password.stderr, wrong_password.stderr
+    method = on(lab, master.name, "runuser -u postgres -- psql -tAc "
+                "\"select rolpassword like 'SCRAM-SHA-256%' from pg_authid where rolname='determined'\"")
+    assert method.stdout.strip() == "t"
+
+
+# --- Spark -------------------------------------------------------------------------------------------
+
+SPARK_APP = (
+    "import sys; from pyspark.sql import SparkSession; "
+    "spark = SparkSession.builder.appName('dtlab-provision-test').getOrCreate(); "
+    "print('COUNT', spark.sparkContext.parallelize(range(100), 4).count()); spark.stop()"
+)
+
+
+def test_spark_master_lists_both_workers_alive(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    master = cluster.master
+    state = on(lab, master.name, f"python3 -c \"import urllib.request; print(urllib.request.urlopen("
+                                 f"'http://{master.address}:{cluster.spark_master_webui_port}/json/').read().decode())\"")
+    workers = json.loads(state.stdout)["workers"]
+    alive = sorted(w["host"] for w in workers if w["state"] == "ALIVE")
+    assert alive == sorted(w.address for w in cluster.workers)
+
+
+def test_spark_runs_an_app_with_the_secret_and_refuses_one_without(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    master = cluster.master
+    spark_conf_dir = cluster.var("spark_conf_dir")
+    with_secret = on(lab, master.name, as_service_user(
+        cluster, f"SPARK_CONF_DIR={spark_conf_dir} {cluster.python} -c \"{SPARK_APP}\""), timeout=300)
+    assert "COUNT 100" in with_secret.stdout, with_secret.stderr[-3000:]
+    # The same app, but with a configuration that lacks the secret: the master must refuse it.
+    without_secret = on(lab, master.name, as_service_user(
+        cluster, "mkdir -p /tmp/nosecret && "
+                 f"grep -v '^spark.authenticate' {spark_conf_dir}/spark-defaults.conf > /tmp/nosecret/spark-defaults.conf; "
+                 f"SPARK_CONF_DIR=/tmp/nosecret timeout 45 {cluster.python} -c \"{SPARK_APP}\""), timeout=120)
+    assert "COUNT 100" not in without_secret.stdout
+    log = on(lab, master.name, f"journalctl -u {cluster.var('spark_master_service')} --since '-3min' --no-pager")
+    assert "SASL" in log.stdout or "authenticat" in log.stdout.lower(), log.stdout[-3000:]
+
+
+# --- SSH -------------------------------------------------------------------------------------------
+
+def test_every_node_reaches_every_other_by_name_without_a_prompt(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    names = [n.name for n in cluster.nodes]
+    for source in names:
+        hops = " && ".join(f"ssh -o BatchMode=yes -o ConnectTimeout=5 {target} hostname"
+                           for target in names if target != source)
+        result = on(lab, source, as_service_user(cluster, hops))
+        assert result.returncode == 0, f"{source}: {result.stderr}"
+        assert result.stdout.split() == [t for t in names if t != source]
+        hosts = on(lab, source, "getent hosts " + " ".join(names)).stdout
+        for node in cluster.nodes:
+            assert f"{node.address}" in hosts and node.name in hosts
+
+
+# --- Determined ------------------------------------------------------------------------------------
+
+def test_determined_configs_parse_and_carry_the_inventory_values(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    master = yaml.safe_load(on(lab, cluster.master.name, "cat /etc/determined/master.yaml").stdout)
+    assert master["port"] == cluster.determined_master_port
+    assert master["db"] == {"host": "127.0.0.1", "port": cluster.postgresql_port, "name": "determined",
+                            "user": "determined", "password": secret(cluster, "determined_db_password")}
+    assert master["checkpoint_storage"]["type"] == "shared_fs"
+    assert master["checkpoint_storage"]["host_path"] == cluster.var("determined_checkpoint_host_path")
+    assert master["resource_manager"]["scheduler"]["type"] == "priority"
+    assert master["security"]["initial_user_password"] == secret(cluster, "determined_admin_password")
+    agent_ids = []
+    for worker in cluster.workers:
+        agent = yaml.safe_load(on(lab, worker.name, "cat /etc/determined/agent.yaml").stdout)
+        assert agent["master_host"] == cluster.master.address
+        assert agent["master_port"] == cluster.determined_master_port
+        assert agent["slot_type"] == ("cuda" if worker.device == "cuda" else "cpu")
+        agent_ids.append(agent["agent_id"])
+    assert sorted(agent_ids) == sorted(w.name for w in cluster.workers)
+
+
+# --- trainer -----------------------------------------------------------------------------------------
+
+def test_trainer_environment_is_identical_on_every_node(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    freezes = {n.name: on(lab, n.name, f"{cluster.python} -m pip freeze --all").stdout for n in cluster.nodes}
+    assert len(set(freezes.values())) == 1, {k: len(v) for k, v in freezes.items()}
+    packages = next(iter(freezes.values()))
+    assert "torch==2.13.0" in packages and "pyspark==" in packages and "determined==" in packages
