@@ -1,0 +1,162 @@
+"""A real Spark standalone cluster on 127.0.0.1 for tests and benchmarks: one master, N workers.
+
+The pyspark wheel ships no start-master.sh, so the Master and Worker classes run through
+``$SPARK_HOME/bin/spark-class`` with SPARK_HOME = the pyspark package directory. Every daemon is
+a child process of this helper; ``stop()`` ends each one, and any executor it left behind, by PID.
+
+    with SparkStandaloneCluster(workers=2, auth_secret="s3cret") as cluster:
+        cluster.master_url    # spark://127.0.0.1:<port>
+
+As a pytest fixture: ``spark_cluster`` (module scope), see tests/conftest-style use in
+tests/trainer/test_spark_launcher.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pyspark
+
+SPARK_HOME = Path(pyspark.__file__).resolve().parent
+LOOPBACK = "127.0.0.1"
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind((LOOPBACK, 0))
+        return sock.getsockname()[1]
+
+
+class SparkStandaloneCluster:
+    """Master + ``workers`` workers, each offering ``cores_per_worker`` task slots, all on loopback."""
+
+    def __init__(self, workers: int = 2, cores_per_worker: int = 1, worker_memory: str = "2g",
+                 auth_secret: str | None = None, startup_timeout_s: float = 90.0):
+        self.workers = workers
+        self.cores_per_worker = cores_per_worker
+        self.worker_memory = worker_memory
+        self.auth_secret = auth_secret
+        self.startup_timeout_s = startup_timeout_s
+        self.master_port = free_port()
+        self.master_webui_port = free_port()
+        self.master_url = f"spark://{LOOPBACK}:{self.master_port}"
+        self.master_json_url = f"http://{LOOPBACK}:{self.master_webui_port}/json/"
+        self.scratch = Path(tempfile.mkdtemp(prefix="dtlab-spark-"))
+        self.processes: list[subprocess.Popen] = []
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> SparkStandaloneCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        try:
+            self._spawn("master", MASTER_CLASS, "--host", LOOPBACK, "--port", str(self.master_port),
+                        "--webui-port", str(self.master_webui_port))
+            for index in range(self.workers):
+                work_dir = self.scratch / f"worker-{index}"
+                work_dir.mkdir()
+                self._spawn(f"worker-{index}", WORKER_CLASS, self.master_url, "--host", LOOPBACK,
+                            "--cores", str(self.cores_per_worker), "--memory", self.worker_memory,
+                            "--webui-port", str(free_port()), "--work-dir", str(work_dir))
+            self._wait_for_alive_workers()
+        except BaseException:
+            self.stop()  # never leave daemons behind when start-up fails
+            raise
+
+    def stop(self) -> None:
+        """SIGTERM each daemon and every process below it (executors, Python workers) by PID."""
+        targets: list[psutil.Process] = []
+        for process in self.processes:
+            try:
+                parent = psutil.Process(process.pid)
+                targets += [parent, *parent.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                continue
+        for target in targets:
+            try:
+                target.send_signal(signal.SIGTERM)
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(targets, timeout=15)
+        for target in alive:
+            try:
+                target.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(alive, timeout=5)
+        for process in self.processes:
+            process.wait(timeout=5) if process.poll() is None else None
+        self.processes.clear()
+
+    # --- what tests read -------------------------------------------------------------------
+    def status(self) -> dict:
+        with urllib.request.urlopen(self.master_json_url, timeout=5) as response:
+            return json.load(response)
+
+    def alive_workers(self) -> int:
+        return sum(1 for worker in self.status().get("workers", []) if worker.get("state") == "ALIVE")
+
+    def pids(self) -> list[int]:
+        return [process.pid for process in self.processes]
+
+    def log(self, name: str) -> str:
+        return (self.scratch / f"{name}.log").read_text(errors="replace")
+
+    # --- internals -------------------------------------------------------------------------
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ, SPARK_HOME=str(SPARK_HOME), SPARK_LOCAL_IP=LOOPBACK,
+                   SPARK_LOG_DIR=str(self.scratch), SPARK_CONF_DIR=str(self._conf_dir()))
+        env.pop("SPARK_MASTER_HOST", None)
+        return env
+
+    def _conf_dir(self) -> Path:
+        """The daemons' spark-defaults.conf: the shared secret when auth is on (0600, never argv)."""
+        conf_dir = self.scratch / "conf"
+        if not conf_dir.exists():
+            conf_dir.mkdir()
+            lines = ["spark.ui.showConsoleProgress false"]
+            if self.auth_secret:
+                lines += ["spark.authenticate true", f"spark.authenticate.secret {self.auth_secret}"]
+            defaults = conf_dir / "spark-defaults.conf"
+            defaults.touch(mode=0o600)
+            defaults.write_text("\n".join(lines) + "\n")
+        return conf_dir
+
+    def _spawn(self, name: str, java_class: str, *args: str) -> None:
+        log = open(self.scratch / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the daemon
+        command = [str(SPARK_HOME / "bin" / "spark-class"), java_class, *args]
+        # spark-class execs java, so this PID is the daemon's own PID.
+        self.processes.append(subprocess.Popen(command, env=self._environment(), stdout=log,
+                                               stderr=subprocess.STDOUT, start_new_session=True))
+
+    def _wait_for_alive_workers(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        last_error = "no answer yet"
+        while time.monotonic() < deadline:
+            for process, name in zip(self.processes, ["master", *[f"worker-{i}" for i in range(self.workers)]],
+                                     strict=True):
+                if process.poll() is not None:
+                    raise RuntimeError(f"spark {name} exited with {process.returncode}:\n{self.log(name)[-3000:]}")
+            try:
+                if self.alive_workers() == self.workers:
+                    return
+                last_error = f"{self.alive_workers()} of {self.workers} workers ALIVE"
+            except OSError as error:
+                last_error = str(error)
+            time.sleep(0.5)
+        raise TimeoutError(f"spark standalone cluster not ready after {self.startup_timeout_s:.0f} s: {last_error}")
