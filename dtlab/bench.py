@@ -37,6 +37,8 @@ TIMEOUT_MARGIN_S = 30
 STOP_WAIT_S = 60
 EPOCH_LINE = re.compile(r"\bepoch\s+\d+\s*/\s*\d+", re.IGNORECASE)
 PROBLEM_LINE = re.compile(r"Traceback|Error|error:|Killed|FAILED", re.IGNORECASE)
+# The line that names what went wrong: an exception with its message, not torchrun's wrapper.
+EXCEPTION_LINE = re.compile(r"\b(?!ChildFailedError)\w*(Error|Exception)\b: \S|\berror: \S")
 
 
 @dataclass
@@ -101,7 +103,7 @@ class Display:
         from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.console = console or Console(highlight=False)
+        self.console = console or Console(highlight=False, soft_wrap=True)
         self.verbose = verbose
         self.total = total
         self.done = self.failed = self.skipped = 0
@@ -438,7 +440,7 @@ class Bench:
             reason = f"timed out after {timeout_s} s on {node.name}"
         else:
             reason = f"exit {answer.exit_code} on {node.name}"
-            last_error = next((line for line in reversed(tail) if PROBLEM_LINE.search(line)), None)
+            last_error = next((line for line in reversed(tail) if EXCEPTION_LINE.search(line)), None)
             if last_error:
                 reason += f": {last_error.strip()[:200]}"
         return AttemptFailure(reason, node.name, answer.exit_code, tail)

@@ -80,6 +80,7 @@ def build(
     *,
     module: str = TRAINER_MODULE,
     label: str = LABEL,
+    extra_env: dict[str, str] | None = None,
 ) -> Launch:
     placement = place(cluster, cell)
     paths = CellPaths(cluster, cell, attempt)
@@ -88,7 +89,7 @@ def build(
     docker = cluster.trainer_runtime == "docker"
     jobs = []
     for index, slot in enumerate(placement.slots):
-        env = trainer_env(cluster, slot.node, slot)
+        env = {**trainer_env(cluster, slot.node, slot), **(extra_env or {})}
         argv = torchrun_argv(
             cluster.python, placement.slots, index, first, cluster.rendezvous_port, module, paths.config_path
         )

@@ -31,7 +31,10 @@ NOT_HYPERPARAMETERS = ("output_dir", "checkpoint_dir", "cache_dir")
 
 def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     if not cluster.has_determined_master:
-        return ddp.build(cluster, cell, attempt, timeout_s, module=TRAINER_MODULE, label=OFF_CLUSTER_LABEL)
+        # Determined's DistributedContext needs the chief's address once the job spans nodes.
+        chief = place(cluster, cell).slots[0].node
+        return ddp.build(cluster, cell, attempt, timeout_s, module=TRAINER_MODULE, label=OFF_CLUSTER_LABEL,
+                         extra_env={"DET_CHIEF_IP": chief.address})
     placement = place(cluster, cell)
     paths = CellPaths(cluster, cell, attempt)
     label = framework_label(CLUSTER_LABEL, placement.device)
