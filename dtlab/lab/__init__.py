@@ -96,6 +96,7 @@ def down(name: str | None = None, wipe: bool = False) -> LabConfig:
         proxy.stop(config)
         for node in node_names:
             mounts.unmount_under(config.node_dir(node))
+            nodes.remove_cgroups(config, node)
         network.remove_created(state)
         if wipe:
             for node in node_names:
@@ -167,6 +168,8 @@ def leftovers(name: str | None = None) -> list[str]:
               if network.link_exists(link)]
     found += [f"mount {point}" for point in mounts.mounts_under(config.run_dir)]
     found += [f"process {pid}: {command}" for pid, command in nodes.processes_using(config.run_dir)]
+    found += [f"cgroup {cgroup}" for node in config.node_names for cgroup in nodes.node_cgroups(config, node)
+              if cgroup.exists()]
     if proxy.running_pid(config):
         found.append(f"apt proxy pid {proxy.running_pid(config)}")
     return found

@@ -126,25 +126,67 @@ def _is_node_process(pid: int, root: Path) -> bool:
 
 def _reap(pid: int) -> None:
     child = _children.get(pid)
-    if child is not None and child.poll() is not None:
-        del _children[pid]
+    if child is not None:
+        child.poll()  # collects its exit status (kept for console_tail)
+
+
+# --- cgroups -------------------------------------------------------------------
+CGROUP_FS = Path("/sys/fs/cgroup")
+
+
+def _cgroup_hierarchies() -> list[Path]:
+    """Where systemd in a node keeps its cgroups: the v2 tree, or name=systemd + unified (hybrid)."""
+    if (CGROUP_FS / "cgroup.controllers").exists():
+        return [CGROUP_FS]
+    hybrid = [CGROUP_FS / "systemd", CGROUP_FS / "unified"]
+    return [hierarchy for hierarchy in hybrid if (hierarchy / "cgroup.procs").exists()]
+
+
+def node_cgroups(config: LabConfig, node: str) -> list[Path]:
+    return [hierarchy / "dtlab" / f"{config.name}-{node}" for hierarchy in _cgroup_hierarchies()]
+
+
+def remove_cgroups(config: LabConfig, node: str) -> None:
+    """rmdir the node's (empty) cgroups, deepest first; a cgroup still holding a process stays."""
+    for cgroup in node_cgroups(config, node):
+        if cgroup.is_dir():
+            for directory in sorted((path for path in cgroup.rglob("*") if path.is_dir()),
+                                    key=lambda path: len(path.parts), reverse=True):
+                with contextlib.suppress(OSError):
+                    directory.rmdir()
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()
+
+
+def _enter_cgroups(cgroups: list[Path]):
+    """preexec_fn: put nspawn in the node's own cgroups before it starts (it keeps its cgroup,
+    --keep-unit); otherwise all nodes on the host share /payload and tear down each other's cgroups."""
+    def enter() -> None:
+        for cgroup in cgroups:
+            (cgroup / "cgroup.procs").write_text("0\n")
+    return enter
 
 
 def start(config: LabConfig, node: str, root: Path, binds: dict[str, str]) -> int:
     """Boot the node in the background (it outlives this process); its console goes to console.log."""
     netns_path = NETNS_DIR / config.netns_name(node)
-    argv = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit", "--quiet",
+    argv = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit",
             # The machine name must be unique on the host (nspawn keys /run/systemd/nspawn/* on it).
             "-D", str(root), f"--machine={config.name}-{node}", f"--hostname={node}",
             f"--network-namespace-path={netns_path}",
             "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=passive"]
     argv += [f"--bind-ro={source}:{target}" for source, target in sorted(binds.items())]
+    remove_cgroups(config, node)  # empty leftovers of the node's previous boot
+    cgroups = node_cgroups(config, node)
+    for cgroup in cgroups:
+        cgroup.mkdir(parents=True, exist_ok=True)
     log_path = config.node_dir(node) / "console.log"
     with open(log_path, "ab") as log:
         log.write(f"\n--- {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
         log.flush()
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True, env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"})
+                                   start_new_session=True, preexec_fn=_enter_cgroups(cgroups),
+                                   env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"})
     _children[process.pid] = process
     pid_file(config, node).write_text(f"{process.pid}\n")
     return process.pid
@@ -178,11 +220,13 @@ def _signal(pid: int, signum: int) -> None:
 
 
 def console_tail(config: LabConfig, node: str, lines: int = 3) -> str:
+    """The last lines of the node's console log since its last start, and nspawn's exit status."""
     log_path = config.node_dir(node) / "console.log"
-    if not log_path.exists():
-        return ""
-    text = [line for line in log_path.read_text(errors="replace").splitlines() if line.strip()]
-    return " | ".join(text[-lines:])
+    text = log_path.read_text(errors="replace").rsplit("\n--- ", 1)[-1] if log_path.exists() else ""
+    tail = [line for line in text.splitlines()[1:] if line.strip()][-lines:]
+    exits = [f"nspawn exit {child.returncode}" for child in list(_children.values())[-1:]
+             if child.poll() is not None and str(root_dir(config, node)) in child.args]
+    return " | ".join(tail + exits) or "no console output"
 
 
 def processes_using(directory: Path) -> list[tuple[int, str]]:
