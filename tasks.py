@@ -225,9 +225,38 @@ def test(c, lint=True, pytest_args=""):
     c.run(f"pytest {pytest_args}", echo=True, pty=False)
 
 
+def _demo(c, name):
+    import dtlab.lab
+    from dtlab.bench import BenchOptions, all_command
+    from dtlab.deploy import deploy
+    from dtlab.inventory import load_cluster
+
+    config = dtlab.lab.up(name)
+    inventory = str(config.inventory_path)
+    print(f"demo 1/4: lab {config.name} up ({inventory}); provisioning with ansible-playbook site.yml")
+    try:
+        from dtlab.provision import converge  # provisioning's own entry, when present
+    except ImportError:
+        converge = None
+    if converge:
+        converge(inventory)
+    else:
+        c.run(f"ansible-playbook -i {inventory} site.yml", echo=True)
+    print("demo 2/4: trainer.deploy")
+    deploy(load_cluster(inventory))
+    print("demo 3/4: bench.all --profile smoke (then 4/4: the report)")
+    all_command(inventory, BenchOptions(profile="smoke"))
+
+
+@task(help={"name": LAB_NAME_HELP})
+def demo(c, name=None):
+    """lab.up, ansible-playbook site.yml, trainer.deploy, bench.all --profile smoke, then the report."""
+    _harness_call(_demo, c, name)
+
+
 lab = Collection("lab", lab_up, lab_down, lab_status, lab_ssh, lab_restart_node)
 cluster = Collection("cluster", cluster_check, cluster_reset)
 trainer = Collection("trainer", trainer_deploy)
 bench = Collection("bench", bench_all, bench_run, bench_report)
 
-ns = Collection(lab, cluster, trainer, bench, test)
+ns = Collection(lab, cluster, trainer, bench, test, demo)
