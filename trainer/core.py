@@ -184,8 +184,17 @@ class _Run:
         self._seed()
         model = build_model(cfg).to(self.device)
         self.model = model
-        self.ddp = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[self.device.index] if self.is_cuda else None)
+        self.word_embeddings = None
+        if self.world_size == 1:  # nothing to average; DDP would still copy every gradient through gloo
+            self.parallel_model = model
+        else:
+            # The word-embedding gradient (90% of bert-tiny's) is zero outside the batch's tokens:
+            # we average only those rows ourselves (_average_word_embedding_rows), DDP the rest.
+            self.word_embeddings = model.get_input_embeddings().weight
+            name = next(n for n, p in model.named_parameters() if p is self.word_embeddings)
+            ddp = torch.nn.parallel.DistributedDataParallel
+            ddp._set_params_and_buffers_to_ignore_for_model(model, [name])
+            self.parallel_model = ddp(model, device_ids=[self.device.index] if self.is_cuda else None)
 
         num_workers = cfg.num_workers if cfg.num_workers is not None else (2 if self.is_cuda else 0)
         loader_options = dict(batch_size=None, num_workers=num_workers, pin_memory=self.is_cuda,
@@ -224,7 +233,10 @@ class _Run:
                   {"params": no_decay, "weight_decay": 0.0}]
         if self.cfg.optimizer == "sgd":
             return torch.optim.SGD(groups, lr=self.cfg.learning_rate)
-        return torch.optim.AdamW(groups, lr=self.cfg.learning_rate)
+        try:  # the fused kernel: one pass over the weights instead of many (16x faster on one CPU core)
+            return torch.optim.AdamW(groups, lr=self.cfg.learning_rate, fused=True)
+        except (RuntimeError, ValueError):  # a device or dtype without a fused kernel
+            return torch.optim.AdamW(groups, lr=self.cfg.learning_rate)
 
     def _autocast_dtype(self) -> torch.dtype | None:
         if not self.is_cuda or self.cfg.mixed_precision == "no":
@@ -285,13 +297,26 @@ class _Run:
     def _to_device(self, batch: dict) -> dict:
         return {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
 
+    def _average_word_embedding_rows(self, input_ids: torch.Tensor) -> None:
+        """What DDP does for this gradient (divide by world size, all-reduce SUM), on touched rows only."""
+        if self.word_embeddings is None:
+            return
+        gradient = self.word_embeddings.grad
+        touched = torch.zeros(gradient.shape[0], dtype=torch.uint8, device=self.device)
+        touched[input_ids.flatten()] = 1
+        dist.all_reduce(touched, op=dist.ReduceOp.MAX)  # rows any rank touched
+        rows = touched.nonzero().squeeze(1)
+        averaged = gradient.index_select(0, rows).div_(self.world_size)
+        dist.all_reduce(averaged, op=dist.ReduceOp.SUM)
+        gradient.index_copy_(0, rows, averaged)
+
     def _synchronize(self) -> None:
         if self.is_cuda:  # CUDA-only: wait for queued kernels before reading the clock
             torch.cuda.synchronize(self.device)
 
     def _train_epoch(self, epoch: int) -> dict:
         self.batch_sampler.set_epoch(epoch)
-        self.ddp.train()
+        self.parallel_model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         samples = 0
         started = time.perf_counter()
@@ -299,8 +324,9 @@ class _Run:
             batch = self._to_device(batch)
             step_started = time.perf_counter()
             with self._autocast():
-                loss = self.ddp(**batch).loss
+                loss = self.parallel_model(**batch).loss
             self.scaler.scale(loss).backward()
+            self._average_word_embedding_rows(batch["input_ids"])
             self.scaler.step(self.optimizer)
             self.scaler.update()
             self.scheduler.step()
@@ -318,7 +344,7 @@ class _Run:
 
     @torch.inference_mode()
     def _validate(self) -> dict:
-        self.ddp.eval()
+        self.parallel_model.eval()
         started = time.perf_counter()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         correct = torch.zeros((), dtype=torch.int64, device=self.device)

@@ -1,0 +1,36 @@
+"""Shared bits of the trainer benchmarks: the machine's description and the benchmark data config."""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+OUT_DIR = Path(__file__).resolve().parent / "out"
+
+
+def machine() -> str:
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.processor())
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    return f"{os.cpu_count()} CPUs ({model}), load average {load}"
+
+
+def free_loopback_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def torchrun(nproc: int, config_file: Path, *extra: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={nproc}",
+               "--master_addr=127.0.0.1", f"--master_port={free_loopback_port()}",
+               "-m", "trainer.launchers.torchrun", "--config", str(config_file), *extra]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=3600)
+    if completed.returncode != 0:
+        raise SystemExit(f"torchrun failed:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}")
+    return completed
