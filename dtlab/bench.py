@@ -119,6 +119,8 @@ class Display:
         )
         self.task = self.progress.add_task("matrix", total=total, counts="", eta="?")
         self.pending: list[Cell] = []
+        self.current: Cell | None = None
+        self.current_started = 0.0
 
     def __enter__(self) -> Display:
         self.progress.start()
@@ -129,17 +131,22 @@ class Display:
         self.progress.stop()
 
     def eta_seconds(self) -> float | None:
-        """Left cells times the measured mean of their framework (else of all measured cells)."""
+        """The running cell's expected rest plus each left cell at the measured mean of its framework."""
         measured = [s for times in self.cell_seconds.values() for s in times]
-        if not self.pending:
+        if not self.pending and self.current is None:
             return 0.0
         if not measured:
             return None
         overall = statistics.mean(measured)
-        return sum(
-            statistics.mean(self.cell_seconds[c.framework]) if self.cell_seconds[c.framework] else overall
-            for c in self.pending
-        )
+
+        def expected(cell: Cell) -> float:
+            times = self.cell_seconds[cell.framework]
+            return statistics.mean(times) if times else overall
+
+        running = 0.0
+        if self.current is not None:
+            running = max(0.0, expected(self.current) - (time.monotonic() - self.current_started))
+        return running + sum(expected(c) for c in self.pending)
 
     def _refresh(self, current: str = "matrix") -> None:
         left = self.total - self.done - self.failed - self.skipped
@@ -155,6 +162,8 @@ class Display:
     def start_cell(self, cell: Cell, attempt: int) -> None:
         if cell in self.pending:
             self.pending.remove(cell)
+        if self.current != cell:
+            self.current, self.current_started = cell, time.monotonic()
         retry = f" (retry {attempt - 1})" if attempt > 1 else ""
         self.console.print(f"[bold cyan]▶ {cell.key}{retry}[/]")
         self._refresh(f"{cell.key}{retry}")
@@ -162,6 +171,7 @@ class Display:
     def line(self, node: str, text: str) -> None:
         from rich.text import Text
 
+        self._refresh(self.current.key if self.current else "matrix")
         if self.verbose or EPOCH_LINE.search(text) or PROBLEM_LINE.search(text) or "final accuracy" in text:
             self.console.print(Text.assemble((f"[{node}] ", "dim"), text))
 
@@ -169,6 +179,7 @@ class Display:
         self.console.print(message)
 
     def finish_cell(self, outcome: CellOutcome) -> None:
+        self.current = None
         if outcome.status == "ok":
             self.done += 1
             self.cell_seconds[outcome.cell.framework].append(outcome.seconds)
