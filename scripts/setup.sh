@@ -15,7 +15,8 @@ command -v apt-get >/dev/null || die "needs apt-get (Debian or Ubuntu)"
 # System packages: the lab (debootstrap, nspawn, iproute2), SSH and rsync for the harness,
 # Java 17 for Spark's driver on the controller, and a Python >= 3.11 with venv.
 APT_PACKAGES=(debootstrap systemd-container iproute2 openssh-client rsync ca-certificates
-              openjdk-17-jre-headless python3 python3-venv python3-dev gcc)
+              openjdk-17-jre-headless python3 python3-venv python3-dev gcc
+              python3-debian)  # python3-debian: deb822_repository in the GPU roles' check-mode tests
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
