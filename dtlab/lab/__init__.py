@@ -52,6 +52,7 @@ def up(name: str | None = None, node_count: int | None = None, subnet: str | Non
     config = _config(name, node_count, subnet)
     host.ensure_tools()
     host.require_kernel_features()
+    host.raise_inotify_limits()
     with instance_lock(config.run_dir):
         state = LabState(config.run_dir)
         state.data.update(node_count=config.node_count, subnet=str(config.subnet))

@@ -77,6 +77,19 @@ def require_kernel_features() -> None:
         print("lab: overlayfs unavailable (modprobe overlay failed); node roots will be full copies")
 
 
+# Every node's systemd uses inotify as root (no user namespaces): the kernel's default of 128
+# instances per user runs out at about a dozen nodes, and sshd or getty then fail to start.
+INOTIFY_MINIMUMS = {"fs/inotify/max_user_instances": 8192, "fs/inotify/max_user_watches": 524288}
+
+
+def raise_inotify_limits() -> None:
+    """Raise (never lower) the host's inotify limits to what many booted nodes need."""
+    for key, minimum in INOTIFY_MINIMUMS.items():
+        path = Path("/proc/sys") / key
+        if int(path.read_text()) < minimum:
+            path.write_text(f"{minimum}\n")
+
+
 def _filesystem_supported(fstype: str) -> bool:
     return any(line.split()[-1] == fstype for line in Path("/proc/filesystems").read_text().splitlines())
 
