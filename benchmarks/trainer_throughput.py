@@ -1,0 +1,150 @@
+"""Throughput: this trainer against Hugging Face's Trainer, 1 process with 1 thread, same everything else.
+
+    .venv/bin/python benchmarks/trainer_throughput.py [--train-size 512] [--max-length 512] [--rounds 2]
+
+Same model (bert-tiny shape, same initial weights), same tokens (generated IMDB-like reviews,
+tokenized once), same batch (32), same max length, same optimizer (fused AdamW, lr 5e-5,
+weight decay 0.01, linear warmup/decay). Three contenders, each in a fresh process, interleaved
+over --rounds; the fastest round of each counts (the machine is shared, so slower rounds are noise):
+
+  dtlab        trainer.core.train: dynamic padding + length-grouped batches
+  hf-padded    Trainer as HF's text-classification example sets it up: every review padded to max length
+  hf-grouped   Trainer with train_sampling_strategy="group_by_length" and DataCollatorWithPadding
+
+Targets: dtlab / hf-padded >= 1.5x, dtlab / hf-grouped >= 1.0x (training samples per second).
+HF's Trainer keeps its default max_grad_norm=1.0 (the example does); our protocol does not clip.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _trainer_common import OUT_DIR, machine  # noqa: E402
+
+CONTENDERS = ("dtlab", "hf-padded", "hf-grouped")
+TARGETS = {"hf-padded": 1.5, "hf-grouped": 1.0}
+
+
+def benchmark_config(args):
+    from trainer.config import TrainConfig
+
+    root = OUT_DIR / "trainer_throughput"
+    return TrainConfig(model="generated:bert-tiny", dataset="generated", generated_train_size=args.train_size,
+                       generated_test_size=32, max_length=args.max_length, batch_size=args.batch_size,
+                       epochs=1,
+                       learning_rate=5e-5, weight_decay=0.01, warmup_steps=500, device="cpu",
+                       mixed_precision="no", threads=1, output_dir=str(root / "out"),
+                       cache_dir=str(root / "token-cache")).validate()
+
+
+def run_dtlab(cfg) -> float:
+    from trainer.core import train
+
+    result = train(cfg)
+    return result["epoch_metrics"][0]["train_time_s"]
+
+
+def run_hf(cfg, grouped: bool) -> float:
+    import datasets
+    import torch
+    from transformers import (
+        DataCollatorWithPadding,
+        PreTrainedTokenizerFast,
+        Trainer,
+        TrainingArguments,
+        default_data_collator,
+    )
+
+    from trainer.data import load_tokenizer, text_source, tokenized_splits
+    from trainer.model import build_model
+
+    torch.set_num_threads(cfg.threads)
+    split = tokenized_splits(cfg)["train"]
+    rows = [split.ids[start:end].astype("int64").tolist()
+            for start, end in zip(split.offsets[:-1], split.offsets[1:], strict=True)]
+    if grouped:
+        columns = {"input_ids": rows, "attention_mask": [[1] * len(r) for r in rows]}
+    else:  # the example's tokenize(padding="max_length", truncation=True)
+        columns = {"input_ids": [r + [0] * (cfg.max_length - len(r)) for r in rows],
+                   "attention_mask": [[1] * len(r) + [0] * (cfg.max_length - len(r)) for r in rows]}
+    dataset = datasets.Dataset.from_dict({**columns, "labels": split.labels.tolist()})
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=load_tokenizer(cfg, text_source(cfg)),
+                                        pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+                                        sep_token="[SEP]")
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg)
+    with tempfile.TemporaryDirectory() as output_dir:
+        arguments = TrainingArguments(
+            output_dir=output_dir, per_device_train_batch_size=cfg.batch_size, num_train_epochs=1,
+            learning_rate=cfg.learning_rate, weight_decay=cfg.weight_decay, warmup_steps=cfg.warmup_steps,
+            lr_scheduler_type="linear", seed=cfg.seed, use_cpu=True, dataloader_num_workers=0,
+            save_strategy="no", eval_strategy="no", report_to=[], disable_tqdm=True,
+            train_sampling_strategy="group_by_length" if grouped else "random")
+        collator = DataCollatorWithPadding(tokenizer) if grouped else default_data_collator
+        trainer = Trainer(model=model, args=arguments, train_dataset=dataset, processing_class=tokenizer,
+                          data_collator=collator)
+        return trainer.train().metrics["train_runtime"]
+
+
+def child(args) -> None:
+    cfg = benchmark_config(args)
+    if args.contender == "dtlab":
+        seconds = run_dtlab(cfg)
+    else:
+        seconds = run_hf(cfg, grouped=args.contender == "hf-grouped")
+    print(json.dumps({"contender": args.contender, "seconds": seconds, "samples": cfg.generated_train_size}))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--train-size", type=int, default=512)
+    parser.add_argument("--max-length", type=int, default=512)
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)  # one child run
+    args = parser.parse_args()
+    if args.contender:
+        return child(args)
+
+    import numpy as np
+
+    from trainer.data import tokenized_splits
+
+    cfg = benchmark_config(args)
+    lengths = tokenized_splits(cfg)["train"].lengths  # tokenize once, outside every timed run
+    print(f"machine: {machine()}")
+    print(f"data: {cfg.generated_train_size} reviews, tokens per review median {int(np.median(lengths))}, "
+          f"mean {lengths.mean():.0f}, max_length {cfg.max_length}, batch {cfg.batch_size}, "
+          "1 process x 1 thread")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    best: dict[str, float] = {}
+    for round_number in range(1, args.rounds + 1):
+        for contender in CONTENDERS:
+            completed = subprocess.run(
+                [sys.executable, __file__, "--contender", contender, "--train-size", str(args.train_size),
+                 "--max-length", str(args.max_length), "--batch-size", str(args.batch_size)],
+                env=env, capture_output=True, text=True, timeout=7200)
+            if completed.returncode != 0:
+                raise SystemExit(f"{contender} failed:\n{completed.stdout[-2000:]}\n"
+                                 f"{completed.stderr[-3000:]}")
+            seconds = json.loads(completed.stdout.strip().splitlines()[-1])["seconds"]
+            best[contender] = min(seconds, best.get(contender, float("inf")))
+            print(f"round {round_number} {contender:11s} {seconds:8.1f} s  "
+                  f"{cfg.generated_train_size / seconds:7.1f} samples/s", flush=True)
+    for contender, target in TARGETS.items():
+        ratio = best[contender] / best["dtlab"]
+        verdict = "met" if ratio >= target else "MISSED"
+        print(f"dtlab vs {contender}: {ratio:.2f}x (target >= {target:.1f}x: {verdict})")
+    print(f"machine after: {machine()}")
+
+
+if __name__ == "__main__":
+    main()
