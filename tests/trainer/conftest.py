@@ -16,6 +16,9 @@ import yaml
 
 from trainer.config import TrainConfig
 
+# Network safety: nothing in these tests may reach the model or dataset hubs.
+os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+
 # Small enough for seconds per epoch on one core, big enough that accuracy means something.
 TINY = dict(model="generated:bert-tiny", dataset="generated", generated_train_size=256,
             generated_test_size=128, generated_median_words=60, max_length=64, batch_size=8, epochs=2,
