@@ -7,12 +7,13 @@ a child process of this helper; ``stop()`` ends each one, and any executor it le
     with SparkStandaloneCluster(workers=2, auth_secret="s3cret") as cluster:
         cluster.master_url    # spark://127.0.0.1:<port>
 
-As a pytest fixture: ``spark_cluster`` (module scope), see tests/conftest-style use in
-tests/trainer/test_spark_launcher.py.
+Used as a module-scoped fixture by tests/trainer/test_spark_launcher.py and by
+benchmarks/launcher_overhead.py.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -88,19 +89,16 @@ class SparkStandaloneCluster:
             except psutil.NoSuchProcess:
                 continue
         for target in targets:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 target.send_signal(signal.SIGTERM)
-            except psutil.NoSuchProcess:
-                pass
         _, alive = psutil.wait_procs(targets, timeout=15)
         for target in alive:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 target.kill()
-            except psutil.NoSuchProcess:
-                pass
         psutil.wait_procs(alive, timeout=5)
         for process in self.processes:
-            process.wait(timeout=5) if process.poll() is None else None
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=5)  # reap our own children
         self.processes.clear()
 
     # --- what tests read -------------------------------------------------------------------
@@ -148,10 +146,11 @@ class SparkStandaloneCluster:
         deadline = time.monotonic() + self.startup_timeout_s
         last_error = "no answer yet"
         while time.monotonic() < deadline:
-            for process, name in zip(self.processes, ["master", *[f"worker-{i}" for i in range(self.workers)]],
-                                     strict=True):
+            names = ["master", *[f"worker-{index}" for index in range(self.workers)]]
+            for process, name in zip(self.processes, names, strict=True):
                 if process.poll() is not None:
-                    raise RuntimeError(f"spark {name} exited with {process.returncode}:\n{self.log(name)[-3000:]}")
+                    log_tail = self.log(name)[-3000:]
+                    raise RuntimeError(f"spark {name} exited with {process.returncode}:\n{log_tail}")
             try:
                 if self.alive_workers() == self.workers:
                     return
@@ -159,4 +158,5 @@ class SparkStandaloneCluster:
             except OSError as error:
                 last_error = str(error)
             time.sleep(0.5)
-        raise TimeoutError(f"spark standalone cluster not ready after {self.startup_timeout_s:.0f} s: {last_error}")
+        raise TimeoutError(f"spark standalone cluster not ready after {self.startup_timeout_s:.0f} s: "
+                           f"{last_error}")

@@ -1,0 +1,79 @@
+"""The Spark launcher for real: a Spark standalone master and 2 workers from the pyspark package, with
+authentication on, and TorchDistributor running 2 CPU training processes (gloo) through the launcher."""
+
+import json
+import secrets
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.sparkcluster import SparkStandaloneCluster
+from tests.trainer.conftest import SUBPROCESS_TIMEOUT_S, trainer_env, write_config
+from trainer.launchers.spark import LABEL, SECRET_ENV
+from trainer.result import validate_result
+
+pytestmark = pytest.mark.slow
+SMALL = dict(generated_train_size=64, generated_test_size=32)  # the launcher is under test, not learning
+SPARK_SECRET = secrets.token_hex(16)
+
+
+@pytest.fixture(scope="module")
+def spark_cluster():
+    with SparkStandaloneCluster(workers=2, cores_per_worker=1, auth_secret=SPARK_SECRET) as cluster:
+        yield cluster
+
+
+def spark_launch(cluster, *args: str) -> subprocess.CompletedProcess:
+    env = {**trainer_env(), SECRET_ENV: SPARK_SECRET, "SPARK_LOCAL_IP": "127.0.0.1"}  # the driver on loopback
+    command = [sys.executable, "-m", "trainer.launchers.spark", "--master", cluster.master_url, *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+
+
+def test_cluster_has_two_alive_workers(spark_cluster):
+    assert spark_cluster.alive_workers() == 2
+
+
+def test_two_processes_train_through_torch_distributor(spark_cluster, make_config, tmp_path):
+    cfg = make_config(epochs=1, checkpoint_dir=str(tmp_path / "checkpoints"), **SMALL)
+    launched = spark_launch(spark_cluster, "--config", str(write_config(cfg, tmp_path / "run.yml")),
+                            "--num-processes", "2")
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    validate_result(result)
+    assert (result["framework"], result["framework_label"]) == ("spark", LABEL)
+    assert (result["world_size"], result["device"], result["backend"]) == (2, "cpu", "gloo")
+    assert len(result["epoch_metrics"]) == 1 and result["epoch_metrics"][0]["train_samples"] == 64
+    assert (tmp_path / "checkpoints" / "epoch-0001" / "checkpoint.pt").is_file()
+    assert "PySpark does not yet fully support pandas" not in launched.stderr  # pandas-3 warning silenced
+
+
+def test_missing_slot_fails_fast_with_one_clear_line(spark_cluster, make_config, tmp_path):
+    cfg = make_config(epochs=1, **SMALL)
+    started = time.monotonic()
+    launched = spark_launch(spark_cluster, "--config", str(write_config(cfg, tmp_path / "run.yml")),
+                            "--num-processes", "3",  # 2 workers x 1 core: one slot short
+                            "--spark-conf", "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures=3")
+    assert launched.returncode == 2
+    last_line = launched.stderr.strip().splitlines()[-1]
+    assert "--num-processes 3" in last_line and "fewer free slots" in last_line
+    # Spark's default retries for ~10 minutes; this is JVM start-up plus 3 one-second checks.
+    assert time.monotonic() - started < 240
+    assert not (tmp_path / "out" / "result.json").exists()
+
+
+def test_bad_flags_fail_before_spark_starts(tmp_path):
+    launched = subprocess.run([sys.executable, "-m", "trainer.launchers.spark", "--num-processes", "2",
+                               "--master", "local[2]", "--output-dir", str(tmp_path)],
+                              env=trainer_env(), capture_output=True, text=True, timeout=120)
+    assert launched.returncode == 2 and "--master spark://" in launched.stderr
+
+
+def test_daemons_are_stopped_by_pid(spark_cluster):
+    tree = [psutil.Process(pid) for pid in spark_cluster.pids()]
+    tree += [child for process in tree for child in process.children(recursive=True)]
+    spark_cluster.stop()
+    assert not [process.pid for process in tree if process.is_running() and process.status() != "zombie"]
