@@ -1,0 +1,112 @@
+"""The pieces of dtlab.remote and dtlab.bench that need no node: unit scripts, log lines, guard, ETA."""
+
+import fnmatch
+import subprocess
+import time
+
+import pytest
+
+from dtlab import bench, remote
+from dtlab.errors import DtlabError
+from dtlab.results import Cell
+
+
+def test_a_cell_unit_is_named_and_bounded_and_its_script_is_valid_shell(tmp_path):
+    spec = remote.UnitSpec(
+        unit=remote.unit_name("ddp-g2-e2-s0", "node1"),
+        argv=["/opt/v/bin/python", "-m", "x y"],
+        log_path="/var/lib/dtlab/runs/ddp-g2-e2-s0/attempt-1/node1.log",
+        user="dtlab",
+        workdir="/opt/dtlab/src",
+        env={"GLOO_SOCKET_IFNAME": "eth0"},
+        runtime_max_s=600,
+    )
+    script = remote.unit_script(spec)
+    assert spec.unit == "dtlab-ddp-g2-e2-s0-node1"
+    for part in (
+        "systemd-run",
+        "--collect",
+        "--wait",
+        "--unit=dtlab-ddp-g2-e2-s0-node1",
+        "--property=RuntimeMaxSec=600",
+        "--property=User=dtlab",
+        "--setenv=GLOO_SOCKET_IFNAME=eth0",
+        "'x y'",
+        "tail -n +1 -F",
+    ):
+        assert part in script
+    syntax = subprocess.run(["sh", "-n", "-c", script], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+
+
+def test_cell_unit_patterns_never_match_the_provisioned_services():
+    def matches(unit):
+        return any(fnmatch.fnmatchcase(unit, pattern + ".service") for pattern in remote.CELL_UNIT_PATTERNS)
+
+    for cell_unit in (
+        "dtlab-ddp-g1-e2-s0-node1",
+        "dtlab-spark-g2-e20-s3-node0",
+        "dtlab-determined-g8-e1-s0-w4",
+    ):
+        assert matches(cell_unit + ".service")
+    for service in ("dtlab-spark-master", "dtlab-spark-worker", "postgresql", "determined-agent"):
+        assert not matches(service + ".service")
+
+
+def test_log_lines_are_split_prefixed_by_node_and_saved(tmp_path):
+    seen = []
+    writer = remote._LineWriter("node2", lambda node, line: seen.append((node, line)), tmp_path / "node2.log")
+    writer.write("epoch 1/2 ")
+    writer.write("done\r\nsecond line\npartial")
+    writer.close()
+    assert seen == [("node2", "epoch 1/2 done"), ("node2", "second line"), ("node2", "partial")]
+    assert (tmp_path / "node2.log").read_text() == "epoch 1/2 done\nsecond line\npartial\n"
+
+
+def test_no_packet_to_a_lab_address_without_the_guard(monkeypatch):
+    import dtlab.lab.network
+
+    remote.assert_safe_target("127.0.0.1")  # loopback and DNS names are not the lab's business
+    remote.assert_safe_target("node1.example.org")
+    monkeypatch.setattr(dtlab.lab.network, "guard_present", lambda address_range: False)
+    with pytest.raises(DtlabError, match="the guard route `blackhole 10.213.0.0/16` is missing"):
+        remote.assert_safe_target("10.213.77.11")
+    with pytest.raises(DtlabError, match="guard route"):
+        remote.connect(_node("10.213.99.3"))
+
+
+def _node(address):
+    from dtlab.inventory import Node
+
+    return Node(name="n", address=address, groups=("workers",), ssh_user="root")
+
+
+def test_eta_comes_from_measured_cell_times_per_framework():
+    cells = [Cell("ddp", 1, 2, 0), Cell("spark", 1, 2, 0), Cell("ddp", 2, 2, 0), Cell("spark", 2, 2, 0)]
+    display = bench.Display(len(cells), verbose=False)
+    display.pending = list(cells)
+    assert display.eta_seconds() is None  # nothing measured yet
+    for cell, seconds in zip(cells[:2], (10.0, 100.0), strict=True):
+        display.start_cell(cell, 1)
+        display.finish_cell(bench.CellOutcome(cell, "ok", 1, seconds))
+    assert display.eta_seconds() == pytest.approx(110.0)
+    display.start_cell(cells[2], 1)
+    display.current_started = time.monotonic() - 4.0
+    assert display.eta_seconds() == pytest.approx(6.0 + 100.0, abs=0.5)
+    assert (display.done, display.failed) == (2, 0)
+
+
+def test_a_failure_is_explained_by_its_exception_line_not_torchruns_wrapper(tmp_path):
+    (tmp_path / "n.log").write_text(
+        "[trainer] epoch 1/2: train 1.0s\nTraceback (most recent call last):\n"
+        "AssertionError: chief_ip was none provided\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+        "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html\n"
+    )
+    from concurrent.futures import Future
+
+    future = Future()
+    future.set_result(remote.CommandResult("node2", 1, "", ""))
+    failure = bench.Bench._job_failure(None, _node("127.0.0.9"), future, tmp_path, elapsed=3.0, timeout_s=60)
+    assert failure.reason == "exit 1 on n: AssertionError: chief_ip was none provided"
+    assert failure.exit_code == 1 and failure.log_tail[-1].startswith("  traceback")
