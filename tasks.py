@@ -225,7 +225,7 @@ def test(c, lint=True, pytest_args=""):
     c.run(f"pytest {pytest_args}", echo=True, pty=False)
 
 
-def _demo(c, name):
+def _demo(name):
     import dtlab.lab
     from dtlab.bench import BenchOptions, all_command
     from dtlab.deploy import deploy
@@ -234,14 +234,13 @@ def _demo(c, name):
     config = dtlab.lab.up(name)
     inventory = str(config.inventory_path)
     print(f"demo 1/4: lab {config.name} up ({inventory}); provisioning with ansible-playbook site.yml")
-    try:
-        from dtlab.provision import converge  # provisioning's own entry, when present
-    except ImportError:
-        converge = None
-    if converge:
-        converge(inventory)
-    else:
-        c.run(f"ansible-playbook -i {inventory} site.yml", echo=True)
+    from dtlab.errors import DtlabError
+    from dtlab.provision import converge
+
+    converged = converge(inventory)
+    if not converged.ok:
+        raise DtlabError(f"demo: site.yml did not converge: {converged.summary()}")
+    print(f"provisioned: {converged.summary()}")
     print("demo 2/4: trainer.deploy")
     deploy(load_cluster(inventory))
     print("demo 3/4: bench.all --profile smoke (then 4/4: the report)")
@@ -251,7 +250,7 @@ def _demo(c, name):
 @task(help={"name": LAB_NAME_HELP})
 def demo(c, name=None):
     """lab.up, ansible-playbook site.yml, trainer.deploy, bench.all --profile smoke, then the report."""
-    _harness_call(_demo, c, name)
+    _harness_call(_demo, name)
 
 
 lab = Collection("lab", lab_up, lab_down, lab_status, lab_ssh, lab_restart_node)

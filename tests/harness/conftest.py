@@ -37,34 +37,17 @@ def matrix_file(tmp_path):
     return write
 
 
-# Name of the provisioning fixture (tests/conftest.py, H4): the lab after `ansible-playbook site.yml`.
-CONVERGE_FIXTURE = "converged_lab"
-
-
 @pytest.fixture(scope="session")
-def harness_lab(lab, request, tmp_path_factory):
+def harness_lab(provisioned_lab, tmp_path_factory):
     """(Cluster, env) of the provisioned session lab with the trainer deployed; results in a temp store."""
-    import pytest as _pytest
-
     from dtlab import paths
     from dtlab.deploy import deploy
     from dtlab.inventory import load_cluster
 
-    try:
-        request.getfixturevalue(CONVERGE_FIXTURE)
-    except _pytest.FixtureLookupError:  # provisioning's fixture not there: converge here, the same way
-        import subprocess
-
-        subprocess.run(
-            ["ansible-playbook", "-i", str(lab.inventory_path), "site.yml"],
-            cwd=paths.REPO_ROOT,
-            check=True,
-            timeout=1800,
-            capture_output=True,
-        )
+    lab, _ = provisioned_lab
     results = tmp_path_factory.mktemp("results")
     saved = paths.RESULTS_DIR
-    paths.RESULTS_DIR = results  # in-process stores and the invoke subprocesses agree (env below)
+    paths.RESULTS_DIR = results  # in-process stores and the invoke subprocesses (env below) agree
     cluster = load_cluster(lab.inventory_path)
     deploy(cluster, say=lambda line: None)
     yield cluster, {"DTLAB_RESULTS_DIR": str(results)}
