@@ -87,10 +87,27 @@ def test_inventory_uses_the_reference_groups_and_portable_paths():
     rendered = yaml.safe_load(inventory.render(lab))["lab"]
     assert list(rendered["children"]) == ["master", "workers"]
     assert list(rendered["children"]["workers"]["hosts"]) == ["node1", "node2", "node3"]
-    assert rendered["hosts"]["node3"] == {"ansible_host": str(lab.node_address("node3")), "gpu_indices": []}
+    assert rendered["hosts"]["node3"] == {"ansible_host": str(lab.node_address("node3")), "gpu_indices": [],
+                                          "dtlab_cluster_name": "lab", "dtlab_lab_name": "dtlab"}
     key_file = rendered["vars"]["ansible_ssh_private_key_file"]
     assert key_file.startswith("{{ inventory_dir }}/../.dtlab/lab/dtlab/")
     assert "StrictHostKeyChecking=yes" in rendered["vars"]["ansible_ssh_common_args"]
+
+
+def test_ansible_sees_each_labs_own_cluster_name(tmp_path):
+    """Host vars in the inventory beat group_vars/all.yml's default cluster name."""
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.vars.manager import VariableManager
+
+    (tmp_path / "group_vars").symlink_to(config.paths.INVENTORY_DIR / "group_vars")  # as beside the real ones
+    inventory_file = tmp_path / "lab-dtlabtest.yml"
+    inventory_file.write_text(inventory.render(config.load_config("dtlabtest")))
+    loader = DataLoader()
+    manager = InventoryManager(loader=loader, sources=[str(inventory_file)])
+    variables = VariableManager(loader=loader, inventory=manager).get_vars(host=manager.get_host("node1"))
+    assert variables["dtlab_cluster_name"] == "lab-dtlabtest"
+    assert variables["dtlab_device"] == "cpu"  # group_vars/lab.yml applies (group `lab`)
 
 
 def test_committed_default_inventory_is_the_current_rendering():
