@@ -1,8 +1,8 @@
 """trainer.deploy: push the trainer code to every node, check the environments match, build the image.
 
 The code goes over Fabric's sftp as one tarball per node and replaces dtlab_code_dir in one rename, so
-a node never has half a trainer. Where dtlab_trainer_runtime is docker, the study's DDP image is built
-on each worker from the pushed code (Listing 4.1 runs it).
+a node never has half a trainer. Where dtlab_trainer_runtime is docker, the study's DDP image (Listing
+4.1) is rebuilt on each worker from the trainer role's Dockerfile; the code itself is mounted at /app.
 """
 
 from __future__ import annotations
@@ -22,16 +22,6 @@ from dtlab.inventory import Cluster, Node
 PACKAGES = ("trainer",)
 EXTRA_FILES = ("constraints.txt",)
 REVISION_FILE = "DTLAB_REVISION"
-DOCKERFILE = """\
-# The study's DDP image (Listing 4.1): the trainer's pinned environment; code is mounted at /app.
-FROM {base}
-WORKDIR /app
-COPY constraints.txt /tmp/constraints.txt
-RUN pip install --no-cache-dir -c /tmp/constraints.txt torch transformers tokenizers datasets pyyaml \\
-    jsonschema filelock psutil
-"""
-
-
 def bundle() -> tuple[bytes, str]:
     """The trainer as a .tar.gz (no caches) and its content digest."""
     buffer = io.BytesIO()
@@ -82,17 +72,19 @@ def push(cluster: Cluster, node: Node, archive: Path, revision: str) -> str:
 
 
 def build_image(cluster: Cluster, node: Node) -> None:
-    image = str(cluster.var("dtlab_trainer_image", "dtlab-trainer:latest"))
-    base = str(cluster.var("dtlab_trainer_base_image", "python:3.11-slim"))
-    dockerfile = DOCKERFILE.format(base=base)
+    """Rebuild the DDP image from the Dockerfile the trainer role put in <dtlab_root>/docker."""
+    from dtlab.launch.ddp import trainer_image
+
+    context = f"{cluster.require('dtlab_root')}/docker"
     command = (
-        f"printf %s {shlex.quote(dockerfile)} > {shlex.quote(cluster.code_dir + '/Dockerfile')} && "
-        f"docker build -q -t {shlex.quote(image)} {shlex.quote(cluster.code_dir)}"
+        f"test -f {shlex.quote(context)}/Dockerfile || {{ echo 'no {context}/Dockerfile: run "
+        f"ansible-playbook site.yml --tags trainer'; exit 3; }}; "
+        f"docker build -q -t {shlex.quote(trainer_image(cluster))} {shlex.quote(context)}"
     )
     answer = remote.run(node, command, timeout=1800)
     if not answer.ok:
         raise DtlabError(
-            f"host {node.name}: docker build of {image} failed: "
+            f"host {node.name}: docker build of {trainer_image(cluster)} failed: "
             f"{(answer.stderr or answer.stdout).strip()[-200:]}"
         )
 
@@ -137,8 +129,10 @@ def deploy(cluster: Cluster, say=print) -> dict[str, object]:
         problems = [str(a) for a in failures.values() if isinstance(a, BaseException)]
         if problems:
             raise DtlabError(problems[0])
+        from dtlab.launch.ddp import trainer_image
+
         say(
-            f"docker image {cluster.var('dtlab_trainer_image', 'dtlab-trainer:latest')} built on "
+            f"docker image {trainer_image(cluster)} built on "
             f"{', '.join(n.name for n in cluster.workers)}"
         )
     return {"revision": revision, "versions": versions}

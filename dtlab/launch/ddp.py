@@ -13,7 +13,6 @@ from dtlab.results import Cell
 
 LABEL = "ddp (torchrun)"
 TRAINER_MODULE = "trainer.launchers.torchrun"
-DOCKER_IMAGE_DEFAULT = "dtlab-trainer:latest"
 
 
 def torchrun_argv(
@@ -42,11 +41,16 @@ def torchrun_argv(
     ]
 
 
+def trainer_image(cluster: Cluster) -> str:
+    """The DDP image's name:tag, as the trainer role builds it (group_vars/all.yml)."""
+    return f"{cluster.require('trainer_docker_image_name')}:{cluster.require('trainer_docker_image_tag')}"
+
+
 def docker_argv(
     cluster: Cluster, cell: Cell, node: Node, slot: Slot, env: dict[str, str], inner: list[str]
 ) -> list[str]:
     """Listing 4.1: docker run --gpus --network host -v code:/app image torchrun ..."""
-    image = str(cluster.var("dtlab_trainer_image", DOCKER_IMAGE_DEFAULT))
+    image = trainer_image(cluster)
     argv = [
         "docker",
         "run",
