@@ -35,8 +35,9 @@ from trainer.result import versions, write_result
 
 # Fields that change what is trained; paths, labels and thread counts do not.
 _HASHED_FIELDS = ("model", "dataset", "generated_train_size", "generated_test_size", "generated_median_words",
-                  "epochs", "seed", "batch_size", "learning_rate", "weight_decay", "warmup_steps",
-                  "max_length", "optimizer", "dropout", "group_by_length", "mixed_precision", "num_workers")
+                  "generated_seed", "epochs", "seed", "batch_size", "learning_rate", "weight_decay",
+                  "warmup_steps", "max_length", "optimizer", "dropout", "group_by_length", "mixed_precision",
+                  "num_workers")
 _PRECISION_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
 

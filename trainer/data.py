@@ -136,7 +136,7 @@ class TextSource:
 
 def text_source(cfg: TrainConfig) -> TextSource:
     if cfg.dataset == GENERATED_DATASET:
-        return TextSource(cfg, generated_fingerprint(cfg.seed, cfg.generated_train_size,
+        return TextSource(cfg, generated_fingerprint(cfg.generated_seed, cfg.generated_train_size,
                                                      cfg.generated_test_size, cfg.generated_median_words))
     loaded = _load_dataset_dict(cfg)
     fingerprint = hashlib.sha256("|".join(loaded[s]._fingerprint for s in SPLITS).encode()).hexdigest()[:20]
@@ -148,7 +148,7 @@ def _load_dataset_dict(cfg: TrainConfig):
     import datasets
 
     if cfg.dataset == GENERATED_DATASET:
-        return generate_imdb_like(cfg.seed, cfg.generated_train_size, cfg.generated_test_size,
+        return generate_imdb_like(cfg.generated_seed, cfg.generated_train_size, cfg.generated_test_size,
                                   cfg.generated_median_words)
     path = Path(cfg.dataset).expanduser()
     try:
