@@ -146,12 +146,18 @@ def test_status_reports_guard_and_running_nodes(lab):
     json.dumps(report)  # plain data, printable by tasks and tools
 
 
-def test_a_second_lab_comes_up_beside_and_goes_down_without_leftovers(lab):
+def test_a_second_lab_comes_up_beside_keeps_node_files_and_goes_down_without_leftovers(lab):
     name = f"{lab.name}x"
     try:
         other = dtlab.lab.up(name, node_count=2)
         assert other.subnet != lab.subnet and not other.subnet.overlaps(lab.subnet)
         assert on_node(other, "node1", "hostname").stdout.strip() == "node1"
+        # /etc/hosts belongs to Ansible after creation: a later up must not rewrite it.
+        on_node(other, "node1", "echo '10.213.1.1 managed-by-ansible' >> /etc/hosts")
+        dtlab.lab.down(name)
+        assert dtlab.lab.leftovers(name) == []
+        dtlab.lab.up(name)
+        assert "managed-by-ansible" in on_node(other, "node1", "cat /etc/hosts").stdout
     finally:
         dtlab.lab.down(name, wipe=True)
     assert dtlab.lab.leftovers(name) == []
