@@ -118,10 +118,9 @@ def _is_node_process(pid: int, root: Path) -> bool:
     _reap(pid)
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        status = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return False
-    return status != "Z" and b"systemd-nspawn" in argv[0] and str(root).encode() in argv
+    return _state(pid) not in ("Z", None) and b"systemd-nspawn" in argv[0] and str(root).encode() in argv
 
 
 def _reap(pid: int) -> None:
@@ -158,6 +157,37 @@ def remove_cgroups(config: LabConfig, node: str) -> None:
                 cgroup.rmdir()
 
 
+def cgroup_pids(config: LabConfig, node: str) -> set[int]:
+    """Every process in the node's cgroups: its nspawn and, inside, the node's systemd and services."""
+    pids: set[int] = set()
+    for cgroup in node_cgroups(config, node):
+        for procs in cgroup.rglob("cgroup.procs") if cgroup.is_dir() else []:
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(line) for line in procs.read_text().split())
+    return {pid for pid in pids if _state(pid) not in ("Z", None)}  # zombies are gone, just unreaped
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def kill_remnants(config: LabConfig, node: str, timeout: float = STOP_GRACE_S) -> None:
+    """SIGKILL, by PID, whatever still runs in the node's cgroups. A killed nspawn leaves its node
+    running (systemd, sshd on the node's address); killing the node's PID 1 ends its PID namespace."""
+    deadline = time.monotonic() + timeout
+    while (pids := cgroup_pids(config, node)) and time.monotonic() < deadline:
+        for pid in pids:
+            _signal(pid, signal.SIGKILL)
+            _reap(pid)
+        time.sleep(0.05)
+    if cgroup_pids(config, node):
+        raise DtlabError(f"lab {config.name}: processes of {node} survive SIGKILL"
+                         f" (pids {sorted(cgroup_pids(config, node))[:5]}); check `ps` and retry")
+
+
 def _enter_cgroups(cgroups: list[Path]):
     """preexec_fn: put nspawn in the node's own cgroups before it starts (it keeps its cgroup,
     --keep-unit); otherwise all nodes on the host share /payload and tear down each other's cgroups."""
@@ -176,6 +206,7 @@ def start(config: LabConfig, node: str, root: Path, binds: dict[str, str]) -> in
             f"--network-namespace-path={netns_path}",
             "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=passive"]
     argv += [f"--bind-ro={source}:{target}" for source, target in sorted(binds.items())]
+    kill_remnants(config, node)  # a node left running by a crashed nspawn would hold its address
     remove_cgroups(config, node)  # empty leftovers of the node's previous boot
     cgroups = node_cgroups(config, node)
     for cgroup in cgroups:
@@ -211,6 +242,7 @@ def stop(config: LabConfig, nodes: list[str]) -> None:
         if running_pid(config, node):
             raise DtlabError(f"lab {config.name}: {node} (nspawn pid {running_pid(config, node)}) survives"
                              " SIGKILL; check `ps` and retry")
+        kill_remnants(config, node)
         pid_file(config, node).unlink(missing_ok=True)
 
 

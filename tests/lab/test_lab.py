@@ -129,6 +129,8 @@ def test_second_up_changes_nothing(lab):
 
 def test_up_recovers_a_node_whose_nspawn_was_killed(lab):
     pid = nodes.running_pid(lab, "node2")
+    node_processes = nodes.cgroup_pids(lab, "node2") - {pid}  # the node's systemd, sshd, ...
+    assert node_processes
     nodes._signal(pid, signal.SIGKILL)  # a crash: no clean shutdown, stale PID file left behind
     deadline = time.monotonic() + 10
     while nodes.running_pid(lab, "node2") and time.monotonic() < deadline:
@@ -136,6 +138,8 @@ def test_up_recovers_a_node_whose_nspawn_was_killed(lab):
     assert nodes.running_pid(lab, "node2") is None
     dtlab.lab.up(lab.name)
     assert nodes.running_pid(lab, "node2") not in (None, pid)
+    # The orphaned node (nspawn's death does not end it) was killed, not left beside the new one.
+    assert node_processes.isdisjoint(nodes.cgroup_pids(lab, "node2"))
     assert on_node(lab, "node2", "hostname").stdout.strip() == "node2"
 
 
