@@ -75,8 +75,8 @@ def up(name: str | None = None, node_count: int | None = None, subnet: str | Non
                 root, is_new = nodes.ensure_root(config, state, node, node_image)
                 if is_new:
                     nodes.seed_new_node(config, node, root)
-                nodes.refresh_node(config, root, public_key)
                 to_start.append(node)
+            nodes.refresh_node(config, root, public_key)  # also live: a running node's root is mounted here
             host_keys[node] = nodes.host_public_key(root)
         access.write_known_hosts(config, host_keys)
         for node in to_start:

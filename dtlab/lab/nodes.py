@@ -205,6 +205,8 @@ def start(config: LabConfig, node: str, root: Path, binds: dict[str, str]) -> in
             "-D", str(root), f"--machine={config.name}-{node}", f"--hostname={node}",
             f"--network-namespace-path={netns_path}",
             "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=passive"]
+    for source in binds:
+        Path(source).mkdir(parents=True, exist_ok=True)  # nspawn refuses to start on a missing source
     argv += [f"--bind-ro={source}:{target}" for source, target in sorted(binds.items())]
     kill_remnants(config, node)  # a node left running by a crashed nspawn would hold its address
     remove_cgroups(config, node)  # empty leftovers of the node's previous boot
