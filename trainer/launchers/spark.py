@@ -15,7 +15,6 @@ from pyspark.ml.torch.distributor import TorchDistributor
 from pyspark.sql import SparkSession
 
 from trainer.config import ConfigError, build_parser, parse_args
-from trainer.core import TrainHooks, train
 from trainer.result import write_result
 
 PROG, LABEL = "python -m trainer.launchers.spark", "spark (TorchDistributor, standalone)"
@@ -30,6 +29,14 @@ def add_spark_flags(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     group.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="extra conf")
     group.add_argument("--spark-secret-file", help=f"holds spark.authenticate.secret (or ${SECRET_ENV})")
     return parser
+
+
+def train_on_executor(cfg, framework_label: str) -> dict | None:
+    from trainer.core import TrainHooks, train  # here, not on top: Spark's Python worker need not load torch
+
+    hooks = TrainHooks()  # the default file checkpoints in cfg.checkpoint_dir, on rank 0's node
+    hooks.framework, hooks.framework_label = "spark", framework_label
+    return train(cfg, hooks)
 
 
 def spark_conf(cfg, args) -> dict[str, str]:
@@ -58,10 +65,8 @@ def run(cfg, args) -> dict | None:
     spark = spark.getOrCreate()
     try:
         use_gpu = int(float(spark.conf.get("spark.task.resource.gpu.amount", "0"))) >= 1
-        hooks = TrainHooks()  # the default file checkpoints in cfg.checkpoint_dir, on rank 0's node
-        hooks.framework, hooks.framework_label = cfg.framework, cfg.framework_label
         distributor = TorchDistributor(args.num_processes, local_mode=False, use_gpu=use_gpu)
-        return distributor.run(train, cfg, hooks)  # by reference: the trainer is installed on the executors
+        return distributor.run(train_on_executor, cfg, cfg.framework_label)  # trainer installed on executors
     except Exception as error:
         if "BarrierJobSlotsNumberCheckFailed" not in str(error):
             raise

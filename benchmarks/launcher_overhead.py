@@ -1,0 +1,138 @@
+"""Launcher overhead: torchrun vs Spark TorchDistributor vs the Determined Core API entry, same tiny job.
+
+    .venv/bin/python benchmarks/launcher_overhead.py [--processes 2] [--repeats 2] [--train-size 1024]
+
+For every launch: wall clock from starting the command to the first optimizer step done (rank 0's
+result.json timeline), and the steady-state step time (median step after warm-up, from result.json).
+Launchers take turns, so that load from other users hits them alike; the median over repeats counts.
+The Spark standalone cluster (a real master + workers on 127.0.0.1, tests/sparkcluster.py) starts once
+beforehand, as the long-running service it is on a cluster; its start-up is reported on its own line.
+Determined runs off-cluster (no master here): the Core API entry under torchrun, dummy contexts.
+Targets (trainer issue): steady-state <= 1.03x torchrun; TorchDistributor launch <= 15 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
+from benchmarks._trainer_common import OUT_DIR, free_loopback_port, machine  # noqa: E402
+from tests.sparkcluster import SparkStandaloneCluster  # noqa: E402
+
+LAUNCHERS = ("torchrun", "spark", "determined")
+STEADY_TARGET, SPARK_LAUNCH_TARGET_S = 1.03, 15.0
+
+
+def job_config(args, scratch: Path) -> Path:
+    config = dict(model="generated:bert-tiny", dataset="generated", generated_train_size=args.train_size,
+                  generated_test_size=64, generated_median_words=60, max_length=64, batch_size=8, epochs=1,
+                  learning_rate=1e-3, warmup_steps=4, threads=1, device="cpu", mixed_precision="no",
+                  cache_dir=str(scratch / "token-cache"))
+    path = scratch / "job.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def command(launcher: str, processes: int, config: Path, out: Path, master_url: str) -> list[str]:
+    trainer_args = ["--config", str(config), "--output-dir", str(out)]
+    if launcher == "spark":
+        return [sys.executable, "-m", "trainer.launchers.spark", *trainer_args,
+                "--num-processes", str(processes), "--master", master_url]
+    module = "trainer.launchers.torchrun" if launcher == "torchrun" else "trainer.launchers.determined"
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={processes}",
+            "--master_addr=127.0.0.1", f"--master_port={free_loopback_port()}", "-m", module, *trainer_args]
+
+
+def launch(launcher: str, processes: int, config: Path, out: Path, cluster, secret: str) -> dict:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_AUTHENTICATE_SECRET": secret,
+           # Determined's chief-worker messaging ports (default 12360+): free ones.
+           "INTER_TRAIN_PROCESS_COMM_PORT_1": str(free_loopback_port()),
+           "INTER_TRAIN_PROCESS_COMM_PORT_2": str(free_loopback_port())}
+    launched_at = time.time()
+    completed = subprocess.run(command(launcher, processes, config, out, cluster.master_url), env=env,
+                               capture_output=True, text=True, timeout=1800)
+    exited_at = time.time()
+    if completed.returncode != 0:
+        raise SystemExit(f"{launcher} failed:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}")
+    result = json.loads((out / "result.json").read_text())
+    timeline = result["timeline_unix"]
+    return {"launcher": launcher, "label": result["framework_label"], "world_size": result["world_size"],
+            "launch_to_train_process_s": timeline["process_started"] - launched_at,
+            "launch_to_first_step_s": timeline["first_step_done"] - launched_at,
+            "steady_step_s": result["steady_step_time_s"], "wall_s": exited_at - launched_at,
+            "steps": result["epoch_metrics"][0]["train_samples"] // (8 * processes)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=2, help="training processes per launch")
+    parser.add_argument("--repeats", type=int, default=2, help="launches per launcher (median counts)")
+    parser.add_argument("--train-size", type=int, default=1024, help="generated training reviews")
+    args = parser.parse_args()
+    machine_before = machine()
+    secret = secrets.token_hex(16)
+    runs: list[dict] = []
+    with tempfile.TemporaryDirectory(prefix="dtlab-launcher-bench-") as scratch_name:
+        scratch = Path(scratch_name)
+        config = job_config(args, scratch)
+        started = time.monotonic()
+        with SparkStandaloneCluster(workers=args.processes, auth_secret=secret) as cluster:
+            cluster_start_s = time.monotonic() - started
+            launch("torchrun", args.processes, config, scratch / "warm-up", cluster, secret)  # token cache
+            for repeat in range(args.repeats):
+                for launcher in LAUNCHERS:
+                    out = scratch / f"{launcher}-{repeat}"
+                    run = launch(launcher, args.processes, config, out, cluster, secret)
+                    runs.append(run)
+                    print(f"  {launcher:<10} first step after {run['launch_to_first_step_s']:6.2f} s, "
+                          f"steady step {run['steady_step_s'] * 1000:6.1f} ms", flush=True)
+    report(args, runs, cluster_start_s, machine_before, machine())
+
+
+def report(args, runs: list[dict], cluster_start_s: float, machine_before: str, machine_after: str) -> None:
+    def median(launcher: str, key: str) -> float:
+        return statistics.median(run[key] for run in runs if run["launcher"] == launcher)
+
+    base_step = median("torchrun", "steady_step_s")
+    rows = []
+    print(f"\nmachine: {machine_before} (after: {machine_after.split('load average ')[1]})")
+    print(f"job: {args.processes} processes x 1 thread, {runs[0]['steps']} steps, median of {args.repeats}; "
+          f"Spark standalone cluster start-up (not counted): {cluster_start_s:.1f} s\n")
+    print(f"{'launcher':<12}{'launch->process':>16}{'launch->1st step':>18}{'steady step':>13}{'ratio':>8}"
+          f"{'wall':>8}")
+    for launcher in LAUNCHERS:
+        row = {key: median(launcher, key) for key in
+               ("launch_to_train_process_s", "launch_to_first_step_s", "steady_step_s", "wall_s")}
+        row |= {"launcher": launcher, "steady_ratio": row["steady_step_s"] / base_step}
+        rows.append(row)
+        print(f"{launcher:<12}{row['launch_to_train_process_s']:>15.2f}s{row['launch_to_first_step_s']:>17.2f}s"
+              f"{row['steady_step_s'] * 1000:>10.1f} ms{row['steady_ratio']:>8.3f}{row['wall_s']:>7.1f}s")
+    spark = next(row for row in rows if row["launcher"] == "spark")
+    worst = max(row["steady_ratio"] for row in rows)
+    print(f"\nsteady-state ratio, worst vs torchrun: {worst:.3f} (target <= {STEADY_TARGET}) -> "
+          f"{'met' if worst <= STEADY_TARGET else 'MISSED'}")
+    spark_launch = spark["launch_to_first_step_s"]
+    print(f"TorchDistributor launch -> first step: {spark_launch:.1f} s "
+          f"(target <= {SPARK_LAUNCH_TARGET_S:.0f} s, ratio {spark_launch / SPARK_LAUNCH_TARGET_S:.2f}) -> "
+          f"{'met' if spark_launch <= SPARK_LAUNCH_TARGET_S else 'MISSED'}")
+    OUT_DIR.mkdir(exist_ok=True)
+    out = OUT_DIR / "launcher_overhead.json"
+    out.write_text(json.dumps({"machine": machine_before, "machine_after": machine_after, "args": vars(args),
+                               "cluster_start_s": cluster_start_s, "rows": rows, "runs": runs}, indent=2))
+    print(f"raw figures: {out}")
+
+
+if __name__ == "__main__":
+    main()
