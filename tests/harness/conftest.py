@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import textwrap
 from pathlib import Path
 
@@ -37,18 +38,26 @@ def matrix_file(tmp_path):
     return write
 
 
+# A lab that is already provisioned (e.g. inventory/lab-<yours>.yml) instead of the session's test lab.
+EXISTING_LAB_INVENTORY = os.environ.get("DTLAB_HARNESS_TEST_INVENTORY")
+
+
 @pytest.fixture(scope="session")
-def harness_lab(provisioned_lab, tmp_path_factory):
+def harness_lab(request, tmp_path_factory):
     """(Cluster, env) of the provisioned session lab with the trainer deployed; results in a temp store."""
     from dtlab import paths
     from dtlab.deploy import deploy
     from dtlab.inventory import load_cluster
 
-    lab, _ = provisioned_lab
+    if EXISTING_LAB_INVENTORY:
+        inventory = EXISTING_LAB_INVENTORY
+    else:
+        lab, _ = request.getfixturevalue("provisioned_lab")
+        inventory = lab.inventory_path
     results = tmp_path_factory.mktemp("results")
     saved = paths.RESULTS_DIR
     paths.RESULTS_DIR = results  # in-process stores and the invoke subprocesses (env below) agree
-    cluster = load_cluster(lab.inventory_path)
+    cluster = load_cluster(inventory)
     deploy(cluster, say=lambda line: None)
     yield cluster, {"DTLAB_RESULTS_DIR": str(results)}
     paths.RESULTS_DIR = saved
