@@ -124,18 +124,19 @@ def _init_process_group(device: torch.device) -> bool:
     """Join the launcher's group (env://), or form a 1-process group; True if we created it."""
     if dist.is_initialized():
         return False
-    if "RANK" not in os.environ:  # a plain process: a group of one on loopback
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
-                          MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_loopback_port()))
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    device_id = device if device.type == "cuda" else None
+    if "RANK" not in os.environ:  # a plain process: a group of one on loopback (os.environ untouched)
+        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_loopback_port()}",
+                                rank=0, world_size=1, device_id=device_id)
+        return True
     if device.type == "cpu":
         slots = len(os.sched_getaffinity(0))
         local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
         if local_world_size > slots:
             raise ConfigError(f"world size: {local_world_size} processes on this node but only {slots} CPUs; "
                               "start at most one process per CPU")
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    dist.init_process_group(backend=backend, init_method="env://",
-                            device_id=device if device.type == "cuda" else None)
+    dist.init_process_group(backend=backend, init_method="env://", device_id=device_id)
     return True
 
 

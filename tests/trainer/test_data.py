@@ -67,8 +67,8 @@ def _tokenize_in_child(cfg_values: dict) -> tuple[int, int]:
 
 def test_token_cache_is_safe_for_workers_starting_together(make_config, tmp_path):
     cfg = make_config(cache_dir=str(tmp_path / "cache"), generated_train_size=2000)
-    with multiprocessing.get_context("spawn").Pool(3) as pool:
-        outcomes = pool.map(_tokenize_in_child, [cfg.as_dict()] * 3, chunksize=1)
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        outcomes = pool.map(_tokenize_in_child, [cfg.as_dict()] * 2, chunksize=1)
     assert sum(builds for builds, _ in outcomes) == 1  # one built it, the others waited and read it
     assert len({checksum for _, checksum in outcomes}) == 1
     leftovers = [p.name for p in (tmp_path / "cache").iterdir() if p.is_dir() and p.name.startswith(".")]
