@@ -12,7 +12,8 @@ from dtlab import provision
 from dtlab.inventory import load_cluster
 from dtlab.lab.access import run_on_node
 
-pytestmark = [pytest.mark.lab, pytest.mark.slow]
+# The first test also pays for the session's first converge (cold: several minutes on 2 cores).
+pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 
 @pytest.fixture(scope="module")
