@@ -20,6 +20,8 @@ DEFAULT_LAB_NAME = "dtlab"
 # Host-side state: the image cache survives `lab.down --wipe`; node state lives per instance.
 IMAGE_CACHE_DIR = Path(os.environ.get("DTLAB_IMAGE_CACHE", "/var/cache/dtlab/images"))
 LAB_RUN_ROOT = Path(os.environ.get("DTLAB_LAB_ROOT", "/var/lib/dtlab/lab"))
+# .deb files the apt proxies fetched, shared by all labs (apt verifies each against signed indexes).
+APT_ARCHIVE_CACHE_DIR = Path(os.environ.get("DTLAB_APT_CACHE", "/var/cache/dtlab/apt-archives"))
 NETNS_DIR = Path("/run/netns")
 # Names become Linux ifnames (<= 15 chars) and directory names.
 _LAB_NAME = re.compile(r"^[a-z][a-z0-9]{0,19}$")

@@ -14,7 +14,7 @@ from pathlib import Path
 from dtlab import paths
 from dtlab.errors import DtlabError
 from dtlab.lab import host
-from dtlab.lab.config import LabConfig
+from dtlab.lab.config import APT_ARCHIVE_CACHE_DIR, LabConfig
 
 START_TIMEOUT_S = 10
 STOP_GRACE_S = 3
@@ -44,7 +44,8 @@ def ensure_running(config: LabConfig) -> int:
     if pid:
         return pid
     allowed = sorted({source.host for source in host.host_apt_sources() if source.host})
-    argv = [sys.executable, "-m", "dtlab.aptproxy", "--listen", _listen(config)]
+    argv = [sys.executable, "-m", "dtlab.aptproxy", "--listen", _listen(config),
+            "--cache-dir", str(APT_ARCHIVE_CACHE_DIR)]
     argv += [option for name in allowed for option in ("--allow", name)]
     environment = {**os.environ, "PYTHONPATH": str(paths.REPO_ROOT)}
     with open(config.run_dir / "aptproxy.log", "ab") as log:

@@ -1,5 +1,6 @@
 """The lab's pure parts, no root needed: its shape, the host's apt sources, the inventory, the apt proxy."""
 
+import contextlib
 import dataclasses
 import http.server
 import ipaddress
@@ -139,7 +140,7 @@ def test_too_little_disk_is_a_one_line_error(tmp_path):
 
 class _Origin(http.server.BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802
-        body = b"Release file"
+        body = b"package bytes" if self.path.endswith(".deb") else b"Release file"
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -150,16 +151,19 @@ class _Origin(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def proxy_and_origin():
+def proxy_and_origin(tmp_path):
     origin = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Origin)
-    handler = type("Handler", (aptproxy.AptProxyHandler,), {"allowed_hosts": frozenset({"127.0.0.1"})})
+    handler = type("Handler", (aptproxy.AptProxyHandler,), {"allowed_hosts": frozenset({"127.0.0.1"}),
+                                                            "cache_dir": tmp_path / "debs"})
     proxy = aptproxy.AptProxyServer(("127.0.0.1", 0), handler)
     for server in (origin, proxy):
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{proxy.server_port}", f"http://127.0.0.1:{origin.server_port}"
-    for server in (origin, proxy):
-        server.shutdown()
-        server.server_close()
+    yield f"http://127.0.0.1:{proxy.server_port}", f"http://127.0.0.1:{origin.server_port}", origin
+    proxy.shutdown()
+    proxy.server_close()
+    with contextlib.suppress(OSError):
+        origin.shutdown()
+        origin.server_close()
 
 
 def _via_proxy(proxy_url, url, method="GET"):
@@ -172,7 +176,17 @@ def _via_proxy(proxy_url, url, method="GET"):
 
 
 def test_apt_proxy_forwards_get_to_allowed_hosts_only(proxy_and_origin):
-    proxy_url, origin_url = proxy_and_origin
+    proxy_url, origin_url, _ = proxy_and_origin
     assert _via_proxy(proxy_url, f"{origin_url}/debian/dists/bookworm/Release") == (200, b"Release file")
     assert _via_proxy(proxy_url, "http://localhost:9/")[0] == 403  # not in the allowlist: never contacted
     assert _via_proxy(proxy_url, f"{origin_url}/x", method="POST")[0] == 405
+
+
+def test_apt_proxy_serves_a_fetched_deb_again_without_the_origin(proxy_and_origin):
+    proxy_url, origin_url, origin = proxy_and_origin
+    deb_url = f"{origin_url}/debian/pool/main/h/hello/hello_2.10-3_amd64.deb"
+    assert _via_proxy(proxy_url, deb_url) == (200, b"package bytes")
+    origin.shutdown()
+    origin.server_close()
+    assert _via_proxy(proxy_url, deb_url) == (200, b"package bytes")  # from the cache
+    assert _via_proxy(proxy_url, f"{origin_url}/debian/dists/bookworm/InRelease")[0] == 502  # never cached
