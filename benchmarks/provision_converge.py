@@ -20,7 +20,8 @@ RERUN_TARGET_S = 90.0
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--name", default="provbench", help="lab instance to use (wiped first)")
     parser.add_argument("--keep", action="store_true", help="leave the lab up afterwards")
     args = parser.parse_args()
@@ -46,8 +47,9 @@ def main() -> int:
     for label, result in (("first converge", first), ("idempotent re-run", rerun)):
         changed = sum(result.stats.get("changed", {}).values())
         print(f"{label:<28}{result.seconds:>10.1f}{changed:>16}")
+    verdict = "met" if rerun.seconds <= RERUN_TARGET_S else "MISSED"
     print(f"re-run / first: {rerun.seconds / first.seconds:.2f}; "
-          f"re-run target <= {RERUN_TARGET_S:.0f} s: {'met' if rerun.seconds <= RERUN_TARGET_S else 'MISSED'}; "
+          f"re-run / target ({RERUN_TARGET_S:.0f} s): {rerun.seconds / RERUN_TARGET_S:.2f} ({verdict}); "
           f"re-run changed hosts: {rerun.changed_hosts or 'none'}")
     return 0 if rerun.seconds <= RERUN_TARGET_S and not rerun.changed_hosts else 1
 

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
@@ -49,8 +50,8 @@ class ConvergeResult:
         return {host: n for host, n in self.stats.get("changed", {}).items() if n}
 
     def summary(self) -> str:
-        per_host = ", ".join(
-            f"{host}: " + " ".join(f"{key}={self.count(key, host)}" for key in STAT_KEYS) for host in self.hosts)
+        per_host = ", ".join(f"{host}: " + " ".join(f"{key}={self.count(key, host)}" for key in STAT_KEYS)
+                             for host in self.hosts)
         return f"{self.status} (rc {self.rc}) in {self.seconds:.0f} s; {per_host or 'no hosts'}"
 
 
@@ -69,14 +70,13 @@ def converge(inventory: str | Path | None = None, *, check: bool = False, diff: 
             project_dir=str(paths.REPO_ROOT),
             playbook=str(paths.REPO_ROOT / playbook),
             inventory=str(inventory_path.resolve()),
-            binary=_ansible_playbook(),
             cmdline=cmdline or None,
             tags=",".join(tags) or None,
             limit=limit,
             extravars=extravars or {},
             quiet=True,
             envvars={"ANSIBLE_CONFIG": str(paths.ANSIBLE_CFG), "ANSIBLE_NOCOLOR": "1",
-                     "ANSIBLE_FORCE_COLOR": "0"},
+                     "ANSIBLE_FORCE_COLOR": "0", "PATH": _path_with_this_venv()},
         )
         output = runner.stdout.read() if runner.stdout else ""
         stats = runner.stats or {}
@@ -89,7 +89,6 @@ def converge(inventory: str | Path | None = None, *, check: bool = False, diff: 
     )
 
 
-def _ansible_playbook() -> str:
-    """The ansible-playbook next to this Python (the project venv), else the one on PATH."""
-    beside = Path(sys.executable).parent / "ansible-playbook"
-    return str(beside) if beside.exists() else "ansible-playbook"
+def _path_with_this_venv() -> str:
+    """PATH with this Python's bin directory first, so the project venv's ansible-playbook runs."""
+    return os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])

@@ -12,7 +12,8 @@ import pytest
 from dtlab import paths
 
 ANSIBLE_PLAYBOOK = paths.REPO_ROOT / ".venv" / "bin" / "ansible-playbook"
-STAND_IN_KEY = "-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nstand-in key for a check-mode test\n-----END PGP PUBLIC KEY BLOCK-----\n"
+STAND_IN_KEY = ("-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nstand-in key for a check-mode test\n"
+                "-----END PGP PUBLIC KEY BLOCK-----\n")
 
 
 @pytest.fixture
@@ -78,8 +79,11 @@ def test_gpu_tasks_run_in_check_mode_with_the_gpu_fact_forced_on(controller_inve
 
 
 def test_gpu_tasks_skip_with_their_message_without_a_gpu(controller_inventory):
-    result = run_check_mode(controller_inventory, "-e", "dtlab_gpu_count=0", "-e", "docker_install_source=distribution")
+    result = run_check_mode(controller_inventory, "-e", "dtlab_gpu_count=0",
+                            "-e", "docker_install_source=distribution")
     assert result.returncode == 0, result.stdout[-4000:]
-    assert "nvidia: no NVIDIA GPU on controller (lspci); skipping driver, CUDA, cuDNN and persistence mode" in result.stdout
-    assert "docker: no NVIDIA GPU on controller (lspci); skipping the NVIDIA container toolkit" in result.stdout
+    out = result.stdout
+    assert ("nvidia: no NVIDIA GPU on controller (lspci); "
+            "skipping driver, CUDA, cuDNN and persistence mode") in out
+    assert "docker: no NVIDIA GPU on controller (lspci); skipping the NVIDIA container toolkit" in out
     assert "TASK [nvidia : Add NVIDIA's CUDA apt repository" not in result.stdout

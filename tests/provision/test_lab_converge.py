@@ -131,11 +131,12 @@ def test_spark_runs_an_app_with_the_secret_and_refuses_one_without(provisioned_l
     assert "COUNT 100" in with_secret.stdout, with_secret.stderr[-3000:]
     # The same app, but with a configuration that lacks the secret: the master must refuse it.
     without_secret = on(lab, master.name, as_service_user(
-        cluster, "mkdir -p /tmp/nosecret && "
-                 f"grep -v '^spark.authenticate' {spark_conf_dir}/spark-defaults.conf > /tmp/nosecret/spark-defaults.conf; "
+        cluster, "mkdir -p /tmp/nosecret && grep -v '^spark.authenticate' "
+                 f"{spark_conf_dir}/spark-defaults.conf > /tmp/nosecret/spark-defaults.conf; "
                  f"SPARK_CONF_DIR=/tmp/nosecret timeout 45 {cluster.python} -c \"{SPARK_APP}\""), timeout=120)
     assert "COUNT 100" not in without_secret.stdout
-    log = on(lab, master.name, f"journalctl -u {cluster.var('spark_master_service')} --since '-3min' --no-pager")
+    unit = cluster.var("spark_master_service")
+    log = on(lab, master.name, f"journalctl -u {unit} --since '-3min' --no-pager")
     assert "SASL" in log.stdout or "authenticat" in log.stdout.lower(), log.stdout[-3000:]
 
 

@@ -25,7 +25,8 @@ def test_site_playbook_syntax_check_passes():
 
 
 def test_ansible_lint_production_profile_is_clean():
-    result = run([VENV_BIN / "ansible-lint", "--nocolor", "-f", "pep8", "--profile", "production"], timeout=600)
+    result = run([VENV_BIN / "ansible-lint", "--nocolor", "-f", "pep8", "--profile", "production"],
+                 timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "Profile 'production' was required, and it passed" in result.stderr + result.stdout
 
@@ -38,7 +39,8 @@ def test_site_lists_one_tag_per_component_in_install_order():
     imported = [step["ansible.builtin.import_playbook"] for step in
                 yaml.safe_load((paths.REPO_ROOT / "site.yml").read_text())]
     assert imported[0] == "ansible/validate.yml"
-    assert imported.index("ansible/trainer.yml") < imported.index("ansible/spark.yml")  # Spark uses the venv's pyspark
+    # Spark runs the venv's pyspark; Determined needs its database.
+    assert imported.index("ansible/trainer.yml") < imported.index("ansible/spark.yml")
     assert imported.index("ansible/postgresql.yml") < imported.index("ansible/determined.yml")
 
 
@@ -46,7 +48,8 @@ def test_site_lists_one_tag_per_component_in_install_order():
 def test_role_has_documented_interface(role):
     role_dir = paths.REPO_ROOT / "roles" / role
     defaults = yaml.safe_load((role_dir / "defaults/main.yml").read_text()) or {}
-    specs = yaml.safe_load((role_dir / "meta/argument_specs.yml").read_text())["argument_specs"]["main"]["options"]
+    specs = yaml.safe_load((role_dir / "meta/argument_specs.yml").read_text())
+    specs = specs["argument_specs"]["main"]["options"]
     for name in defaults:
         assert name.startswith(f"{role}_"), f"{role}: default {name} lacks the role prefix"
         assert name in specs, f"{role}: default {name} missing from meta/argument_specs.yml"

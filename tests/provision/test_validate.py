@@ -47,8 +47,9 @@ def test_reference_layout_passes(tmp_path):
 
 
 def test_example_cluster_inventory_passes():
-    result = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", "inventory/cluster.example.yml", "ansible/validate.yml"],
-                            cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", "inventory/cluster.example.yml", "ansible/validate.yml"],
+        cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout
 
 
