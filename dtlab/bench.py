@@ -35,6 +35,7 @@ LOG_TAIL_LINES = 30
 # Fabric waits this much longer than the unit's own RuntimeMaxSec, so systemd ends a stuck run first.
 TIMEOUT_MARGIN_S = 30
 STOP_WAIT_S = 60
+SPARK_REGISTER_WAIT_S = 60
 EPOCH_LINE = re.compile(r"\bepoch\s+\d+\s*/\s*\d+", re.IGNORECASE)
 PROBLEM_LINE = re.compile(r"Traceback|Error|error:|Killed|FAILED", re.IGNORECASE)
 # The line that names what went wrong: an exception with its message, not torchrun's wrapper.
@@ -376,8 +377,11 @@ class Bench:
                     f"preflight: host {name}: {(answer.stdout or answer.stderr).strip()}", name
                 )
         if planned.cell.framework == "spark":
-            alive = spark_alive_workers(cluster)
             needed = min(planned.cell.gpus, len(cluster.workers))
+            # Workers re-register for a while after a restart (cluster.reset, a node reboot): wait, bounded.
+            deadline = time.monotonic() + SPARK_REGISTER_WAIT_S
+            while (alive := spark_alive_workers(cluster)) < needed and time.monotonic() < deadline:
+                time.sleep(3)
             if alive < needed:
                 raise PreflightError(
                     f"preflight: Spark master {cluster.master.name if cluster.master else '?'} "
