@@ -7,12 +7,11 @@ Off-cluster cells are labelled "determined (Core API, off-cluster)", never as a 
 from __future__ import annotations
 
 import copy
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 from dtlab import paths as dtlab_paths
 from dtlab.errors import DtlabError
@@ -25,7 +24,7 @@ CLUSTER_LABEL = "determined (Core API, cluster)"
 TRAINER_MODULE = "trainer.launchers.determined"
 EXPERIMENTS_DIR = dtlab_paths.EXPERIMENTS_DIR / "determined"
 POLL_S = 10
-# Paths are the harness's, per node; a Determined trial keeps its own checkpoints in checkpoint storage.
+# Node paths go to the entrypoint as flags; a trial checkpoints into the master's checkpoint storage.
 NOT_HYPERPARAMETERS = ("output_dir", "checkpoint_dir", "cache_dir")
 
 
@@ -33,13 +32,20 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     if not cluster.has_determined_master:
         # Determined's DistributedContext needs the chief's address once the job spans nodes.
         chief = place(cluster, cell).slots[0].node
-        return ddp.build(cluster, cell, attempt, timeout_s, module=TRAINER_MODULE, label=OFF_CLUSTER_LABEL,
-                         extra_env={"DET_CHIEF_IP": chief.address})
+        return ddp.build(
+            cluster,
+            cell,
+            attempt,
+            timeout_s,
+            module=TRAINER_MODULE,
+            label=OFF_CLUSTER_LABEL,
+            extra_env={"DET_CHIEF_IP": chief.address},
+        )
     placement = place(cluster, cell)
     paths = CellPaths(cluster, cell, attempt)
     label = framework_label(CLUSTER_LABEL, placement.device)
     config = trainer_config(cluster, placement, paths, label)
-    experiment = ClusterExperiment(cluster, cell, render_experiment(cell, config), timeout_s)
+    experiment = ClusterExperiment(cluster, cell, render_experiment(cluster, cell, config), timeout_s)
     # No units of our own: the agents run the trial; rank 0 writes result.json on its agent node.
     return Launch(
         cell=cell,
@@ -55,25 +61,33 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
 
 
 def experiment_template(slots: int) -> Path:
-    """experiments/determined/*<N>slot*.yaml: the 1-slot and 2-slot variants the trainer issue keeps."""
-    candidates = sorted(EXPERIMENTS_DIR.glob(f"*{slots}slot*.y*ml")) or sorted(EXPERIMENTS_DIR.glob("*.y*ml"))
+    """experiments/determined/*-<N>slot.yaml: the 1-slot and 2-slot variants the trainer keeps."""
+    candidates = sorted(EXPERIMENTS_DIR.glob(f"*-{slots}slot.y*ml"))
     if not candidates:
-        raise DtlabError(f"{EXPERIMENTS_DIR}: no experiment config for {slots} slot(s); add one")
+        raise DtlabError(
+            f"{EXPERIMENTS_DIR}: no *-{slots}slot.yaml experiment config; add one for {slots} slots"
+        )
     return candidates[0]
 
 
-def render_experiment(cell: Cell, config: dict[str, Any]) -> dict[str, Any]:
-    """The template with this cell's slots, epochs, seed and hyperparameters filled in."""
-    template = experiment_template(cell.gpus)
-    rendered = copy.deepcopy(yaml.safe_load(template.read_text()) or {})
+def render_experiment(cluster: Cluster, cell: Cell, config: dict[str, Any]) -> dict[str, Any]:
+    """The template with this cell's slots, epochs, seed and options; validated offline (detconfig)."""
+    from dtlab import detconfig
+
+    rendered = copy.deepcopy(detconfig.load_experiment(experiment_template(cell.gpus)))
     rendered["name"] = f"dtlab-{cell.key}"
     rendered.setdefault("resources", {})["slots_per_trial"] = cell.gpus
     hyperparameters = {k: v for k, v in config.items() if k not in NOT_HYPERPARAMETERS and v is not None}
     rendered["hyperparameters"] = {**(rendered.get("hyperparameters") or {}), **hyperparameters}
-    searcher = rendered.setdefault("searcher", {"name": "single", "metric": "val_loss"})
-    searcher["max_length"] = {"epochs": cell.epochs}
     rendered["reproducibility"] = {"experiment_seed": cell.seed}
-    return rendered
+    rendered["entrypoint"] = (
+        f"{rendered['entrypoint'].strip()} --output-dir {config['output_dir']} "
+        f"--cache-dir {config['cache_dir']}"
+    )
+    # The trial's container sees the node's runs dir, so rank 0's result.json lands where bench looks.
+    mounts = [m for m in rendered.get("bind_mounts") or [] if m.get("container_path") != cluster.runs_dir]
+    rendered["bind_mounts"] = [*mounts, {"host_path": cluster.runs_dir, "container_path": cluster.runs_dir}]
+    return detconfig.validate_experiment(rendered, f"experiment for {cell.key}")
 
 
 @dataclass
@@ -101,9 +115,12 @@ class ClusterExperiment:
         password_file = self.cluster.var("determined_admin_password_file")
         password = Path(password_file).read_text().strip() if password_file else None
         client.login(master=self.master_url, user="admin", password=password)
-        experiment = client.create_experiment(
-            config=self.config, model_dir=str(dtlab_paths.REPO_ROOT / "trainer")
-        )
+        from dtlab import detconfig
+
+        with tempfile.TemporaryDirectory(prefix="dtlab-det-context-") as context:
+            experiment = client.create_experiment(
+                config=self.config, model_dir=str(detconfig.stage_context(context))
+            )
         self.experiment_id = experiment.id
         started = time.monotonic()
         while time.monotonic() - started < self.timeout_s:

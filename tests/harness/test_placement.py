@@ -134,3 +134,24 @@ def test_prepare_command_keeps_checkpoints_on_retry_and_drops_them_on_a_fresh_ru
     assert "rm -rf /var/lib/dtlab/runs/ddp-g1-e2-s0/checkpoints" in fresh
     assert "checkpoints &&" not in retry.split("mkdir")[0]
     assert "epochs: 2" in retry and "chown -R dtlab" in retry
+
+
+def test_determined_with_a_master_renders_a_valid_experiment_for_the_cell(gpu_cluster):
+    planned = launch.build(
+        gpu_cluster, cell("determined", gpus=2, epochs=20, seed=3), attempt=1, timeout_s=60
+    )
+    assert planned.jobs == [] and planned.external is not None  # the agents run it, not our units
+    experiment = planned.external.config
+    assert experiment["name"] == "dtlab-determined-g2-e20-s3"
+    assert experiment["resources"]["slots_per_trial"] == 2
+    hyperparameters = experiment["hyperparameters"]
+    assert (hyperparameters["epochs"], hyperparameters["seed"], hyperparameters["device"]) == (20, 3, "cuda")
+    assert not {"output_dir", "checkpoint_dir", "cache_dir"} & set(hyperparameters)
+    assert experiment["entrypoint"].endswith(
+        f"--output-dir {planned.paths.output_dir} --cache-dir {planned.paths.cache_dir}"
+    )
+    assert {"host_path": "/var/lib/dtlab/runs", "container_path": "/var/lib/dtlab/runs"} in experiment[
+        "bind_mounts"
+    ]
+    assert planned.label == "determined (Core API, cluster)"
+    assert planned.external.master_url == "http://127.0.10.1:8080"
