@@ -187,3 +187,26 @@ def test_a_stuck_cell_is_cleared_by_cluster_reset(harness_lab):
     assert again.returncode == 0, again.stdout[-2000:]  # safe twice in a row
     check = invoke("cluster.check", "-i", str(cluster.inventory_path), env=env, timeout=300)
     assert check.returncode == 0 and "spark master" in check.stdout
+
+
+def test_a_cell_over_its_timeout_is_stopped_by_systemd_and_recorded_as_timed_out(harness_lab):
+    cluster, env = harness_lab
+    answer = invoke(
+        "bench.run",
+        "ddp-g1-e2-s0",
+        "-i",
+        str(cluster.inventory_path),
+        "--timeout",
+        "6",
+        "--retries",
+        "0",
+        env=env,
+        timeout=300,
+    )
+    assert answer.returncode == 1, answer.stdout[-2000:]
+    [failure] = ResultStore.for_cluster(cluster.name).runs(status="failed", cell_key="ddp-g1-e2-s0")[-1:]
+    assert (
+        failure.reason.startswith("timed out after 6 s on ")
+        and failure.failed_node == cluster.workers[0].name
+    )
+    assert not any(cell_units(cluster).values()) and trainer_processes(cluster) == {}
