@@ -321,7 +321,7 @@ class _Run:
         self.parallel_model.train()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         samples = 0
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         for batch in self.train_loader:
             batch = self._to_device(batch)
             step_started = time.perf_counter()
@@ -342,7 +342,8 @@ class _Run:
         global_loss, global_samples = _all_reduce_sum([loss_sum.item(), samples], self.device)
         self._synchronize()
         return {"train_time_s": time.perf_counter() - started, "train_samples": int(global_samples),
-                "train_loss": global_loss / max(global_samples, 1)}
+                "train_loss": global_loss / max(global_samples, 1),
+                "train_cpu_time_s": time.process_time() - cpu_started}
 
     @torch.inference_mode()
     def _validate(self) -> dict:
