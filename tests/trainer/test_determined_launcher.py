@@ -11,7 +11,7 @@ import pytest
 from determined import core
 
 from tests.trainer.conftest import free_loopback_port, run, trainer_env, write_config
-from trainer.launchers.determined import OFF_CLUSTER_LABEL, DeterminedHooks
+from trainer.launchers.determined import OFF_CLUSTER_LABEL, PREEMPT_ENV, DeterminedHooks
 from trainer.result import validate_result
 
 SMALL = dict(generated_train_size=64, generated_test_size=32)  # the launcher is under test, not learning
@@ -35,7 +35,9 @@ def test_preempted_run_checkpoints_exits_cleanly_and_resumes(make_config, tmp_pa
     cfg = make_config(epochs=2, checkpoint_dir=str(checkpoints), **SMALL)
     config_file = write_config(cfg, tmp_path / "run.yml")
 
-    preempted = run(determined_command(2, "--config", str(config_file), "--preempt-after-epoch", "1"))  # rc 0
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(PREEMPT_ENV, "1")  # the launcher's test hook: Determined "preempts" after epoch 1
+        preempted = run(determined_command(2, "--config", str(config_file)))  # rc 0
     assert "stopping after epoch 1" in preempted.stdout
     assert not (tmp_path / "out" / "result.json").exists()
     stored = [json.loads(meta.read_text()) for meta in checkpoints.glob("*/metadata.json")]

@@ -1,0 +1,27 @@
+"""The command line the Spark and Determined launchers share: trainer options plus their own flags."""
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from trainer.config import ConfigError, TrainConfig, build_parser, parse_args
+
+AddFlags = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
+
+
+def parse(argv: list[str] | None, prog: str, doc: str,
+          add_flags: AddFlags) -> tuple[TrainConfig, argparse.Namespace]:
+    """(validated TrainConfig, the launcher's own flags); --help lists both, unknown flags fail."""
+    add_flags(build_parser(prog, doc)).parse_args(argv)
+    own, trainer_argv = add_flags(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
+    return parse_args(trainer_argv, prog), own
+
+
+def exit_code(prog: str, launch: Callable[[], object]) -> int:
+    """0 when `launch` returns; 2 with one line on stderr for a ConfigError, before or during the run."""
+    try:
+        launch()
+    except ConfigError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+    return 0
