@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import statistics
 import subprocess
 import time
@@ -366,8 +367,13 @@ class Bench:
             f"test -x {cluster.python} || {{ echo 'no trainer venv at {cluster.venv_dir}'; exit 3; }}; "
             f"test -f {cluster.code_dir}/trainer/core.py || "
             f"{{ echo 'no trainer code in {cluster.code_dir} (run invoke trainer.deploy)'; exit 3; }}; "
-            "command -v systemd-run >/dev/null || { echo 'no systemd-run'; exit 3; }"
+            "command -v systemd-run >/dev/null || { echo 'no systemd-run'; exit 3; }; "
+            # Another cell still running here would share the node and skew both measurements.
+            "echo running=$(systemctl list-units --plain --no-legend --state=active,activating "
+            + " ".join(shlex.quote(p + ".service") for p in remote.CELL_UNIT_PATTERNS)
+            + " | awk '{print $1}' | tr '\\n' ' ')"
         )
+        own_prefix = remote.unit_name(planned.cell.key, "")
         answers = remote.run_all(planned.all_nodes, check, timeout=30)
         for name, answer in answers.items():
             if isinstance(answer, BaseException):
@@ -375,6 +381,14 @@ class Bench:
             if not answer.ok:
                 raise PreflightError(
                     f"preflight: host {name}: {(answer.stdout or answer.stderr).strip()}", name
+                )
+            running = answer.stdout.rpartition("running=")[2].split()
+            others = [unit for unit in running if not unit.startswith(own_prefix)]
+            if others:
+                raise PreflightError(
+                    f"preflight: host {name}: another cell is still running ({others[0]}); wait for it or "
+                    "run `invoke cluster.reset`",
+                    name,
                 )
         if planned.cell.framework == "spark":
             needed = min(planned.cell.gpus, len(cluster.workers))
@@ -390,7 +404,12 @@ class Bench:
                 )
 
     def prepare(self, planned: launching.Launch, *, fresh: bool) -> None:
-        command = launching.prepare_command(planned, self.cluster.user, fresh=fresh)
+        # A unit of this very cell left by a controller that died would block the unit name: stop it.
+        stale = shlex.quote(remote.unit_name(planned.cell.key, "*") + ".service")
+        command = (
+            f"systemctl stop {stale} 2>/dev/null; systemctl reset-failed {stale} 2>/dev/null; "
+            + launching.prepare_command(planned, self.cluster.user, fresh=fresh)
+        )
         for name, answer in remote.run_all(planned.prepare_nodes, command, timeout=60).items():
             if isinstance(answer, BaseException):
                 raise DtlabError(f"host {name}: cannot prepare the cell: {answer}")
