@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import psutil
 import torch
 import torch.distributed as dist
 
@@ -80,7 +81,7 @@ def config_hash(cfg: TrainConfig) -> str:
 
 def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> dict | None:
     """Run the protocol on this process's rank; rank 0 writes <output_dir>/result.json and returns it."""
-    process_started = time.time()
+    process_started = psutil.Process().create_time()  # launch-to-first-step includes imports
     cfg.validate()
     hooks = hooks or TrainHooks()
     hooks.cfg = cfg
