@@ -181,6 +181,9 @@ _HELP = {
 }
 
 
+_METAVARS = {int: "N", float: "X", bool: "true|false", str: "TEXT"}
+
+
 def _convert(key: str, raw):
     """Turn a YAML or CLI value into the field's type; ConfigError names the key."""
     hint = _TYPE_HINTS[key]
@@ -234,12 +237,13 @@ def load_yaml(path: str | Path) -> dict:
 
 def build_parser(prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", metavar="FILE.yml", help="YAML file of options; flags override it")
     for name, field in _FIELDS.items():
-        flag = "--" + name.replace("_", "-")
-        parser.add_argument(flag, "--" + name if "_" in name else flag, dest=name,
-                            default=argparse.SUPPRESS, metavar=name.upper(),
+        flags = dict.fromkeys(["--" + name.replace("_", "-"), "--" + name])  # --batch-size and --batch_size
+        hint = _TYPE_HINTS[name]
+        base = next((t for t in typing.get_args(hint) if t is not type(None)), hint)
+        parser.add_argument(*flags, dest=name, default=argparse.SUPPRESS, metavar=_METAVARS[base],
                             help=f"{_HELP[name]} (default: {field.default})")
     return parser
 

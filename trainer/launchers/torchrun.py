@@ -18,7 +18,7 @@ from trainer.config import ConfigError, parse_args
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_args(argv, prog="python -m trainer.launchers.torchrun",
-                         description="Train BERT on IMDB with the study's protocol under torchrun.")
+                         description=__doc__)
         from trainer.core import TrainHooks, train
 
         label = "ddp (torchrun)" if "TORCHELASTIC_RUN_ID" in os.environ else "ddp (single process)"
