@@ -30,13 +30,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-i", "--inventory", help="inventory (default: ansible.cfg's)")
     parser.add_argument("--profile", default="smoke", help="matrix profile (default smoke)")
     parser.add_argument("--only", help="cell filter as in bench.all --only")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run the selected cells this many times (means)"
+    )
     args = parser.parse_args(argv)
     try:
         cluster = load_cluster(args.inventory)
         bench = Bench(
             cluster, BenchOptions(profile=args.profile, only=args.only, force=True, retries=0, report=False)
         )
-        outcomes = bench.run_matrix(bench.load_matrix())
+        selected = bench.load_matrix()
+        outcomes = [outcome for _ in range(max(1, args.repeat)) for outcome in bench.run_matrix(selected)]
     except DtlabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -63,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\nharness overhead per cell on {cluster.name} ({cluster.device}, {len(cluster.workers)} workers), "
         f"profile {args.profile}"
     )
+    print(f"(means of {max(1, args.repeat)} run(s) per row; wall = bench.run_cell, preflight to record)")
     header = (
         f"{'framework':<11}{'gpus':>5}{'wall s':>9}{'trainer s':>11}{'overhead s':>12}{'wall/trainer':>14}"
         f"{'ssh+prep s':>12}{'start-up s':>12}{'record s':>10}"
