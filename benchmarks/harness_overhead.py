@@ -40,7 +40,10 @@ def main(argv: list[str] | None = None) -> int:
             cluster, BenchOptions(profile=args.profile, only=args.only, force=True, retries=0, report=False)
         )
         selected = bench.load_matrix()
-        outcomes = [outcome for _ in range(max(1, args.repeat)) for outcome in bench.run_matrix(selected)]
+        outcomes = []
+        for _ in range(max(1, args.repeat)):
+            bench.display = None  # a fresh progress display per pass
+            outcomes += bench.run_matrix(selected)
     except DtlabError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
