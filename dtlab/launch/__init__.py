@@ -18,8 +18,6 @@ from dtlab.inventory import Cluster, Node
 from dtlab.remote import UnitSpec, unit_name
 from dtlab.results import Cell
 
-CPU_LABEL_SUFFIX = "CPU"
-
 
 @dataclass(frozen=True)
 class Slot:
@@ -135,11 +133,6 @@ class Launch:
         for node in (*self.prepare_nodes, *(n for n, _ in self.jobs), self.result_node):
             seen.setdefault(node.name, node)
         return tuple(seen.values())
-
-
-def framework_label(base: str, device: str) -> str:
-    """Label results by what the run really was: '... , CPU' on CPU-only inventories."""
-    return f"{base}, {CPU_LABEL_SUFFIX}" if device == "cpu" else base
 
 
 def trainer_config(cluster: Cluster, placement: Placement, paths: CellPaths, label: str) -> dict[str, Any]:

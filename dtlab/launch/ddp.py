@@ -7,7 +7,7 @@ code mounted at /app) when the inventory sets dtlab_trainer_runtime: docker.
 from __future__ import annotations
 
 from dtlab.inventory import Cluster, Node
-from dtlab.launch import CellPaths, Launch, Slot, framework_label, place, trainer_config, trainer_env, unit
+from dtlab.launch import CellPaths, Launch, Slot, place, trainer_config, trainer_env, unit
 from dtlab.remote import UnitSpec
 from dtlab.results import Cell
 
@@ -88,7 +88,6 @@ def build(
 ) -> Launch:
     placement = place(cluster, cell)
     paths = CellPaths(cluster, cell, attempt)
-    label = framework_label(label, placement.device)
     first = placement.slots[0].node
     docker = cluster.trainer_runtime == "docker"
     jobs = []

@@ -16,7 +16,7 @@ from typing import Any
 from dtlab import paths as dtlab_paths
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
-from dtlab.launch import CellPaths, Launch, ddp, framework_label, place, trainer_config
+from dtlab.launch import CellPaths, Launch, ddp, place, trainer_config
 from dtlab.results import Cell
 
 OFF_CLUSTER_LABEL = "determined (Core API, off-cluster)"
@@ -43,7 +43,7 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         )
     placement = place(cluster, cell)
     paths = CellPaths(cluster, cell, attempt)
-    label = framework_label(CLUSTER_LABEL, placement.device)
+    label = CLUSTER_LABEL
     config = trainer_config(cluster, placement, paths, label)
     experiment = ClusterExperiment(cluster, cell, render_experiment(cluster, cell, config), timeout_s)
     # No units of our own: the agents run the trial; rank 0 writes result.json on its agent node.

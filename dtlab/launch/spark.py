@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
-from dtlab.launch import CellPaths, Launch, framework_label, place, trainer_config, trainer_env, unit
+from dtlab.launch import CellPaths, Launch, place, trainer_config, trainer_env, unit
 from dtlab.remote import UnitSpec
 from dtlab.results import Cell
 
@@ -25,7 +25,7 @@ def master_url(cluster: Cluster) -> str:
 def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     placement = place(cluster, cell)  # checks the inventory offers N slots; Spark picks the workers
     paths = CellPaths(cluster, cell, attempt)
-    label = framework_label(LABEL, placement.device)
+    label = LABEL
     master = cluster.master
     if master is None:
         raise DtlabError(f"inventory {cluster.inventory_path}: spark cells need a host in group master")

@@ -59,7 +59,7 @@ def test_cpu_inventory_means_one_single_thread_worker_per_gpu(cpu_cluster):
     assert (
         config["device"] == "cpu" and config["threads"] == 1 and config["epochs"] == 2 and config["seed"] == 0
     )
-    assert config["framework_label"] == "ddp (torchrun), CPU"
+    assert config["framework_label"] == "ddp (torchrun)"
     assert config["output_dir"] == "/var/lib/dtlab/runs/ddp-g2-e2-s0/attempt-3/out"
     assert config["checkpoint_dir"] == "/var/lib/dtlab/runs/ddp-g2-e2-s0/checkpoints"  # shared by retries
     assert all(
@@ -85,7 +85,7 @@ def test_spark_runs_the_launcher_on_the_master_with_n_processes(cpu_cluster):
     assert "spark.executorEnv.PYTHONPATH=/opt/dtlab/src" in argv
     assert spec.env["PYSPARK_PYTHON"] == "/opt/dtlab/venv/bin/python"
     assert {n.name for n in planned.prepare_nodes} == {"n0", "n1", "n2"}  # rank 0 may land on any worker
-    assert planned.label == "spark (TorchDistributor, standalone), CPU"
+    assert planned.label == "spark (TorchDistributor, standalone)"
 
 
 def test_determined_without_a_master_runs_the_core_api_off_cluster_under_torchrun(cpu_cluster, tmp_path):
@@ -102,7 +102,7 @@ def test_determined_without_a_master_runs_the_core_api_off_cluster_under_torchru
     argv = planned.jobs[0][1].argv
     assert argv[argv.index("-m", 3) + 1] == "trainer.launchers.determined"
     assert planned.trainer_config["framework"] == "determined"
-    assert planned.label == "determined (Core API, off-cluster), CPU"
+    assert planned.label == "determined (Core API, off-cluster)"
 
 
 def test_docker_runtime_wraps_torchrun_as_the_studys_listing_4_1(tmp_path):
