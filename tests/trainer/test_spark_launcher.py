@@ -26,8 +26,9 @@ def spark_cluster():
         yield cluster
 
 
-def spark_launch(cluster, *args: str) -> subprocess.CompletedProcess:
-    env = {**trainer_env(), SECRET_ENV: SPARK_SECRET, "SPARK_LOCAL_IP": "127.0.0.1"}  # the driver on loopback
+def spark_launch(cluster, *args: str, secret_in_env: bool = True) -> subprocess.CompletedProcess:
+    env = {**trainer_env(), "SPARK_LOCAL_IP": "127.0.0.1"}  # the driver on loopback
+    env |= {SECRET_ENV: SPARK_SECRET} if secret_in_env else {}
     command = [sys.executable, "-m", "trainer.launchers.spark", "--master", cluster.master_url, *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
 
@@ -52,14 +53,19 @@ def test_two_processes_train_through_torch_distributor(spark_cluster, make_confi
 
 
 def test_missing_slot_fails_fast_with_one_clear_line(spark_cluster, make_config, tmp_path):
+    """Also: the auth secret from a file (as the spark role writes it) instead of the environment."""
     cfg = make_config(epochs=1, **SMALL)
+    secret_file = tmp_path / "spark-secret"
+    secret_file.write_text(SPARK_SECRET + "\n")
     started = time.monotonic()
     launched = spark_launch(spark_cluster, "--config", str(write_config(cfg, tmp_path / "run.yml")),
                             "--num-processes", "3",  # 2 workers x 1 core: one slot short
-                            "--spark-conf", "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures=3")
+                            "--spark-conf", "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures=3",
+                            "--spark-secret-file", str(secret_file), secret_in_env=False)
     assert launched.returncode == 2
     last_line = launched.stderr.strip().splitlines()[-1]
-    assert "--num-processes 3" in last_line and "fewer free slots" in last_line
+    assert last_line.startswith("python -m trainer.launchers.spark: error: --num-processes 3: ")
+    assert last_line.endswith("lacks free slots")
     # Spark's default retries for ~10 minutes; this is JVM start-up plus 3 one-second checks.
     assert time.monotonic() - started < 240
     assert not (tmp_path / "out" / "result.json").exists()

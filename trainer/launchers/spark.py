@@ -1,12 +1,13 @@
 """Spark launcher: `python -m trainer.launchers.spark --config F.yml --num-processes 2 --master spark://H:7077`.
 
 Each process is a TorchDistributor barrier task on an executor of `threads` cores. Spark auth: the secret
-comes from $SPARK_AUTHENTICATE_SECRET or spark-defaults.conf in $SPARK_CONF_DIR, never from argv."""
+comes from $SPARK_AUTHENTICATE_SECRET, --spark-secret-file or $SPARK_CONF_DIR/spark-defaults.conf."""
 
 import dataclasses
 import os
 import sys
 import warnings
+from pathlib import Path
 
 from pyspark.ml.torch.distributor import TorchDistributor
 from pyspark.sql import SparkSession
@@ -17,7 +18,6 @@ from trainer.result import write_result
 
 PROG, LABEL = "python -m trainer.launchers.spark", "spark (TorchDistributor, standalone)"
 SECRET_ENV = "SPARK_AUTHENTICATE_SECRET"
-PANDAS_WARNING = "PySpark does not yet fully support pandas"  # pyspark 4.3 vs pandas 3: harmless here
 
 
 def add_spark_flags(parser):
@@ -25,6 +25,7 @@ def add_spark_flags(parser):
     group.add_argument("--num-processes", type=int, default=2, help="training processes (barrier tasks)")
     group.add_argument("--master", default=os.environ.get("SPARK_MASTER_URL"), help="spark://host:port")
     group.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="extra conf")
+    group.add_argument("--spark-secret-file", dest="secret_file", help="file with spark.authenticate.secret")
     return parser
 
 
@@ -42,8 +43,8 @@ def spark_conf(cfg, args) -> dict[str, str]:
             "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": 30}  # 30 s, not Spark's ~10 min
     if cfg.device == "cuda":  # TorchDistributor's use_gpu needs an integer GPU amount per task
         conf |= {"spark.task.resource.gpu.amount": 1, "spark.executor.resource.gpu.amount": 1}
-    if secret := os.environ.get(SECRET_ENV):
-        conf |= {"spark.authenticate": "true", "spark.authenticate.secret": secret}
+    if secret := os.environ.get(SECRET_ENV) or (args.secret_file and Path(args.secret_file).read_text()):
+        conf |= {"spark.authenticate": "true", "spark.authenticate.secret": secret.strip()}
     if bad := [pair for pair in args.spark_conf if "=" not in pair]:
         raise ConfigError(f"--spark-conf {bad[0]}: expected KEY=VALUE")
     conf |= dict(pair.split("=", 1) for pair in args.spark_conf)  # the caller's conf wins
@@ -55,17 +56,16 @@ def launch(cfg, args) -> None:
     if args.num_processes < 1 or not str(args.master).startswith("spark://"):
         raise ConfigError("need --num-processes >= 1 and --master spark://HOST:PORT ($SPARK_MASTER_URL)")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the builder's spark.pyspark.python is ignored
-    warnings.filterwarnings("ignore", message=PANDAS_WARNING, category=FutureWarning)
+    warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas", FutureWarning)
     spark = SparkSession.builder.master(args.master).config(map=spark_conf(cfg, args)).getOrCreate()
     try:
         use_gpu = int(float(spark.conf.get("spark.task.resource.gpu.amount", "0"))) >= 1
         distributor = TorchDistributor(args.num_processes, local_mode=False, use_gpu=use_gpu)
         result = distributor.run(train_on_executor, cfg, cfg.framework_label)  # trainer is on the executors
-    except Exception as error:
+    except Exception as error:  # SPARK-24819: a barrier job needs more free slots than the cluster has
         if "BarrierJobSlotsNumberCheckFailed" not in str(error):
             raise
-        raise ConfigError(f"--num-processes {args.num_processes}: {args.master} has fewer free slots of "
-                          f"{cfg.threads} core(s); add workers or cores, or lower it") from None
+        raise ConfigError(f"--num-processes {args.num_processes}: {args.master} lacks free slots") from None
     finally:
         spark.stop()
     if result is not None:  # rank 0 may have run on another node: keep a copy where the driver runs
