@@ -17,6 +17,7 @@ import dtlab.lab
 from dtlab import paths
 from dtlab.errors import DtlabError
 from dtlab.lab import access, network, nodes
+from dtlab.lab.config import load_config as load_lab_config
 
 pytestmark = pytest.mark.lab
 
@@ -183,3 +184,16 @@ def test_lab_ssh_task_runs_a_command_on_a_node(lab):
     result = subprocess.run([invoke, "lab.ssh", "node0", "--name", lab.name, "--command", "hostname"],
                             capture_output=True, text=True, timeout=60, cwd=paths.REPO_ROOT)
     assert result.stdout.strip() == "node0", result.stderr
+
+
+def test_down_never_touches_an_interface_the_lab_did_not_create(lab):
+    name = f"{lab.name[:5]}zz"  # its bridge name fits 15 chars and is predictable: "<name>-br"
+    foreign = load_lab_config(name).bridge_ifname
+    subprocess.run(["ip", "link", "add", foreign, "type", "bridge"], check=True)  # someone else's
+    try:
+        with pytest.raises(DtlabError, match="did not create it"):
+            dtlab.lab.up(name, node_count=2)
+        dtlab.lab.down(name, wipe=True)
+        assert network.link_exists(foreign)  # still there: not ours to delete
+    finally:
+        subprocess.run(["ip", "link", "delete", foreign], check=False)
