@@ -23,6 +23,16 @@ from dtlab.errors import DtlabError
 from dtlab.inventory import load_cluster
 
 DDP_TARGET_S = 10.0
+LEGEND = """
+wall:       bench.run_cell, from preflight to recorded
+training:   the trainer's time_total_s (the study's span: start of training to end of last validation)
+wall-train: everything beyond that span
+ssh+rec:    preflight, prepare, result fetch, record (controller side, over SSH)
+launch:     units started -> rank 0's trainer process created (systemd-run, then torchrun /
+            Spark session, executor and Python worker / the Determined launcher)
+setup:      trainer process created -> training started (imports, data, tokenizer, model, rendezvous)
+after:      end of training -> every unit ended (result write, process and unit exit)
+harness:    wall minus the trainer process's lifetime = ssh+rec + launch (the target's measure)"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,41 +64,65 @@ def main(argv: list[str] | None = None) -> int:
                 f"{outcome.cell.key}: {outcome.status} ({outcome.failure.reason if outcome.failure else ''})"
             )
             continue
-        trainer_s = float(outcome.result["time_total_s"])
-        phases = outcome.phases
+        result, phases, marks = outcome.result, outcome.phases, outcome.marks
+        timeline = result.get("timeline_unix") or {}
+        training_s = float(result["time_total_s"])
+        # Node and controller clocks agree on the lab (one kernel) and within NTP error on a cluster.
+        process_s = marks["units_ended"] - timeline["process_started"]
         rows[(outcome.cell.framework, outcome.cell.gpus)].append(
             {
                 "wall": outcome.seconds,
-                "trainer": trainer_s,
-                "overhead": outcome.seconds - trainer_s,
-                "ssh": phases.get("preflight", 0) + phases.get("prepare", 0),
-                "startup": phases.get("run_and_fetch", 0) - trainer_s,
-                "record": phases.get("record", 0),
+                "training": training_s,
+                "beyond_training": outcome.seconds - training_s,
+                "ssh": phases.get("preflight", 0)
+                + phases.get("prepare", 0)
+                + phases.get("record", 0)
+                + max(0.0, phases.get("run_and_fetch", 0) - (marks["units_ended"] - marks["units_started"])),
+                "to_process": timeline["process_started"] - marks["units_started"],
+                "setup": timeline["training_started"] - timeline["process_started"],
+                "after": process_s
+                - (timeline["training_started"] - timeline["process_started"])
+                - training_s,
+                "harness": outcome.seconds - process_s,
             }
         )
     print(
         f"\nharness overhead per cell on {cluster.name} ({cluster.device}, {len(cluster.workers)} workers), "
-        f"profile {args.profile}"
+        f"profile {args.profile}; means of {max(1, args.repeat)} run(s) per row, seconds"
     )
-    print(f"(means of {max(1, args.repeat)} run(s) per row; wall = bench.run_cell, preflight to record)")
+    columns = [
+        ("wall", "wall"),
+        ("training", "training"),
+        ("beyond_training", "wall-train"),
+        ("ssh", "ssh+rec"),
+        ("to_process", "launch"),
+        ("setup", "setup"),
+        ("after", "after"),
+        ("harness", "harness"),
+    ]
     header = (
-        f"{'framework':<11}{'gpus':>5}{'wall s':>9}{'trainer s':>11}{'overhead s':>12}{'wall/trainer':>14}"
-        f"{'ssh+prep s':>12}{'start-up s':>12}{'record s':>10}"
+        f"{'framework':<11}{'gpus':>5}"
+        + "".join(f"{title:>11}" for _, title in columns)
+        + f"{'wall/train':>12}"
     )
     print(header)
     print("-" * len(header))
     verdict = []
     for (framework, gpus), samples in sorted(rows.items()):
-        mean = {k: statistics.mean(s[k] for s in samples) for k in samples[0]}
+        mean = {key: statistics.mean(sample[key] for sample in samples) for key in samples[0]}
         print(
-            f"{framework:<11}{gpus:>5}{mean['wall']:>9.1f}{mean['trainer']:>11.1f}{mean['overhead']:>12.1f}"
-            f"{mean['wall'] / mean['trainer']:>13.2f}x{mean['ssh']:>12.1f}{mean['startup']:>12.1f}"
-            f"{mean['record']:>10.2f}"
+            f"{framework:<11}{gpus:>5}"
+            + "".join(f"{mean[key]:>11.1f}" for key, _ in columns)
+            + f"{mean['wall'] / mean['training']:>11.2f}x"
         )
         if framework == "ddp":
-            verdict.append(mean["overhead"] <= DDP_TARGET_S)
+            verdict.append(mean["harness"] <= DDP_TARGET_S)
+    print(LEGEND)
     if verdict:
-        print(f"\nddp target overhead <= {DDP_TARGET_S:.0f} s: {'met' if all(verdict) else 'MISSED'}")
+        print(
+            f"\nddp target: harness time beyond the trainer process <= {DDP_TARGET_S:.0f} s: "
+            f"{'met' if all(verdict) else 'MISSED'}"
+        )
     return 0
 
 

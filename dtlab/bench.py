@@ -73,6 +73,7 @@ class CellOutcome:
     failure: AttemptFailure | None = None
     result: dict[str, Any] | None = None
     phases: dict[str, float] = field(default_factory=dict)  # seconds per harness phase, last attempt
+    marks: dict[str, float] = field(default_factory=dict)  # wall clock (time.time) of units start/end
 
 
 class Interrupted(Exception):
@@ -223,6 +224,7 @@ class Bench:
         self.git_rev = git_revision()
         self._node_versions: dict[str, Any] | None = None
         self.phases: dict[str, float] = {}
+        self.marks: dict[str, float] = {}
 
     # --- the matrix ----------------------------------------------------------------
 
@@ -280,7 +282,13 @@ class Bench:
             result, failure = self.run_attempt(cell, attempts, timeout_s, fresh=attempts == 1)
             if result is not None:
                 return CellOutcome(
-                    cell, "ok", attempts, time.monotonic() - started, result=result, phases=dict(self.phases)
+                    cell,
+                    "ok",
+                    attempts,
+                    time.monotonic() - started,
+                    result=result,
+                    phases=dict(self.phases),
+                    marks=dict(self.marks),
                 )
             if failure is not None and not failure.retryable:
                 break
@@ -426,6 +434,7 @@ class Bench:
             return self._execute_external(planned)
         sink = self.display.line if self.display else None
         started = time.monotonic()
+        self.marks = {"units_started": time.time()}
         pool = ThreadPoolExecutor(max_workers=len(planned.jobs), thread_name_prefix="dtlab-unit")
         futures: dict[Future, Node] = {
             pool.submit(
@@ -456,6 +465,7 @@ class Bench:
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         pool.shutdown(wait=True)
+        self.marks["units_ended"] = time.time()
         if failure is not None:
             return None, failure
         return self.fetch_result(planned, log_dir)
