@@ -14,6 +14,7 @@ See docs/lab.md.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from dtlab import paths
@@ -106,7 +107,20 @@ def down(name: str | None = None, wipe: bool = False) -> LabConfig:
             state.save()
             if not any(state.data["created"].values()):
                 state.path.unlink()  # nothing of this lab is left to remember
+    if wipe:
+        _remove_empty_run_dir(config)
     return config
+
+
+def _remove_empty_run_dir(config: LabConfig) -> None:
+    """After a wipe, drop the instance's directory if only its lock and proxy log are left."""
+    leftovers = {entry.name for entry in config.run_dir.iterdir()} if config.run_dir.is_dir() else set()
+    if leftovers <= {".lock", "aptproxy.log"}:
+        for name in leftovers:
+            with contextlib.suppress(OSError):
+                (config.run_dir / name).unlink()
+        with contextlib.suppress(OSError):
+            config.run_dir.rmdir()  # fails, harmlessly, if another command just started using it
 
 
 def restart_node(node: str, name: str | None = None) -> None:
