@@ -17,9 +17,8 @@ from trainer.config import ConfigError, parse_args
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        cfg = parse_args(argv, prog="python -m trainer.launchers.torchrun",
-                         description=__doc__)
-        from trainer.core import TrainHooks, train
+        cfg = parse_args(argv, prog="python -m trainer.launchers.torchrun", description=__doc__)
+        from trainer.core import TrainHooks, train  # torch loads only once the flags are known good
 
         label = "ddp (torchrun)" if "TORCHELASTIC_RUN_ID" in os.environ else "ddp (single process)"
         hooks = TrainHooks()
