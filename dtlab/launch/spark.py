@@ -51,11 +51,9 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     ]
     for key, value in executor_env.items():
         argv += ["--spark-conf", f"spark.executorEnv.{key}={value}"]
-    secret_file = cluster.var("spark_secret_file")
-    if secret_file:  # spark.authenticate: the node-side file the spark role writes, never argv
-        argv += ["--spark-secret-file", str(secret_file)]
     env = trainer_env(cluster, master)
     env["PYSPARK_PYTHON"] = cluster.python
+    # SPARK_CONF_DIR's spark-defaults.conf carries spark.authenticate and its secret (never argv).
     for key in ("spark_home", "spark_conf_dir"):
         if cluster.var(key):
             env[key.upper()] = str(cluster.var(key))
