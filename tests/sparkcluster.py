@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -80,7 +81,7 @@ class SparkStandaloneCluster:
             raise
 
     def stop(self) -> None:
-        """SIGTERM each daemon and every process below it (executors, Python workers) by PID."""
+        """SIGTERM each daemon and all below it (executors, Python workers) by PID; delete the scratch dir."""
         targets: list[psutil.Process] = []
         for process in self.processes:
             try:
@@ -100,6 +101,7 @@ class SparkStandaloneCluster:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=5)  # reap our own children
         self.processes.clear()
+        shutil.rmtree(self.scratch, ignore_errors=True)  # logs, work dirs, the secret's conf file
 
     # --- what tests read -------------------------------------------------------------------
     def status(self) -> dict:
