@@ -221,7 +221,7 @@ def _gpu_indices(where: str, raw: Any) -> tuple[int, ...]:
 
 
 def load_cluster(inventory: str | Path | None = None) -> Cluster:
-    """Read the inventory (default: ansible.cfg's) into a Cluster, with every variable resolved."""
+    """Read the inventory (default: ansible.cfg's) into a Cluster; variables render when first read."""
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
     from ansible.plugins.loader import init_plugin_loader
