@@ -6,6 +6,7 @@ import sys
 import pytest
 import torch
 
+from dtlab.paths import REPO_ROOT
 from tests.trainer.conftest import TINY, trainer_env
 from trainer.config import ConfigError, TrainConfig, parse_args
 from trainer.core import train
@@ -54,6 +55,13 @@ def test_yaml_then_flags(tmp_path):
                       "--group-by-length", "false"])
     assert (cfg.epochs, cfg.batch_size, cfg.learning_rate, cfg.group_by_length) == (5, 16, 1e-3, False)
     assert cfg.checkpoint_dir is None
+
+
+@pytest.mark.parametrize("config_file", sorted((REPO_ROOT / "experiments" / "trainer").glob("*.yml")),
+                         ids=lambda path: path.name)
+def test_shipped_trainer_configs_are_valid(config_file, tmp_path):
+    cfg = parse_args(["--config", str(config_file), "--output-dir", str(tmp_path / "out")])
+    assert cfg.batch_size == 32 and cfg.weight_decay == 0.01  # the study's protocol
 
 
 def test_unknown_yaml_key_names_the_key(tmp_path):
