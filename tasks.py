@@ -192,7 +192,7 @@ def bench_run(c, cell, inventory=None, profile=None, retries=1, timeout=None, ve
     """Run one matrix cell now (even if recorded) and record it."""
     from dtlab.bench import run_command
 
-    options = _harness_call(_bench_options, profile, cell, True, retries, timeout, verbose, matrix, False)
+    options = _harness_call(_bench_options, profile, None, True, retries, timeout, verbose, matrix, False)
     outcome = _harness_call(run_command, inventory, cell, options)
     sys.exit(0 if outcome.status == "ok" else 1)
 

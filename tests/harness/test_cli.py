@@ -53,6 +53,14 @@ def test_bad_bench_flags_fail_with_one_line_before_any_node_is_contacted(
     assert not (tmp_path / "r").exists()  # nothing started, nothing recorded
 
 
+def test_bench_run_of_an_unknown_cell_names_the_cells_there_are(loopback_inventory):
+    answer = invoke("bench.run", "ddp-g9-e2-s0", "-i", str(loopback_inventory))
+    assert answer.returncode == 2
+    expected = "error: bench.run ddp-g9-e2-s0: no such cell in profile smoke; cells: ddp-g1-e2-s0"
+    assert answer.stderr.startswith(expected)
+    assert len(answer.stderr.strip().splitlines()) == 1
+
+
 def test_a_bad_matrix_file_fails_with_one_line(loopback_inventory, tmp_path):
     bad = tmp_path / "matrix.yml"
     bad.write_text(
