@@ -93,6 +93,20 @@ def test_length_grouped_batches_keep_the_samplers_split():
     assert padding < plain_padding / 4  # grouping by length is what removes the padding
 
 
+def test_ranks_step_with_batches_of_similar_length():
+    # IMDB-like token counts; a step lasts as long as the longest batch of any rank.
+    lengths = np.minimum(np.random.default_rng(0).lognormal(np.log(230), 0.75, 4000).astype(int) + 2, 512)
+    widths = {}
+    for rank in (0, 1):
+        sampler = torch.utils.data.DistributedSampler(range(4000), num_replicas=2, rank=rank, seed=3)
+        batches = LengthGroupedBatchSampler(sampler, lengths, batch_size=32, seed=3)
+        batches.set_epoch(0)
+        widths[rank] = np.array([lengths[batch].max() for batch in batches])
+    busy = (widths[0] + widths[1]).sum() / 2
+    assert busy / np.maximum(widths[0], widths[1]).sum() >= 0.95  # little waiting for the other rank
+    assert busy < 0.6 * 512 * len(widths[0])  # and far less padding than batches of mixed lengths
+
+
 def test_validation_shards_cover_the_test_split_once():
     lengths = np.arange(101)
     shards = [validation_batches(lengths, rank, 2, batch_size=8) for rank in (0, 1)]
