@@ -41,6 +41,7 @@ _HASHED_FIELDS = ("model", "dataset", "generated_train_size", "generated_test_si
                   "num_workers")
 _PRECISION_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
+_GPU_UTILIZATION_EVERY_STEPS = 20  # an NVML query per step would cost more than it tells
 
 
 class TrainHooks:
@@ -313,6 +314,11 @@ class _Run:
         dist.all_reduce(averaged, op=dist.ReduceOp.SUM)
         gradient.index_copy_(0, rows, averaged)
 
+    def _sample_gpu_utilization(self) -> None:
+        """CUDA-only: NVML's utilization of this rank's GPU (needs pynvml; skipped without it)."""
+        with contextlib.suppress(Exception):  # no NVML library or no permission: leave it null
+            self.gpu_utilization.append(float(torch.cuda.utilization(self.device)))
+
     def _synchronize(self) -> None:
         if self.is_cuda:  # CUDA-only: wait for queued kernels before reading the clock
             torch.cuda.synchronize(self.device)
@@ -338,6 +344,8 @@ class _Run:
             loss_sum += loss.detach().double() * size  # stays on the device: no sync per step
             samples += size
             self.step_times.append(time.perf_counter() - step_started)
+            if self.is_cuda and len(self.step_times) % _GPU_UTILIZATION_EVERY_STEPS == 0:
+                self._sample_gpu_utilization()
             if self.first_step_done_at is None:
                 self.first_step_done_at = time.time()
         global_loss, global_samples = _all_reduce_sum([loss_sum.item(), samples], self.device)
@@ -373,7 +381,7 @@ class _Run:
         self._build()
         start_epoch, elapsed_before, epoch_metrics = self._resume()
         resumed_from = start_epoch if start_epoch > 0 else None
-        self.step_times, self.first_step_done_at = [], None
+        self.step_times, self.first_step_done_at, self.gpu_utilization = [], None, []
         self.log(f"{self.hooks.framework_label}: world size {self.world_size} on {self.device}, "
                  f"{self.train_size} train / {self.test_size} test reviews, "
                  f"{self.steps_per_epoch} steps/epoch, "
@@ -447,7 +455,7 @@ class _Run:
                                "rss_per_rank": [e["rss_mb"] for e in per_rank],
                                "cuda": max(e["cuda_mb"] for e in per_rank) if self.is_cuda else None},
             "final_accuracy": epoch_metrics[-1]["val_accuracy"],
-            "gpu_utilization_pct": None,
+            "gpu_utilization_pct": statistics.mean(self.gpu_utilization) if self.gpu_utilization else None,
             "resumed_from_epoch": resumed_from,
             "versions": versions(),
             "started_at": datetime.datetime.fromtimestamp(training_started_at, datetime.UTC).isoformat(
