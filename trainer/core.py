@@ -389,10 +389,11 @@ class _Run:
         dist.barrier()  # all ranks start the timed span together
         training_started_at = time.time()
         span_started = time.perf_counter()
+        elapsed = elapsed_before
         for epoch in range(start_epoch, cfg.epochs):
             metrics = {"epoch": epoch + 1, **self._train_epoch(epoch), **self._validate()}
             epoch_metrics.append(metrics)
-            elapsed = elapsed_before + time.perf_counter() - span_started
+            elapsed = elapsed_before + time.perf_counter() - span_started  # the study's span ends here
             self.log(f"epoch {epoch + 1}/{cfg.epochs}: train {metrics['train_time_s']:.2f}s "
                      f"loss {metrics['train_loss']:.4f} | val {metrics['val_time_s']:.2f}s "
                      f"loss {metrics['val_loss']:.4f} accuracy {metrics['val_accuracy']:.4f}")
@@ -404,8 +405,7 @@ class _Run:
                 self.log(f"stopping after epoch {epoch + 1} as asked (preemption); "
                          "a resumed run continues from here")
                 return None
-        time_total = elapsed_before + time.perf_counter() - span_started
-        return self._result(time_total, epoch_metrics, resumed_from, training_started_at)
+        return self._result(elapsed, epoch_metrics, resumed_from, training_started_at)
 
     def _result(self, time_total: float, epoch_metrics: list[dict], resumed_from: int | None,
                 training_started_at: float) -> dict | None:
