@@ -6,6 +6,12 @@ import subprocess
 
 import pytest
 
+# --- one process for torch and Ansible -----------------------------------------------------------------
+# ansible-core replaces sys.intern with a patch object once its templar runs; torch._dynamo, imported
+# later by transformers, then fails to register its sys polyfills. Only the test process holds both
+# (the harness never trains in-process), so load dynamo first here.
+import torch._dynamo  # noqa: E402,F401  isort: skip
+
 # --- lab: one lab instance for the whole session (tests/lab/, provisioning, harness) ------------------
 
 # Its own instance, so running the tests never touches a user's lab ("dtlab") or another engineer's.
