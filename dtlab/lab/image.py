@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -16,6 +15,7 @@ from pathlib import Path
 from dtlab.errors import DtlabError
 from dtlab.lab import host, mounts
 from dtlab.lab.config import IMAGE_CACHE_DIR, LabConfig
+from dtlab.lab.state import held_lock
 
 # Bump when the build steps below change, so cached images built the old way are not reused.
 IMAGE_RECIPE_VERSION = 1
@@ -48,35 +48,14 @@ def ensure_image(config: LabConfig) -> Path:
         return rootfs
     IMAGE_CACHE_DIR.mkdir(parents=True, exist_ok=True)
     key = image_key(config)
-    with _build_lock(key):
+    # One builder per recipe across processes: parallel labs share the cache.
+    with held_lock(IMAGE_CACHE_DIR / f".{key}.lock", LOCK_WAIT_S,
+                   "lab: another process is building the node image; wait for it or end it"):
         rootfs = cached_image(config)  # another process may have built it while we waited
         if rootfs:
             return rootfs
         host.require_free_disk(IMAGE_CACHE_DIR, host.MIN_FREE_BYTES_BUILD)
         return _build(config, key)
-
-
-class _build_lock:
-    """One builder per recipe across processes (parallel labs share the cache)."""
-
-    def __init__(self, key: str):
-        self.path = IMAGE_CACHE_DIR / f".{key}.lock"
-
-    def __enter__(self):
-        self.file = open(self.path, "w")
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise DtlabError(f"lab: another process has been building the image for {LOCK_WAIT_S} s"
-                                     f" (lock {self.path}); wait for it or end it") from None
-                time.sleep(2)
-
-    def __exit__(self, *exc):
-        self.file.close()
 
 
 def _build(config: LabConfig, key: str) -> Path:

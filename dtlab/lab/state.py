@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import time
+from contextlib import contextmanager
 from pathlib import Path
+
+from filelock import FileLock, Timeout
 
 from dtlab.errors import DtlabError
 
@@ -50,25 +51,18 @@ class LabState:
         return self.data["nodes"].setdefault(node, {})
 
 
-class instance_lock:
+@contextmanager
+def held_lock(path: Path, wait_s: float, busy_message: str):
+    """An exclusive lock across processes, waited for at most wait_s; then busy_message as the error."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with FileLock(path, timeout=wait_s):
+            yield
+    except Timeout:
+        raise DtlabError(f"{busy_message} (lock {path}, waited {wait_s:.0f} s)") from None
+
+
+def instance_lock(run_dir: Path):
     """One lab operation at a time per instance (up, down, restart), across processes."""
-
-    def __init__(self, run_dir: Path):
-        self.path = run_dir / ".lock"
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.file = open(self.path, "w")
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                return self
-            except BlockingIOError:
-                if time.monotonic() > deadline:
-                    raise DtlabError(f"lab: another lab command holds {self.path} for {LOCK_WAIT_S} s;"
-                                     " wait for it to finish") from None
-                time.sleep(0.5)
-
-    def __exit__(self, *exc):
-        self.file.close()
+    return held_lock(run_dir / ".lock", LOCK_WAIT_S, "lab: another lab command is running on this lab;"
+                     " wait for it to finish")
