@@ -166,12 +166,12 @@ class Cluster:
     @property
     def trainer_runtime(self) -> str:
         """native or docker (the study's Listing 4.1) for DDP cells."""
-        return str(self.var("dtlab_trainer_runtime", "native"))
+        return str(self.require("dtlab_trainer_runtime"))
 
     @property
     def has_determined_master(self) -> bool:
         """True where the Determined binaries are installed; the lab skips them (no download here)."""
-        return bool(self.var("determined_install_binaries", True)) and self.master is not None
+        return bool(self.require("determined_install_binaries")) and self.master is not None
 
 
 def default_inventory_path() -> Path:
