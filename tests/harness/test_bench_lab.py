@@ -61,6 +61,8 @@ def test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing(harness
     assert {run.result["device"] for run in ok.values()} == {"cpu"}  # the report labels them CPU
     assert ok["ddp-g2-e2-s0"].result["world_size"] == 2 and ok["ddp-g2-e2-s0"].result["nodes"] == 2
     assert ok["spark-g2-e2-s0"].result["world_size"] == 2
+    # Every framework and world size really learns the generated signal (chance is 0.50).
+    assert {key: run.result["final_accuracy"] >= 0.8 for key, run in ok.items()} == dict.fromkeys(ok, True)
     for run in ok.values():
         assert (run.log_dir / f"{run.result['hostnames'][0]}.log").exists() or any(run.log_dir.iterdir())
     assert "report:" in first.stdout  # bench.all ends with the report
