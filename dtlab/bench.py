@@ -560,21 +560,26 @@ def _log_tail(log_dir: Path | None, node: str) -> list[str]:
         return []
 
 
-def spark_alive_workers(cluster: Cluster) -> int:
-    """Alive workers as the Spark master's JSON endpoint reports them, asked on the master itself."""
+def spark_alive_worker_info(cluster: Cluster) -> list[dict]:
+    """The alive workers from the Spark master's JSON endpoint, asked on the master itself ([] if none)."""
     master = cluster.master
     if master is None:
-        return 0
+        return []
     url = f"http://{master.address}:{cluster.spark_master_webui_port}/json/"
     probe = (
         f'{cluster.python} -c "import json,urllib.request;'
-        f"print(json.load(urllib.request.urlopen('{url}', timeout=5)).get('aliveworkers', 0))\""
+        f"w=json.load(urllib.request.urlopen('{url}', timeout=5)).get('workers', []);"
+        "print(json.dumps([x for x in w if x.get('state') == 'ALIVE']))\""
     )
     answer = remote.run(master, probe, timeout=30)
     try:
-        return int(answer.stdout.strip().splitlines()[-1]) if answer.ok else 0
+        return json.loads(answer.stdout.strip().splitlines()[-1]) if answer.ok else []
     except (ValueError, IndexError):
-        return 0
+        return []
+
+
+def spark_alive_workers(cluster: Cluster) -> int:
+    return len(spark_alive_worker_info(cluster))
 
 
 def run_all(

@@ -286,21 +286,10 @@ def _check_services(cluster: Cluster, probes: dict[str, dict[str, str]]) -> list
 
 def spark_worker_gpus(cluster: Cluster) -> int:
     """GPUs the Spark master sees on its alive workers (the study's Listings 4.2/4.3 make them visible)."""
-    master = cluster.master
-    if master is None:
-        return 0
-    url = f"http://{master.address}:{cluster.spark_master_webui_port}/json/"
-    probe = (
-        f"{cluster.python} -c \"import json,urllib.request;"
-        f"w=json.load(urllib.request.urlopen('{url}',timeout=5))"
-        ".get('workers',[]);print(sum(len((x.get('resources') or {}).get('gpu',{}).get('addresses',[])) "
-        "for x in w if x.get('state')=='ALIVE'))\""
-    )
-    answer = remote.run(master, probe, timeout=30)
-    try:
-        return int(answer.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        return 0
+    from dtlab.bench import spark_alive_worker_info
+
+    return sum(len((worker.get("resources") or {}).get("gpu", {}).get("addresses", []))
+               for worker in spark_alive_worker_info(cluster))
 
 
 def failed(rows: list[CheckRow]) -> list[CheckRow]:
