@@ -25,7 +25,6 @@ SPLITS = ("train", "test")
 # Bump when the generator's output changes: the version is part of the cache key.
 GENERATOR_VERSION = 1
 TOKEN_CACHE_VERSION = 1
-GENERATED_VOCAB_SIZE = 8_000
 CACHE_LOCK_TIMEOUT_S = 1800  # tokenizing 2x25k reviews at 512 tokens takes about a minute
 
 # --- the generated IMDB-like dataset ------------------------------------------------
@@ -169,34 +168,37 @@ def _load_dataset_dict(cfg: TrainConfig):
 
 # --- tokenizer ------------------------------------------------------------------------
 
-def _train_wordpiece(texts: list[str], vocab_size: int):
-    """A BERT-style uncased WordPiece tokenizer trained on `texts`, built with `tokenizers` directly."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+def generated_vocabulary() -> list[str]:
+    """Every word and mark the generator writes, sorted: the generated tokenizer's whole vocabulary."""
+    return sorted(set(_NEUTRAL + _POSITIVE + _NEGATIVE + list(_PUNCTUATION)))
 
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+
+def generated_tokenizer():
+    """A BERT-style uncased WordPiece tokenizer over generated_vocabulary(), built, not trained.
+
+    Training WordPiece on the texts gave different ids and merges from one process to the next (the
+    trainer's hash-map order), so ranks and reruns could tokenize the same data differently. Built from
+    the sorted word list, it is the same bytes in every process on every node.
+    """
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] = 0, BERT's pad_token_id
+    vocabulary = {token: index for index, token in enumerate([*specials, *generated_vocabulary()])}
+    tokenizer = Tokenizer(models.WordPiece(vocab=vocabulary, unk_token="[UNK]"))
     tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
     tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tokenizer.decoder = decoders.WordPiece()
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # [PAD] = 0, BERT's pad_token_id
-    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False)
-    tokenizer.train_from_iterator(texts, trainer=trainer)
     tokenizer.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
     return tokenizer
 
 
 def load_tokenizer(cfg: TrainConfig, source: TextSource):
-    """A `tokenizers.Tokenizer`: the model's own, or WordPiece trained on the train split (cached)."""
+    """A `tokenizers.Tokenizer`: the model's own, or the generated data's (built from its word list)."""
     from tokenizers import Tokenizer
 
     if cfg.model.startswith("generated:"):
-        cache_dir = cfg.token_cache_dir
-        path = cache_dir / f"wordpiece-{source.fingerprint}-{GENERATED_VOCAB_SIZE}.json"
-        with _cache_lock(cache_dir, path.name):
-            if not path.exists():
-                tokenizer = _train_wordpiece(source.load()["train"]["text"], GENERATED_VOCAB_SIZE)
-                _atomic_write_text(path, tokenizer.to_str())
-        tokenizer = Tokenizer.from_file(str(path))
+        tokenizer = generated_tokenizer()
     else:
         from transformers import AutoTokenizer
 
@@ -306,13 +308,6 @@ def _cache_lock(cache_dir: Path, name: str):
             lock.release()
 
     return _Bounded()
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}-", dir=path.parent)
-    with os.fdopen(handle, "w") as stream:
-        stream.write(text)
-    os.replace(temporary, path)
 
 
 # --- batches --------------------------------------------------------------------------------

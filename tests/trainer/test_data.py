@@ -1,6 +1,9 @@
 """Data: the generated IMDB-like set, the WordPiece tokenizer, the token cache and the batch order."""
 
 import multiprocessing
+import os
+import subprocess
+import sys
 
 import numpy as np
 import torch
@@ -44,6 +47,21 @@ def test_wordpiece_tokenizer_knows_the_words(make_config):
     assert encoding.tokens[0] == "[CLS]" and encoding.tokens[-1] == "[SEP]"
     assert unknown not in encoding.ids
     assert tokenizer.token_to_id("[PAD]") == 0  # BERT's pad_token_id
+
+
+def test_generated_tokenizer_is_the_same_bytes_in_every_process(make_config):
+    # Trained WordPiece differed between processes (hash-map order); ranks on different nodes and reruns
+    # must tokenize alike, so the generated tokenizer is built from the generator's sorted word list.
+    cfg = make_config()
+    here = load_tokenizer(cfg, text_source(cfg)).to_str()
+    code = "from trainer.data import generated_tokenizer; print(generated_tokenizer().to_str())"
+    for hash_seed in ("1", "2"):
+        elsewhere = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                                   env={**os.environ, "PYTHONHASHSEED": hash_seed}, timeout=120).stdout.strip()
+        assert elsewhere == here
+    reviews = generate_imdb_like(seed=3, train_size=50, test_size=2)["train"]["text"]
+    tokenizer = load_tokenizer(cfg, text_source(cfg))
+    assert all(tokenizer.token_to_id("[UNK]") not in tokenizer.encode(text).ids for text in reviews)
 
 
 def test_token_cache_is_built_once_and_reused(make_config, tmp_path):
