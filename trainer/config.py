@@ -21,6 +21,7 @@ GENERATED_MODEL_PREFIX = "generated:"
 GENERATED_MODEL_SHAPES = ("bert-tiny",)
 GENERATED_DATASET = "generated"
 GENERATED_MAX_SPLIT_SIZE = 25_000  # IMDB's split size
+COMPILE_MODES = ("no", "default", "reduce-overhead")
 # A hub id is "name" or "owner/name"; anything else is treated as a local path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 
@@ -54,6 +55,9 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda
     mixed_precision: str = "auto"  # auto | no | bf16 | fp16 (CUDA only)
     num_workers: int | None = None  # loader processes; None = auto (0 on CPU, 2 on CUDA)
+    pad_to_multiple_of: int | None = None  # batch width rounding; None = auto (1 CPU, 8 CUDA, 64 compiled)
+    compile: str = "no"  # no | default | reduce-overhead (torch.compile; reduce-overhead = CUDA graphs)
+    deterministic: bool = False  # torch.use_deterministic_algorithms: bit-exact reruns on CUDA
     # --- where things go ---
     output_dir: str = "out"
     checkpoint_dir: str | None = None  # None = no checkpoints
@@ -78,12 +82,18 @@ class TrainConfig:
             raise ConfigError(f"dropout: must be in [0, 1) or null, got {self.dropout}")
         if self.num_workers is not None:
             _at_least("num_workers", self.num_workers, 0)
+        if self.pad_to_multiple_of is not None:
+            _at_least("pad_to_multiple_of", self.pad_to_multiple_of, 1)
+        _one_of("compile", self.compile, COMPILE_MODES)
         _one_of("optimizer", self.optimizer, ("adamw", "sgd"))
         _one_of("device", self.device, ("auto", "cpu", "cuda"))
         _one_of("mixed_precision", self.mixed_precision, ("auto", "no", "bf16", "fp16"))
         _one_of("framework", self.framework, ("ddp", "spark", "determined"))
         if self.device == "cpu" and self.mixed_precision in ("bf16", "fp16"):
             raise ConfigError(f"mixed_precision: {self.mixed_precision} is CUDA-only; use auto or no on cpu")
+        if self.device == "cpu" and self.compile == "reduce-overhead":
+            raise ConfigError("compile: reduce-overhead captures CUDA graphs and is CUDA-only; "
+                              "use default or no on cpu")
         self._validate_sources()
         for key in ("output_dir", "checkpoint_dir", "cache_dir"):
             if getattr(self, key) is not None:
@@ -171,8 +181,14 @@ _HELP = {
     "group_by_length": "batch reviews of similar length together (per rank, deterministic)",
     "threads": "CPU threads per worker (torch.set_num_threads)",
     "device": "auto, cpu or cuda",
-    "mixed_precision": "auto, no, bf16 or fp16 (CUDA only; auto = bf16 where supported, else fp16)",
+    "mixed_precision": "auto, no, bf16 or fp16 (CUDA only; auto = bf16 on compute capability >= 8.0, "
+                       "fp16 with a GradScaler on 7.x, fp32 below)",
     "num_workers": "data-loader processes per worker (auto: 0 on CPU, 2 on CUDA)",
+    "pad_to_multiple_of": "round each batch's width up to a multiple of N (auto: 1 on CPU, 8 on CUDA, "
+                          "64 when compiled, so few shapes)",
+    "compile": "no, default or reduce-overhead: torch.compile the model (reduce-overhead adds CUDA graphs; "
+               "CUDA only); labelled in results",
+    "deterministic": "deterministic CUDA kernels (torch.use_deterministic_algorithms), for bit-exact reruns",
     "output_dir": "where rank 0 writes result.json",
     "checkpoint_dir": "per-epoch checkpoints and resume (null/none = off)",
     "cache_dir": "tokenized-split cache shared by runs (default: <output_dir>/../token-cache)",

@@ -39,9 +39,13 @@ _HASHED_FIELDS = ("model", "dataset", "generated_train_size", "generated_test_si
                   "generated_seed", "epochs", "seed", "batch_size", "learning_rate", "weight_decay",
                   "warmup_steps", "max_length", "optimizer", "dropout", "group_by_length", "mixed_precision",
                   "num_workers")
+# Options added later enter the hash only when set, so runs recorded before they existed keep theirs.
+_HASHED_IF_SET = {"pad_to_multiple_of": None, "compile": "no", "deterministic": False}
 _PRECISION_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
 _GPU_UTILIZATION_EVERY_STEPS = 20  # an NVML query per step would cost more than it tells
+_COMPILED_PAD_MULTIPLE = 64  # length buckets: at most 512/64 = 8 widths, so few graphs to compile or capture
+_RECOMPILE_LIMIT = 64  # widths x batch sizes x train/eval; torch's default (8) would fall back to eager
 
 
 class TrainHooks:
@@ -76,22 +80,61 @@ class TrainHooks:
 
 
 def config_hash(cfg: TrainConfig) -> str:
-    canonical = json.dumps({key: getattr(cfg, key) for key in _HASHED_FIELDS}, sort_keys=True)
+    hashed = {key: getattr(cfg, key) for key in _HASHED_FIELDS}
+    hashed.update({key: getattr(cfg, key) for key, default in _HASHED_IF_SET.items()
+                   if getattr(cfg, key) != default})
+    canonical = json.dumps(hashed, sort_keys=True)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def auto_precision(capability: tuple[int, int]) -> str:
+    """What mixed_precision: auto picks on a GPU of this compute capability: bf16, fp16 or no.
+
+    bf16 only where the tensor cores have it (8.0, Ampere, and newer); torch.cuda.is_bf16_supported()
+    also counts emulation, which is slower than fp32. fp16 with a GradScaler on Volta and Turing (7.x),
+    whose tensor cores are fp16-only. fp32 below: Pascal consumer cards such as the study's GTX 1060
+    (6.1) run fp16 arithmetic at a small fraction of their fp32 rate.
+    """
+    if capability >= (8, 0):
+        return "bf16"
+    if capability >= (7, 0):
+        return "fp16"
+    return "no"
+
+
+def speed_options_label(cfg: TrainConfig) -> str:
+    """The options beyond the study's protocol, as the report shows them beside the framework."""
+    return f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else ""
 
 
 def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> dict | None:
     """Run the protocol on this process's rank; rank 0 writes <output_dir>/result.json and returns it."""
+    with prepared(cfg, hooks) as run:
+        return run.run()
+
+
+@contextlib.contextmanager
+def prepared(cfg: TrainConfig, hooks: TrainHooks | None = None):
+    """A process group, device, data, model and optimizer ready to train: what train() runs, and
+    what benchmarks/gpu_trainer.py times phase by phase."""
     process_started = psutil.Process().create_time()  # launch-to-first-step includes imports
     cfg.validate()
     hooks = hooks or TrainHooks()
     hooks.cfg = cfg
     torch.set_num_threads(cfg.threads)
+    was_deterministic = torch.are_deterministic_algorithms_enabled()
+    if cfg.deterministic:
+        # cuBLAS reads this when its first handle is made; set before any CUDA work in this process.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
     device = _resolve_device(cfg)
     created_group = _init_process_group(device)
     try:
-        return _Run(cfg, hooks, device, process_started).run()
+        run = _Run(cfg, hooks, device, process_started)
+        run.build()
+        yield run
     finally:
+        torch.use_deterministic_algorithms(was_deterministic)
         if created_group and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -182,7 +225,7 @@ class _Run:
         np.random.seed(self.cfg.seed)
         torch.manual_seed(self.cfg.seed)  # also seeds CUDA; every rank builds the same initial weights
 
-    def _build(self) -> None:
+    def build(self) -> None:
         cfg = self.cfg
         splits = tokenized_splits(cfg, log=self.log)
         self._seed()
@@ -199,11 +242,18 @@ class _Run:
             ddp = torch.nn.parallel.DistributedDataParallel
             ddp._set_params_and_buffers_to_ignore_for_model(model, [name])
             self.parallel_model = ddp(model, device_ids=[self.device.index] if self.is_cuda else None)
+        self.eval_model = model  # validation needs no gradient sync
+        if cfg.compile != "no":
+            self.parallel_model, self.eval_model = self._compiled(self.parallel_model, model)
 
         num_workers = cfg.num_workers if cfg.num_workers is not None else (2 if self.is_cuda else 0)
+        # Loader workers draw their base seed from this generator, not the global RNG, so a resumed
+        # run's dropout stream is the unbroken run's (persistent workers draw it once per run).
         loader_options = dict(batch_size=None, num_workers=num_workers, pin_memory=self.is_cuda,
-                              persistent_workers=num_workers > 0)
-        pad_multiple = 8 if self.is_cuda else 1  # CUDA-only: tensor-core friendly shapes
+                              persistent_workers=num_workers > 0,
+                              generator=torch.Generator().manual_seed(cfg.seed))
+        self.pad_multiple = pad_multiple = cfg.pad_to_multiple_of or (
+            _COMPILED_PAD_MULTIPLE if cfg.compile != "no" else 8 if self.is_cuda else 1)  # 8: tensor cores
         train_split, test_split = splits["train"], splits["test"]
         sampler = torch.utils.data.DistributedSampler(
             train_split, num_replicas=self.world_size, rank=self.rank, shuffle=True, seed=cfg.seed)
@@ -228,6 +278,19 @@ class _Run:
         # CUDA-only: fp16 needs loss scaling; bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
 
+    def _compiled(self, parallel_model, model):
+        """torch.compile for training and for validation (one compiled module when they are the same)."""
+        import torch._dynamo
+
+        for limit in ("recompile_limit", "cache_size_limit"):  # the name changed across torch releases
+            if hasattr(torch._dynamo.config, limit):
+                current = getattr(torch._dynamo.config, limit)
+                setattr(torch._dynamo.config, limit, max(current, _RECOMPILE_LIMIT))
+        mode = None if self.cfg.compile == "default" else self.cfg.compile
+        compiled_train = torch.compile(parallel_model, mode=mode)
+        compiled_eval = compiled_train if parallel_model is model else torch.compile(model, mode=mode)
+        return compiled_train, compiled_eval
+
     def _optimizer(self) -> torch.optim.Optimizer:
         # As in Hugging Face's examples: no weight decay on biases and LayerNorm weights.
         decay, no_decay = [], []
@@ -243,11 +306,12 @@ class _Run:
             return torch.optim.AdamW(groups, lr=self.cfg.learning_rate)
 
     def _autocast_dtype(self) -> torch.dtype | None:
-        if not self.is_cuda or self.cfg.mixed_precision == "no":
+        if not self.is_cuda:
             return None
-        if self.cfg.mixed_precision == "auto":  # CUDA-only: bf16 where the GPU has it (Ampere+)
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return {"bf16": torch.bfloat16, "fp16": torch.float16}[self.cfg.mixed_precision]
+        choice = self.cfg.mixed_precision
+        if choice == "auto":  # CUDA-only: by what the GPU's tensor cores do natively
+            choice = auto_precision(torch.cuda.get_device_capability(self.device))
+        return {"no": None, "bf16": torch.bfloat16, "fp16": torch.float16}[choice]
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -323,6 +387,20 @@ class _Run:
         if self.is_cuda:  # CUDA-only: wait for queued kernels before reading the clock
             torch.cuda.synchronize(self.device)
 
+    def forward(self, batch: dict) -> torch.Tensor:
+        with self._autocast():
+            return self.parallel_model(**batch).loss
+
+    def backward(self, loss: torch.Tensor, batch: dict) -> None:
+        self.scaler.scale(loss).backward()
+        self._average_word_embedding_rows(batch["input_ids"])
+
+    def optimizer_step(self) -> None:
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
     def _train_epoch(self, epoch: int) -> dict:
         self.batch_sampler.set_epoch(epoch)
         self.parallel_model.train()
@@ -332,14 +410,9 @@ class _Run:
         for batch in self.train_loader:
             batch = self._to_device(batch)
             step_started = time.perf_counter()
-            with self._autocast():
-                loss = self.parallel_model(**batch).loss
-            self.scaler.scale(loss).backward()
-            self._average_word_embedding_rows(batch["input_ids"])
-            self.scaler.step(self.optimizer)
-            self.scaler.update()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            loss = self.forward(batch)
+            self.backward(loss, batch)
+            self.optimizer_step()
             size = batch["labels"].shape[0]
             loss_sum += loss.detach().double() * size  # stays on the device: no sync per step
             samples += size
@@ -356,7 +429,7 @@ class _Run:
 
     @torch.inference_mode()
     def _validate(self) -> dict:
-        self.parallel_model.eval()
+        self.eval_model.eval()
         started = time.perf_counter()
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         correct = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -364,8 +437,8 @@ class _Run:
         for batch in self.val_loader:
             batch = self._to_device(batch)
             with self._autocast():
-                logits = self.model(input_ids=batch["input_ids"],
-                                    attention_mask=batch["attention_mask"]).logits
+                logits = self.eval_model(input_ids=batch["input_ids"],
+                                         attention_mask=batch["attention_mask"]).logits
             logits = logits.float()
             loss_sum += torch.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum").double()
             correct += (logits.argmax(dim=-1) == batch["labels"]).sum()
@@ -378,7 +451,6 @@ class _Run:
 
     def run(self) -> dict | None:
         cfg = self.cfg
-        self._build()
         start_epoch, elapsed_before, epoch_metrics = self._resume()
         resumed_from = start_epoch if start_epoch > 0 else None
         self.step_times, self.first_step_done_at, self.gpu_utilization = [], None, []
@@ -422,6 +494,7 @@ class _Run:
         framework = cfg.framework if cfg.framework != "ddp" else self.hooks.framework
         label = cfg.framework_label or (self.hooks.framework_label if self.hooks.framework == framework
                                         else framework)
+        label += speed_options_label(cfg)
         result = {
             "schema_version": 1,
             "framework": framework,
@@ -441,6 +514,8 @@ class _Run:
                 "optimizer": cfg.optimizer, "group_by_length": cfg.group_by_length,
                 "mixed_precision": _PRECISION_NAMES.get(self.autocast_dtype, "no"),
                 "threads_per_worker": cfg.threads,
+                "compile": cfg.compile,
+                "pad_to_multiple_of": self.pad_multiple,
             },
             "config_hash": self.config_hash,
             "config": cfg.as_dict(),

@@ -48,4 +48,23 @@ def versions() -> dict:
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):  # CUDA-only: the NCCL build version
         nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "cuda": cuda, "nccl": nccl}
+            "transformers": transformers.__version__, "cuda": cuda, "nccl": nccl, **gpu_description()}
+
+
+def gpu_description() -> dict:
+    """CUDA-only: {"gpu": "NVIDIA H100 80GB HBM3 (sm 9.0)", "driver": "580.159.04"}; None values on CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {"gpu": None, "driver": None}
+    major, minor = torch.cuda.get_device_capability()
+    driver = None
+    try:  # NVML comes with the driver; pynvml (nvidia-ml-py) is its Python binding
+        import pynvml
+
+        pynvml.nvmlInit()
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        driver = driver.decode() if isinstance(driver, bytes) else driver
+    except Exception:  # no binding or no NVML: the driver stays unknown  # noqa: BLE001
+        driver = None
+    return {"gpu": f"{torch.cuda.get_device_name()} (sm {major}.{minor})", "driver": driver}

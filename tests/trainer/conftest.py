@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from trainer.config import TrainConfig
+from trainer.core import TrainHooks
 
 # Network safety: nothing in these tests may reach the model or dataset hubs.
 os.environ.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
@@ -79,3 +80,16 @@ def final_weights(checkpoint_dir: Path, epoch: int) -> dict[str, torch.Tensor]:
 def max_weight_difference(left: dict, right: dict) -> float:
     assert left.keys() == right.keys()
     return max((left[key].double() - right[key].double()).abs().max().item() for key in left)
+
+
+class StopAfter(TrainHooks):
+    """Stops the run after `epoch`, as a preempted or killed run would end."""
+
+    def __init__(self, epoch: int):
+        self.stop_epoch, self.seen = epoch, []
+
+    def on_epoch_end(self, epoch, metrics):
+        self.seen.append(epoch)
+
+    def should_stop(self):
+        return bool(self.seen) and self.seen[-1] >= self.stop_epoch

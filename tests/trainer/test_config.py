@@ -9,7 +9,7 @@ import torch
 from dtlab.paths import REPO_ROOT
 from tests.trainer.conftest import TINY, trainer_env
 from trainer.config import ConfigError, TrainConfig, parse_args
-from trainer.core import train
+from trainer.core import _HASHED_FIELDS, auto_precision, config_hash, train
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -21,6 +21,9 @@ from trainer.core import train
     ({"mixed_precision": "bf16"}, "mixed_precision: bf16 is CUDA-only"),
     ({"generated_train_size": 30_000}, "generated_train_size: must be between 2 and 25000"),
     ({"device": "tpu"}, "device: must be one of auto, cpu, cuda"),
+    ({"compile": "max"}, "compile: must be one of no, default, reduce-overhead"),
+    ({"compile": "reduce-overhead"}, "compile: reduce-overhead captures CUDA graphs and is CUDA-only"),
+    ({"pad_to_multiple_of": 0}, "pad_to_multiple_of: must be an integer >= 1, got 0"),
 ])
 def test_invalid_values_fail_with_one_line(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as error:
@@ -95,3 +98,25 @@ def test_launcher_help_lists_every_option():
     for flag in ("--config", "--batch-size", "--learning-rate", "--checkpoint-dir", "--mixed-precision",
                  "--threads", "--framework-label"):
         assert flag in completed.stdout
+
+
+@pytest.mark.parametrize(("capability", "expected"), [
+    ((6, 1), "no"),    # Pascal, the study's GTX 1060: fp16 arithmetic is a small fraction of fp32's rate
+    ((7, 0), "fp16"),  # Volta: fp16 tensor cores, with a GradScaler
+    ((7, 5), "fp16"),  # Turing
+    ((8, 0), "bf16"),  # Ampere: native bf16
+    ((9, 0), "bf16"),  # Hopper
+])
+def test_auto_precision_follows_the_gpus_native_formats(capability, expected):
+    assert auto_precision(capability) == expected
+
+
+def test_later_speed_options_keep_the_hash_of_runs_recorded_before_them(tmp_path):
+    import hashlib
+    import json
+
+    cfg = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "out")}).validate()
+    before = json.dumps({key: getattr(cfg, key) for key in _HASHED_FIELDS}, sort_keys=True)
+    assert config_hash(cfg) == hashlib.sha256(before.encode()).hexdigest()[:16]
+    compiled = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "out"), "compile": "default"}).validate()
+    assert config_hash(compiled) != config_hash(cfg)

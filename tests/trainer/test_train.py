@@ -6,10 +6,10 @@ import jsonschema
 import pytest
 import torch.distributed as dist
 
-from tests.trainer.conftest import final_weights, max_weight_difference
+from tests.trainer.conftest import StopAfter, final_weights, max_weight_difference
 from trainer.checkpoint import latest_checkpoint
 from trainer.config import ConfigError
-from trainer.core import TrainHooks, train
+from trainer.core import train
 from trainer.result import load_schema, validate_result
 
 
@@ -48,19 +48,6 @@ def test_learns_the_generated_signal(make_config):
     assert max(accuracies) >= 0.95, accuracies
     assert result["final_accuracy"] >= 0.85, accuracies
     assert result["epoch_metrics"][-1]["val_loss"] < result["epoch_metrics"][0]["val_loss"]
-
-
-class StopAfter(TrainHooks):
-    """Stops the run after `epoch`, as a preempted or killed run would end."""
-
-    def __init__(self, epoch: int):
-        self.stop_epoch, self.seen = epoch, []
-
-    def on_epoch_end(self, epoch, metrics):
-        self.seen.append(epoch)
-
-    def should_stop(self):
-        return bool(self.seen) and self.seen[-1] >= self.stop_epoch
 
 
 def test_stopped_then_resumed_run_matches_an_unbroken_run(make_config, tmp_path):
