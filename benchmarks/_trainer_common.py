@@ -34,3 +34,34 @@ def torchrun(nproc: int, config_file: Path, *extra: str) -> subprocess.Completed
     if completed.returncode != 0:
         raise SystemExit(f"torchrun failed:\n{completed.stdout[-3000:]}\n{completed.stderr[-3000:]}")
     return completed
+
+
+def hf_dataset(split, max_length: int | None = None, with_length: bool = False):
+    """A tokenized split (trainer.data.TokenizedSplit) as a datasets.Dataset for Hugging Face's Trainer.
+
+    max_length pads every review to it (the text-classification example's padding="max_length");
+    None leaves them ragged for DataCollatorWithPadding. with_length adds the `length` column that
+    group_by_length reads instead of measuring every review itself.
+    """
+    import datasets
+
+    rows = [split.ids[start:end].astype("int64").tolist()
+            for start, end in zip(split.offsets[:-1], split.offsets[1:], strict=True)]
+    if max_length is None:
+        columns = {"input_ids": rows, "attention_mask": [[1] * len(r) for r in rows]}
+    else:
+        columns = {"input_ids": [r + [0] * (max_length - len(r)) for r in rows],
+                   "attention_mask": [[1] * len(r) + [0] * (max_length - len(r)) for r in rows]}
+    if with_length:
+        columns["length"] = [len(r) for r in rows]
+    return datasets.Dataset.from_dict({**columns, "labels": split.labels.tolist()})
+
+
+def hf_tokenizer(cfg):
+    """The run's own tokenizer, wrapped as the fast tokenizer the Trainer's collator expects."""
+    from transformers import PreTrainedTokenizerFast
+
+    from trainer.data import load_tokenizer, text_source
+
+    return PreTrainedTokenizerFast(tokenizer_object=load_tokenizer(cfg, text_source(cfg)), pad_token="[PAD]",
+                                   unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]")

@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _trainer_common import OUT_DIR, machine  # noqa: E402
+from _trainer_common import OUT_DIR, hf_dataset, hf_tokenizer, machine  # noqa: E402
 
 CONTENDERS = ("dtlab", "hf-padded", "hf-grouped")
 TARGETS = {"hf-padded": 1.5, "hf-grouped": 1.0}
@@ -56,11 +56,9 @@ def run_dtlab(cfg) -> tuple[float, float]:
 def run_hf(cfg, grouped: bool) -> tuple[float, float]:
     import time
 
-    import datasets
     import torch
     from transformers import (
         DataCollatorWithPadding,
-        PreTrainedTokenizerFast,
         Trainer,
         TrainerCallback,
         TrainingArguments,
@@ -76,22 +74,13 @@ def run_hf(cfg, grouped: bool) -> tuple[float, float]:
         def on_train_end(self, *_, **__):
             self.seconds = time.perf_counter() - self.started[0], time.process_time() - self.started[1]
 
-    from trainer.data import load_tokenizer, text_source, tokenized_splits
+    from trainer.data import tokenized_splits
     from trainer.model import build_model
 
     torch.set_num_threads(cfg.threads)
     split = tokenized_splits(cfg)["train"]
-    rows = [split.ids[start:end].astype("int64").tolist()
-            for start, end in zip(split.offsets[:-1], split.offsets[1:], strict=True)]
-    if grouped:
-        columns = {"input_ids": rows, "attention_mask": [[1] * len(r) for r in rows]}
-    else:  # the example's tokenize(padding="max_length", truncation=True)
-        columns = {"input_ids": [r + [0] * (cfg.max_length - len(r)) for r in rows],
-                   "attention_mask": [[1] * len(r) + [0] * (cfg.max_length - len(r)) for r in rows]}
-    dataset = datasets.Dataset.from_dict({**columns, "labels": split.labels.tolist()})
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=load_tokenizer(cfg, text_source(cfg)),
-                                        pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                                        sep_token="[SEP]")
+    dataset = hf_dataset(split, max_length=None if grouped else cfg.max_length)
+    tokenizer = hf_tokenizer(cfg)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)
     with tempfile.TemporaryDirectory() as output_dir:
