@@ -56,8 +56,9 @@ def test_generated_tokenizer_is_the_same_bytes_in_every_process(make_config):
     here = load_tokenizer(cfg, text_source(cfg)).to_str()
     code = "from trainer.data import generated_tokenizer; print(generated_tokenizer().to_str())"
     for hash_seed in ("1", "2"):
+        environment = {**os.environ, "PYTHONHASHSEED": hash_seed}
         elsewhere = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                                   env={**os.environ, "PYTHONHASHSEED": hash_seed}, timeout=120).stdout.strip()
+                                   env=environment, timeout=120).stdout.strip()
         assert elsewhere == here
     reviews = generate_imdb_like(seed=3, train_size=50, test_size=2)["train"]["text"]
     tokenizer = load_tokenizer(cfg, text_source(cfg))
