@@ -145,25 +145,28 @@ def node_cgroups(config: LabConfig, node: str) -> list[Path]:
     return [hierarchy / "dtlab" / f"{config.name}-{node}" for hierarchy in _cgroup_hierarchies()]
 
 
+def _cgroup_tree(cgroup: Path) -> list[Path]:
+    """The cgroup and every cgroup below it, deepest first. The node's systemd creates and removes
+    session scopes while we walk, so a directory that vanishes mid-walk is skipped, not an error
+    (os.walk ignores it; Path.rglob raised FileNotFoundError)."""
+    return [Path(directory) for directory, _, _ in os.walk(cgroup, topdown=False)]
+
+
 def remove_cgroups(config: LabConfig, node: str) -> None:
     """rmdir the node's (empty) cgroups, deepest first; a cgroup still holding a process stays."""
     for cgroup in node_cgroups(config, node):
-        if cgroup.is_dir():
-            for directory in sorted((path for path in cgroup.rglob("*") if path.is_dir()),
-                                    key=lambda path: len(path.parts), reverse=True):
-                with contextlib.suppress(OSError):
-                    directory.rmdir()
+        for directory in _cgroup_tree(cgroup):
             with contextlib.suppress(OSError):
-                cgroup.rmdir()
+                directory.rmdir()
 
 
 def cgroup_pids(config: LabConfig, node: str) -> set[int]:
     """Every process in the node's cgroups: its nspawn and, inside, the node's systemd and services."""
     pids: set[int] = set()
     for cgroup in node_cgroups(config, node):
-        for procs in cgroup.rglob("cgroup.procs") if cgroup.is_dir() else []:
+        for directory in _cgroup_tree(cgroup):
             with contextlib.suppress(OSError, ValueError):
-                pids.update(int(line) for line in procs.read_text().split())
+                pids.update(int(line) for line in (directory / "cgroup.procs").read_text().split())
     return {pid for pid in pids if _state(pid) not in ("Z", None)}  # zombies are gone, just unreaped
 
 

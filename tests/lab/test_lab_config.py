@@ -190,3 +190,34 @@ def test_apt_proxy_serves_a_fetched_deb_again_without_the_origin(proxy_and_origi
     origin.server_close()
     assert _via_proxy(proxy_url, deb_url) == (200, b"package bytes")  # from the cache
     assert _via_proxy(proxy_url, f"{origin_url}/debian/dists/bookworm/InRelease")[0] == 502  # never cached
+
+
+def test_cgroup_walk_survives_directories_that_vanish_mid_walk(tmp_path):
+    # A node's systemd creates and removes session scopes while kill_remnants walks its cgroups.
+    import shutil
+    import threading
+
+    from dtlab.lab.nodes import _cgroup_tree
+
+    root = tmp_path / "dtlab-node1"
+    (root / "payload" / "keep").mkdir(parents=True)
+    stop = threading.Event()
+
+    def churn():
+        for index in range(100_000):
+            if stop.is_set():
+                return
+            scope = root / "payload" / f"session-{index % 7}.scope" / "inner"
+            scope.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(scope.parent, ignore_errors=True)
+
+    churner = threading.Thread(target=churn, daemon=True)
+    churner.start()
+    try:
+        for _ in range(300):
+            walked = _cgroup_tree(root)
+            assert walked[-1] == root and root / "payload" / "keep" in walked  # deepest first, root last
+    finally:
+        stop.set()
+        churner.join(timeout=10)
+    assert _cgroup_tree(tmp_path / "gone") == []
