@@ -58,6 +58,7 @@ class TrainConfig:
     pad_to_multiple_of: int | None = None  # batch width rounding; None = auto (1 CPU, 8 CUDA, 64 compiled)
     compile: str = "no"  # no | default | reduce-overhead (torch.compile; reduce-overhead = CUDA graphs)
     deterministic: bool = False  # torch.use_deterministic_algorithms: bit-exact reruns on CUDA
+    sparse_embedding_sync: bool = False  # dtlab's opt-in: all-reduce only the touched embedding rows
     # --- where things go ---
     output_dir: str = "out"
     checkpoint_dir: str | None = None  # None = no checkpoints
@@ -189,6 +190,8 @@ _HELP = {
     "compile": "no, default or reduce-overhead: torch.compile the model (reduce-overhead adds CUDA graphs; "
                "CUDA only); labelled in results",
     "deterministic": "deterministic CUDA kernels (torch.use_deterministic_algorithms), for bit-exact reruns",
+    "sparse_embedding_sync": "not stock DDP: all-reduce only the word-embedding rows the batches touched "
+                             "(a dtlab optimisation, labelled in results)",
     "output_dir": "where rank 0 writes result.json",
     "checkpoint_dir": "per-epoch checkpoints and resume (null/none = off)",
     "cache_dir": "tokenized-split cache shared by runs (default: <output_dir>/../token-cache)",

@@ -40,7 +40,8 @@ _HASHED_FIELDS = ("model", "dataset", "generated_train_size", "generated_test_si
                   "warmup_steps", "max_length", "optimizer", "dropout", "group_by_length", "mixed_precision",
                   "num_workers")
 # Options added later enter the hash only when set, so runs recorded before they existed keep theirs.
-_HASHED_IF_SET = {"pad_to_multiple_of": None, "compile": "no", "deterministic": False}
+_HASHED_IF_SET = {"pad_to_multiple_of": None, "compile": "no", "deterministic": False,
+                  "sparse_embedding_sync": False}
 _PRECISION_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
 _GPU_UTILIZATION_EVERY_STEPS = 20  # an NVML query per step would cost more than it tells
@@ -104,7 +105,8 @@ def auto_precision(capability: tuple[int, int]) -> str:
 
 def speed_options_label(cfg: TrainConfig) -> str:
     """The options beyond the study's protocol, as the report shows them beside the framework."""
-    return f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else ""
+    label = " + sparse embedding sync (dtlab)" if cfg.sparse_embedding_sync else ""
+    return label + (f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else "")
 
 
 def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> dict | None:
@@ -232,16 +234,16 @@ class _Run:
         model = build_model(cfg).to(self.device)
         self.model = model
         self.word_embeddings = None
-        if self.world_size == 1:  # nothing to average; DDP would still copy every gradient through gloo
-            self.parallel_model = model
-        else:
-            # The word-embedding gradient (90% of bert-tiny's) is zero outside the batch's tokens:
-            # we average only those rows ourselves (_average_word_embedding_rows), DDP the rest.
+        ddp = torch.nn.parallel.DistributedDataParallel
+        if cfg.sparse_embedding_sync and self.world_size > 1:
+            # dtlab's opt-in optimisation, not stock DDP: the word-embedding gradient (90% of bert-tiny's)
+            # is zero outside the batch's tokens, so we average only those rows ourselves
+            # (_average_word_embedding_rows) and DDP the rest. Needs a private torch API.
             self.word_embeddings = model.get_input_embeddings().weight
             name = next(n for n, p in model.named_parameters() if p is self.word_embeddings)
-            ddp = torch.nn.parallel.DistributedDataParallel
             ddp._set_params_and_buffers_to_ignore_for_model(model, [name])
-            self.parallel_model = ddp(model, device_ids=[self.device.index] if self.is_cuda else None)
+        # Stock DDP at every world size, 1 included: the study's 1-GPU baseline ran DDP under torchrun.
+        self.parallel_model = ddp(model, device_ids=[self.device.index] if self.is_cuda else None)
         self.eval_model = model  # validation needs no gradient sync
         if cfg.compile != "no":
             self.parallel_model, self.eval_model = self._compiled(self.parallel_model, model)
@@ -516,6 +518,7 @@ class _Run:
                 "threads_per_worker": cfg.threads,
                 "compile": cfg.compile,
                 "pad_to_multiple_of": self.pad_multiple,
+                "sparse_embedding_sync": cfg.sparse_embedding_sync,
             },
             "config_hash": self.config_hash,
             "config": cfg.as_dict(),

@@ -67,6 +67,30 @@ def test_ddp_averages_gradients_like_one_worker_with_the_double_batch(make_confi
     assert max_weight_difference(two_workers, one_worker) < 1e-5
 
 
+def test_sparse_embedding_sync_is_opt_in_labelled_and_matches_stock_ddp(make_config, tmp_path):
+    # The opt-in all-reduces only the touched word-embedding rows; the averaged gradient must be stock DDP's.
+    shared = dict(optimizer="sgd", learning_rate=0.5, warmup_steps=0, dropout=0.0, epochs=1,
+                  generated_train_size=128)
+    weights, labels = {}, {}
+    for sparse in (False, True):
+        out, ckpt = tmp_path / f"out-{sparse}", tmp_path / f"ckpt-{sparse}"
+        cfg = make_config(**shared, sparse_embedding_sync=sparse, output_dir=str(out),
+                          checkpoint_dir=str(ckpt))
+        run(torchrun_command(2, "--config", str(write_config(cfg, tmp_path / f"run-{sparse}.yml"))))
+        weights[sparse] = final_weights(ckpt, 1)
+        labels[sparse] = json.loads((out / "result.json").read_text())["framework_label"]
+    assert labels == {False: "ddp (torchrun)", True: "ddp (torchrun) + sparse embedding sync (dtlab)"}
+    assert max_weight_difference(weights[True], weights[False]) < 1e-5
+
+
+def test_one_worker_runs_stock_ddp_as_torchrun_would(make_config):
+    from trainer.core import prepared
+
+    with prepared(make_config()) as built:
+        assert isinstance(built.parallel_model, torch.nn.parallel.DistributedDataParallel)
+        assert built.word_embeddings is None  # the touched-rows sync is off unless asked for
+
+
 def test_killed_run_resumes_to_the_unbroken_result(two_worker_run, tmp_path):
     cfg, unbroken_root, _ = two_worker_run
     killed_cfg = type(cfg)(**{**cfg.as_dict(), "output_dir": str(tmp_path / "out"),
