@@ -269,6 +269,7 @@ class _Run:
             sampler=validation_batches(test_split.lengths, self.rank, self.world_size, cfg.batch_size),
             **loader_options)
         self.train_size, self.test_size = len(train_split), len(test_split)
+        self.data_fingerprint = train_split.fingerprint  # the tokens every rank trains on
 
         self.steps_per_epoch = len(self.batch_sampler)
         self.optimizer = self._optimizer()
@@ -338,6 +339,10 @@ class _Run:
         if state["config_hash"] != self.config_hash:
             raise ConfigError(f"checkpoint_dir: the checkpoint was written by a different config "
                               f"({state['config_hash']} != {self.config_hash}); use an empty checkpoint_dir")
+        if state.get("data_fingerprint", self.data_fingerprint) != self.data_fingerprint:
+            raise ConfigError(f"checkpoint_dir: the checkpoint was trained on other tokens (data and "
+                              f"tokenizer fingerprint {state['data_fingerprint']} != "
+                              f"{self.data_fingerprint}); use an empty checkpoint_dir")
         if state["world_size"] != self.world_size:
             raise ConfigError(f"checkpoint_dir: the checkpoint was written by {state['world_size']} workers, "
                               f"this run has {self.world_size}; resume with the same world size")
@@ -357,6 +362,7 @@ class _Run:
                 return
             checkpoint.save({
                 "format": checkpoint.CHECKPOINT_FORMAT, "config_hash": self.config_hash,
+                "data_fingerprint": self.data_fingerprint,
                 "world_size": self.world_size, "epoch": epoch, "elapsed_s": elapsed,
                 "epoch_metrics": epoch_metrics, "rng": rng, "model": self.model.state_dict(),
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
@@ -521,6 +527,7 @@ class _Run:
                 "sparse_embedding_sync": cfg.sparse_embedding_sync,
             },
             "config_hash": self.config_hash,
+            "data_fingerprint": self.data_fingerprint,
             "config": cfg.as_dict(),
             "time_total_s": time_total,
             "epoch_metrics": epoch_metrics,

@@ -235,6 +235,8 @@ class TokenizedSplit:
     """One split as a flat token array + offsets + labels (memory-mapped from the cache)."""
 
     def __init__(self, directory: Path, split: str):
+        # The cache key: hash(dataset fingerprint, tokenizer bytes, max_length). Same key, same tokens.
+        self.fingerprint = directory.name.removeprefix("tokens-")
         self.ids = np.load(directory / f"{split}_ids.npy", mmap_mode="r")
         self.offsets = np.load(directory / f"{split}_offsets.npy")
         self.labels = np.load(directory / f"{split}_labels.npy")

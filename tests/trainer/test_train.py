@@ -86,3 +86,21 @@ def test_checkpoint_from_another_config_is_refused(make_config, tmp_path):
     with pytest.raises(ConfigError, match="checkpoint_dir: the checkpoint was written by a different config"):
         train(make_config(epochs=1, seed=5, checkpoint_dir=str(tmp_path / "ckpt")))
     assert not dist.is_initialized()
+
+
+def test_checkpoint_trained_on_other_tokens_is_refused(make_config, tmp_path):
+    # Same config, other tokens: e.g. a checkpoint from before the tokenizer changed, or a re-staged dataset.
+    import torch
+
+    from trainer.checkpoint import checkpoint_file
+
+    cfg = make_config(epochs=1, checkpoint_dir=str(tmp_path / "ckpt"))
+    first = train(cfg)
+    assert len(first["data_fingerprint"]) == 24
+    path = checkpoint_file(latest_checkpoint(tmp_path / "ckpt"))
+    state = torch.load(path, weights_only=False)
+    assert state["data_fingerprint"] == first["data_fingerprint"]
+    state["data_fingerprint"] = "0" * 24
+    torch.save(state, path)
+    with pytest.raises(ConfigError, match="checkpoint_dir: the checkpoint was trained on other tokens"):
+        train(cfg)
