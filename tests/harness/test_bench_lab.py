@@ -66,6 +66,11 @@ def test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing(harness
     for run in ok.values():
         assert (run.log_dir / f"{run.result['hostnames'][0]}.log").exists() or any(run.log_dir.iterdir())
     assert "report:" in first.stdout  # bench.all ends with the report
+    # The platforms differ only in orchestration: the same cell trains to the same numbers under each.
+    for gpus in (1, 2):
+        trajectories = {framework: _trajectory(ok[f"{framework}-g{gpus}-e2-s0"])
+                        for framework in ("ddp", "spark", "determined")}
+        assert trajectories["spark"] == trajectories["ddp"] == trajectories["determined"], trajectories
 
     rows_before = len(store.runs(status=None))
     started = time.monotonic()
@@ -76,6 +81,22 @@ def test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing(harness
     assert "0 ran ok, 6 already recorded, 0 failed" in second.stdout
     assert len(store.runs(status=None)) == rows_before
     assert time.monotonic() - started < 60
+
+    # Reproducible: the same cell again, every node's token cache removed first, trains to the same numbers.
+    cache_dir = f"{cluster.data_dir}/token-cache"
+    remote.run_all(cluster.nodes, f"rm -rf {cache_dir}")
+    again = invoke("bench.all", "-i", str(cluster.inventory_path), "--only", "ddp-g2", "--force",
+                   "--no-report", env=env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-2000:]
+    rerun = max((run for run in store.runs(status="ok") if run.cell_key == "ddp-g2-e2-s0"),
+                key=lambda run: run.attempt)
+    assert rerun.attempt > ok["ddp-g2-e2-s0"].attempt
+    assert _trajectory(rerun) == _trajectory(ok["ddp-g2-e2-s0"])
+
+
+def _trajectory(run) -> list[tuple]:
+    """Per-epoch train loss, validation loss and accuracy: every printed digit."""
+    return [(m["train_loss"], m["val_loss"], m["val_accuracy"]) for m in run.result["epoch_metrics"]]
 
 
 def test_a_trainer_killed_mid_cell_is_retried_from_its_checkpoint(harness_lab, tmp_path):
