@@ -49,7 +49,6 @@ import json
 import os
 import shutil
 import sqlite3
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -59,6 +58,7 @@ from pathlib import Path
 from typing import Any
 
 from dtlab.errors import DtlabError
+from dtlab.files import atomic_copy, atomic_write_text
 from dtlab.paths import results_dir_for
 
 DB_FILENAME = "dtlab.sqlite"
@@ -194,34 +194,6 @@ def validate_result(result: Mapping[str, Any], *, where: str = "result") -> None
             f"{where}: {location}: {first.message}{more}; "
             "the trainer must write JSON matching trainer/result_schema.json"
         )
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def _atomic_copy(source: Path, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        shutil.copyfile(source, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
 
 
 def _now() -> str:
@@ -450,7 +422,7 @@ class ResultStore:
         self._collect_logs(log_dir, folder / "logs")
         recorded_at = _now()
         if result is not None:
-            _atomic_write_text(folder / "result.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
+            atomic_write_text(folder / "result.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
         if status == "failed":
             failure = {
                 "cell": cell.to_dict(),
@@ -461,7 +433,7 @@ class ResultStore:
                 "log_tail": log_tail,
                 "recorded_at": recorded_at,
             }
-            _atomic_write_text(folder / "failure.json", json.dumps(failure, indent=2) + "\n")
+            atomic_write_text(folder / "failure.json", json.dumps(failure, indent=2) + "\n")
         row = {
             "cell_key": cell.key,
             "attempt": attempt,
@@ -512,7 +484,7 @@ class ResultStore:
             return
         for log in sorted(source.iterdir()):
             if log.is_file():
-                _atomic_copy(log, target / log.name)
+                atomic_copy(log, target / log.name)
 
     def delete_all(self, *, confirm: bool = False) -> None:
         """Delete every recorded run of this cluster: the database and runs/. Needs confirm=True."""

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import jinja2
 
+from dtlab.files import atomic_write_text
 from dtlab.paths import TEMPLATES_DIR
 from dtlab.report import figures
 from dtlab.report.build import Report
 from dtlab.report.tables import Table
-from dtlab.results import _atomic_write_text
 
 MARKDOWN_TEMPLATE = "report.md.j2"
 HTML_TEMPLATE = "report.html.j2"
@@ -125,11 +125,11 @@ def write_report(report: Report, out_dir: Path) -> ReportFiles:
     all_tables = [*report.tables, *report.extra_tables] + ([report.node_table] if report.node_table else [])
     for table in all_tables:
         path = tables_dir / f"{table.slug}.csv"
-        _atomic_write_text(path, table_csv(table))
+        atomic_write_text(path, table_csv(table))
         files.csv.append(path)
         table.csv_rel = path.relative_to(out_dir).as_posix()
     env = _environment()
     context = {"report": report, "csv_files": [p.relative_to(out_dir).as_posix() for p in files.csv]}
-    _atomic_write_text(files.markdown, env.get_template(MARKDOWN_TEMPLATE).render(**context))
-    _atomic_write_text(files.html, env.get_template(HTML_TEMPLATE).render(**context))
+    atomic_write_text(files.markdown, env.get_template(MARKDOWN_TEMPLATE).render(**context))
+    atomic_write_text(files.html, env.get_template(HTML_TEMPLATE).render(**context))
     return files

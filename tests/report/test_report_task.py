@@ -26,6 +26,11 @@ def test_bench_report_writes_the_report(tmp_path):
     assert f"report: {tmp_path / 'out' / 'report.md'}" in done.stdout
     assert (tmp_path / "out" / "report.html").is_file()
     assert (tmp_path / "out" / "figures" / "figure-5.1.png").is_file()
+    # Everything the report writes is readable alike (report.md and the CSVs were once 0600, figures 0644).
+    written = [path for path in (tmp_path / "out").rglob("*") if path.is_file()]
+    assert {path.suffix for path in written} >= {".md", ".html", ".csv", ".png"}
+    assert {path.name: path.stat().st_mode & 0o777 for path in written} == dict.fromkeys(
+        (path.name for path in written), 0o644)
 
 
 def test_bench_report_on_an_empty_store_prints_one_line_and_exits_0(tmp_path):
