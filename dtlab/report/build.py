@@ -180,7 +180,7 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     ]
     extra = [builder.throughput_table()]
     if failed:
-        extra.append(failures_table(failed, {run.cell_key for run in ok_runs}))
+        extra.append(failures_table(failed, ok_runs))
     labels = Counter(
         (run.result["framework_label"], config_label(run.cell.gpus, run.result["device"])) for run in ok_runs
     )

@@ -465,7 +465,12 @@ class TableBuilder:
         )
 
 
-def failures_table(failed: Iterable[Run], ok_keys: set[str]) -> Table:
+def failures_table(failed: Iterable[Run], ok_runs: Iterable[Run]) -> Table:
+    """Table B.2. "Cell later ok": an ok attempt of the same cell came after this failure (a failure
+    recorded after a success says no: the cell's latest state is that failure)."""
+    ok_attempts: dict[str, list[int]] = {}
+    for ok in ok_runs:
+        ok_attempts.setdefault(ok.cell_key, []).append(ok.attempt)
     rows = [
         [
             text(run.cell_key),
@@ -474,7 +479,7 @@ def failures_table(failed: Iterable[Run], ok_keys: set[str]) -> Table:
             text(run.failed_node or "—"),
             text("—" if run.exit_code is None else str(run.exit_code)),
             text(run.reason or "—"),
-            text("yes" if run.cell_key in ok_keys else "no"),
+            text("yes" if any(later > run.attempt for later in ok_attempts.get(run.cell_key, ())) else "no"),
             text(run.recorded_at),
         ]
         for run in failed

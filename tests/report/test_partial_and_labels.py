@@ -185,3 +185,19 @@ def test_accuracy_curve_keeps_only_epochs_every_seed_reported(tmp_path):
     [stats] = build_report(store).groups.values()
     assert [epoch for epoch, _ in stats.accuracy_curve] == [2, 3]
     assert stats.accuracy_curve[-1][1] == pytest.approx(0.8)
+
+
+def test_failures_say_later_ok_only_for_a_success_after_them(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    cell = Cell("ddp", 1, 20, 1)
+
+    def fail(reason):
+        store.record_failure(cell, reason=reason, node="node1", exit_code=1, log_tail=["x"],
+                             config_hash="0123456789abcdef", git_rev=None, inventory="study")
+
+    fail("before the success")                                    # attempt 1
+    record(store, cell, time_total_s=600.0, final_accuracy=0.8)   # attempt 2, ok
+    fail("after the success")                                     # attempt 3
+    [failures] = [t for t in build_report(store).extra_tables if t.number == "B.2"]
+    later_ok = {row[5].text: row[6].text for row in failures.rows}
+    assert later_ok == {"before the success": "yes", "after the success": "no"}
