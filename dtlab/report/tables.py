@@ -314,8 +314,12 @@ class TableBuilder:
         for framework in self.frameworks():
             own_base = self.this.base_gpus(framework)
             base = own_base if own_base is not None else STUDY_BASE_GPUS  # no runs: the study's rows
-            for gpus in [g for g in self.gpu_counts(framework) if g > base]:
-                is_study_pair = base == STUDY_BASE_GPUS and gpus == STUDY_SCALED_GPUS
+            pairs = [(base, g) for g in self.gpu_counts(framework) if g > base]
+            study_pair = (STUDY_BASE_GPUS, STUDY_SCALED_GPUS)
+            if (framework, STUDY_SCALED_GPUS) in self.pub.speedup and study_pair not in pairs:
+                pairs.append(study_pair)  # e.g. only 2-GPU runs here: the study's row stays, ours "—"
+            for base, gpus in pairs:
+                is_study_pair = (base, gpus) == study_pair
                 key = (framework, gpus)
 
                 def study(table: dict, key=key, is_study_pair=is_study_pair):
@@ -326,19 +330,19 @@ class TableBuilder:
                         text(self.name(framework)),
                         text(f"{self.label(framework, gpus)} vs {base}"),
                         *self.pair(
-                            self.this.speedup(framework, gpus, epochs),
+                            self.this.speedup(framework, gpus, epochs, base),
                             study(self.pub.speedup),
                             "speedup",
                             suffix="×",
                         ),
                         *self.pair(
-                            self.this.efficiency_pct(framework, gpus, epochs),
+                            self.this.efficiency_pct(framework, gpus, epochs, base),
                             study(self.pub.efficiency_pct),
                             "efficiency_pct",
                             suffix="%",
                         ),
                         *self.pair(
-                            self.this.reduction_pct(framework, gpus, epochs),
+                            self.this.reduction_pct(framework, gpus, epochs, base),
                             study(self.pub.reduction_pct),
                             "reduction_pct",
                             suffix="%",

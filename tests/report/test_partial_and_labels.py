@@ -201,3 +201,11 @@ def test_failures_say_later_ok_only_for_a_success_after_them(tmp_path):
     [failures] = [t for t in build_report(store).extra_tables if t.number == "B.2"]
     later_ok = {row[5].text: row[6].text for row in failures.rows}
     assert later_ok == {"before the success": "yes", "after the success": "no"}
+
+
+def test_table_5_8_keeps_a_framework_whose_smallest_gpu_count_is_missing(tmp_path, lookup):
+    store = ResultStore(tmp_path / "results")
+    record(store, Cell("ddp", 2, 20, 1), time_total_s=500.0, final_accuracy=0.8)  # no 1-GPU ddp run
+    look = lookup(build_report(store))
+    assert look.cell("5.8", (DDP,), "Speedup") == "—"
+    assert look.cell("5.8", (DDP,), "Study speedup") == "1.36×"
