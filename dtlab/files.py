@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 # Results and reports are for everyone on the controller to read, like the figures beside them
@@ -13,31 +14,29 @@ from pathlib import Path
 READABLE = 0o644
 
 
-def atomic_write_text(path: Path, text: str, mode: int = READABLE) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_copy(source: Path, target: Path, mode: int = READABLE) -> None:
+@contextlib.contextmanager
+def _staged(target: Path, mode: int) -> Iterator[Path]:
+    """A temporary file beside `target`; it replaces `target` when the block ends well, else it goes."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     os.close(fd)
     try:
-        shutil.copyfile(source, tmp)
+        yield Path(tmp)
         os.chmod(tmp, mode)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: Path, text: str, mode: int = READABLE) -> None:
+    with _staged(path, mode) as staging, open(staging, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def atomic_copy(source: Path, target: Path, mode: int = READABLE) -> None:
+    with _staged(target, mode) as staging:
+        shutil.copyfile(source, staging)
