@@ -150,6 +150,30 @@ def environment(ok_runs: list[Run], all_runs: list[Run], pub: Published) -> list
     ]
 
 
+def coverage_notes(profile: str | None, all_runs: list[Run], ok_runs: list[Run]) -> list[str]:
+    """What the tables lack: cells whose latest attempt failed, and cells of the profile (as the matrix
+    file declares it now) with no successful run at all."""
+    latest: dict[str, Run] = {}
+    for run in sorted(all_runs, key=lambda run: run.attempt):
+        if profile is None or run.cell.profile == profile:
+            latest[run.cell_key] = run
+    notes = []
+    failed_last = sorted(key for key, run in latest.items() if run.status == "failed")
+    if failed_last:
+        notes.append(f"Cells whose last attempt failed (Table B.2 says why): {', '.join(failed_last)}.")
+    if profile is not None:
+        from dtlab import matrix
+
+        try:
+            declared = {cell.key for cell in matrix.load(profile).cells}
+        except DtlabError:  # a profile the matrix file no longer declares: nothing to compare with
+            declared = set()
+        missing = sorted(declared - {run.cell_key for run in ok_runs})
+        if missing:
+            notes.append(f"Cells of profile {profile} with no successful run yet: {', '.join(missing)}.")
+    return notes
+
+
 def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     """Read the store and build every table; raises EmptyStoreError when nothing is recorded."""
     all_runs = store.runs(status=None)
@@ -187,6 +211,7 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     notes = []
     if not ok_runs:
         notes.append("No successful runs are recorded yet: only the study's figures are shown.")
+    notes += coverage_notes(chosen, all_runs, ok_runs)
     if short is not None and short != 20:
         notes.append(
             f"This cluster's short runs have {short} epochs, the study's 20: whole-run times are "

@@ -209,3 +209,17 @@ def test_table_5_8_keeps_a_framework_whose_smallest_gpu_count_is_missing(tmp_pat
     look = lookup(build_report(store))
     assert look.cell("5.8", (DDP,), "Speedup") == "—"
     assert look.cell("5.8", (DDP,), "Study speedup") == "1.36×"
+
+
+def test_header_lists_cells_whose_last_attempt_failed_and_cells_with_no_run(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    record(store, Cell("ddp", 1, 2, 0, "smoke"), time_total_s=30.0, final_accuracy=0.9, device="cpu")
+    spark = Cell("spark", 2, 2, 0, "smoke")
+    record(store, spark, time_total_s=90.0, final_accuracy=0.9, device="cpu")
+    store.record_failure(spark, reason="executor lost", node="node2", exit_code=137, log_tail=["Killed"],
+                         config_hash="0123456789abcdef", git_rev=None, inventory="lab")
+    notes = build_report(store).notes
+    assert "Cells whose last attempt failed (Table B.2 says why): spark-g2-e2-s0." in notes
+    missing = [note for note in notes if note.startswith("Cells of profile smoke with no successful run yet")]
+    assert missing == ["Cells of profile smoke with no successful run yet: ddp-g2-e2-s0, "
+                       "determined-g1-e2-s0, determined-g2-e2-s0, spark-g1-e2-s0."]
