@@ -91,8 +91,12 @@ def missing() -> Value:
     return Value(MISSING, None)
 
 
-def ratio(this: float | None, study: float | None) -> Value:
-    """This cluster's figure over the study's; missing when either side is."""
+def ratio(this: float | None, study: float | None, quantity: str | None = None) -> Value:
+    """This cluster's figure over the study's, both as printed (this one rounded to the quantity's places,
+    since the study's are rounded: +21 % against a printed +21 % is 1.00×, not 1.02×); missing when
+    either side is."""
     if this is None or study is None or study == 0:
         return missing()
+    if quantity is not None:
+        this = float(round_half_up(this, PLACES[quantity]))
     return num(this / study, "ratio", suffix="×")

@@ -95,7 +95,7 @@ class TableBuilder:
 
     @staticmethod
     def pair(this: float | None, study: float | None, quantity: str, **options) -> list[Value]:
-        return [num(this, quantity, **options), num(study, quantity, **options), ratio(this, study)]
+        return [num(this, quantity, **options), num(study, quantity, **options), ratio(this, study, quantity)]
 
     def epochs_heading(self, epochs: int | None, study_epochs: int) -> str:
         return f"{epochs} ep" if epochs is not None else f"(no runs; study {study_epochs} ep)"
@@ -275,7 +275,7 @@ class TableBuilder:
                 row += [
                     self._overhead_text(this, framework),
                     self._study_overhead_text(study, gpus),
-                    ratio(this, study),
+                    ratio(this, study, "overhead_x"),
                 ]
             rows.append(row)
         return Table(
@@ -396,12 +396,12 @@ class TableBuilder:
                         if baseline
                         else num(extra_s, "overhead_s", sign=True, suffix=" s"),
                         num(study_s, "overhead_s", sign=True, suffix=" s"),
-                        ratio(extra_s, study_s),
+                        ratio(extra_s, study_s, "overhead_s"),
                         text("– (baseline)")
                         if baseline
                         else num(extra_pct, "overhead_pct", sign=True, suffix="%"),
                         num(study_pct, "overhead_pct", sign=True, suffix="%"),
-                        ratio(extra_pct, study_pct),
+                        ratio(extra_pct, study_pct, "overhead_pct"),
                     ]
                 )
         return Table(

@@ -223,3 +223,12 @@ def test_header_lists_cells_whose_last_attempt_failed_and_cells_with_no_run(tmp_
     missing = [note for note in notes if note.startswith("Cells of profile smoke with no successful run yet")]
     assert missing == ["Cells of profile smoke with no successful run yet: ddp-g2-e2-s0, "
                        "determined-g1-e2-s0, determined-g2-e2-s0, spark-g1-e2-s0."]
+
+
+def test_this_over_study_ratios_compare_the_figures_as_printed():
+    from dtlab.report.numbers import ratio
+
+    # +21.4 % prints as +21 %, the study printed +21 %: the same figure, so 1.00×, not 1.02×.
+    assert ratio(21.4, 21.0, "overhead_pct").text == "1.00×"
+    assert ratio(21.4, 21.0).text == "1.02×"  # without a quantity the raw figures are divided
+    assert ratio(None, 21.0, "overhead_pct").missing
