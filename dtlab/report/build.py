@@ -188,7 +188,11 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
         run for run in all_runs if run.status == "failed" and (chosen is None or run.cell.profile == chosen)
     ]
     pub = published()
-    groups = group(Sample.from_run(run) for run in ok_runs)
+    # A resumed run's time misses what the interruption cost (the lost epochs, the restart): only
+    # undisturbed runs go into the tables and the figure, and the notes name the ones left out.
+    resumed = sorted(run.cell_key for run in ok_runs if run.result.get("resumed_from_epoch"))
+    undisturbed = [run for run in ok_runs if not run.result.get("resumed_from_epoch")]
+    groups = group(Sample.from_run(run) for run in undisturbed)
     short = primary_epochs(k[2] for k in groups)
     long = long_epochs((k[2] for k in groups), short)
     builder = TableBuilder(groups, pub, short=short, long=long)
@@ -206,12 +210,16 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     if failed:
         extra.append(failures_table(failed, ok_runs))
     labels = Counter(
-        (run.result["framework_label"], config_label(run.cell.gpus, run.result["device"])) for run in ok_runs
+        (run.result["framework_label"], config_label(run.cell.gpus, run.result["device"]))
+        for run in undisturbed
     )
     notes = []
     if not ok_runs:
         notes.append("No successful runs are recorded yet: only the study's figures are shown.")
     notes += coverage_notes(chosen, all_runs, ok_runs)
+    if resumed:
+        notes.append(f"Left out of the tables and the figure: runs resumed from a checkpoint, whose time "
+                     f"misses what the interruption cost ({', '.join(resumed)}).")
     if short is not None and short != 20:
         notes.append(
             f"This cluster's short runs have {short} epochs, the study's 20: whole-run times are "

@@ -173,7 +173,7 @@ def test_a_newer_run_of_another_profile_does_not_hide_this_profiles_run(tmp_path
     assert look.rows("5.1", "1 GPU", "20")[0][2:4] == ["1", "700.00"]
 
 
-def test_accuracy_curve_keeps_only_epochs_every_seed_reported(tmp_path):
+def test_resumed_runs_are_left_out_of_the_tables_and_named(tmp_path):
     store = ResultStore(tmp_path / "results")
     record(store, Cell("ddp", 1, 3, 1), time_total_s=30.0, final_accuracy=0.9)
     resumed = published_run_as_result("ddp", 1, 3, 2, time_total_s=20.0, final_accuracy=0.7)
@@ -182,9 +182,12 @@ def test_accuracy_curve_keeps_only_epochs_every_seed_reported(tmp_path):
     store.record_ok(
         Cell("ddp", 1, 3, 2), resumed, config_hash="0123456789abcdef", git_rev=None, inventory="lab"
     )
-    [stats] = build_report(store).groups.values()
-    assert [epoch for epoch, _ in stats.accuracy_curve] == [2, 3]
-    assert stats.accuracy_curve[-1][1] == pytest.approx(0.8)
+    report = build_report(store)
+    [stats] = report.groups.values()
+    assert stats.n == 1 and stats.time_mean == 30.0  # the undisturbed seed alone
+    assert [epoch for epoch, _ in stats.accuracy_curve] == [1, 2, 3]
+    left_out = [note for note in report.notes if note.startswith("Left out of the tables and the figure")]
+    assert len(left_out) == 1 and "ddp-g1-e3-s2" in left_out[0]
 
 
 def test_failures_say_later_ok_only_for_a_success_after_them(tmp_path):
