@@ -300,6 +300,8 @@ class Bench:
         self, cell: Cell, number_in_run: int, timeout_s: int, *, fresh: bool
     ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
         attempt_started = time.monotonic()
+        submitted_at = time.time()  # the whole-run clock starts when the harness takes up the attempt
+        self.marks = {}
         attempt = self.store.reserve_attempt(cell)
         if self.display:
             self.display.start_cell(cell, number_in_run)
@@ -340,6 +342,10 @@ class Bench:
             )
         versions = self.node_versions()
         if result is not None:
+            # The whole-run clock, on the controller: submitted -> units -> result recorded (the last
+            # mark is taken just before the store writes, which takes milliseconds).
+            marks = {"submitted": submitted_at, **self.marks, "recorded": time.time()}
+            result["harness_timeline_unix"] = marks
             try:
                 self.store.record_ok(
                     cell,

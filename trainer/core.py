@@ -462,6 +462,7 @@ class _Run:
         start_epoch, elapsed_before, epoch_metrics = self._resume()
         resumed_from = start_epoch if start_epoch > 0 else None
         self.step_times, self.first_step_done_at, self.gpu_utilization = [], None, []
+        self.training_ended_at = None
         self.log(f"{self.hooks.framework_label}: world size {self.world_size} on {self.device}, "
                  f"{self.train_size} train / {self.test_size} test reviews, "
                  f"{self.steps_per_epoch} steps/epoch, "
@@ -474,6 +475,7 @@ class _Run:
             metrics = {"epoch": epoch + 1, **self._train_epoch(epoch), **self._validate()}
             epoch_metrics.append(metrics)
             elapsed = elapsed_before + time.perf_counter() - span_started  # the study's span ends here
+            self.training_ended_at = time.time()
             self.log(f"epoch {epoch + 1}/{cfg.epochs}: train {metrics['train_time_s']:.2f}s "
                      f"loss {metrics['train_loss']:.4f} | val {metrics['val_time_s']:.2f}s "
                      f"loss {metrics['val_loss']:.4f} accuracy {metrics['val_accuracy']:.4f}")
@@ -535,7 +537,8 @@ class _Run:
             "steady_step_time_s": statistics.median(steady) if steady else None,
             "timeline_unix": {"process_started": self.process_started,
                               "training_started": training_started_at,
-                              "first_step_done": self.first_step_done_at},
+                              "first_step_done": self.first_step_done_at,
+                              "training_ended": self.training_ended_at},
             "peak_memory_mb": {"rss": max(e["rss_mb"] for e in per_rank),
                                "rss_per_rank": [e["rss_mb"] for e in per_rank],
                                "cuda": max(e["cuda_mb"] for e in per_rank) if self.is_cuda else None},

@@ -34,6 +34,7 @@ class Sample:
     peak_rss_mb: float | None
     harness_extra_s: float | None  # harness wall time beyond the trainer's own time
     epoch_accuracy: tuple[tuple[int, float], ...]  # (epoch, validation accuracy), epochs ascending
+    phases: tuple[tuple[str, float], ...] = ()  # the whole-run clock (WHOLE_RUN_PHASES), when recorded
 
     @classmethod
     def from_run(cls, run: Run) -> Sample:
@@ -56,7 +57,27 @@ class Sample:
             peak_rss_mb=(result.get("peak_memory_mb") or {}).get("rss"),
             harness_extra_s=harness_extra,
             epoch_accuracy=tuple(sorted(accuracy_by_epoch.items())),
+            phases=whole_run_phases(result),
         )
+
+
+# The whole-run clock: (phase, from mark, to mark). Marks come from the controller (harness_timeline_unix)
+# and from rank 0's node (timeline_unix); on a real cluster the two clocks must be in NTP sync.
+WHOLE_RUN_PHASES = (
+    ("submit → trainer process", "submitted", "process_started"),
+    ("→ first step", "process_started", "first_step_done"),
+    ("→ end of last validation", "first_step_done", "training_ended"),
+    ("→ result recorded", "training_ended", "recorded"),
+    ("end to end", "submitted", "recorded"),
+)
+
+
+def whole_run_phases(result: dict) -> tuple[tuple[str, float], ...]:
+    """Seconds per whole-run phase; empty when a mark is missing (runs recorded before the clock)."""
+    marks = {**(result.get("timeline_unix") or {}), **(result.get("harness_timeline_unix") or {})}
+    if any(marks.get(name) is None for _, start, end in WHOLE_RUN_PHASES for name in (start, end)):
+        return ()
+    return tuple((phase, marks[end] - marks[start]) for phase, start, end in WHOLE_RUN_PHASES)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -87,6 +108,7 @@ class GroupStats:
     devices: tuple[str, ...]
     seeds: tuple[int, ...]
     accuracy_curve: tuple[float, ...] = field(default=())  # mean over seeds, per epoch
+    phase_means: tuple[tuple[str, float], ...] = ()  # whole-run phases, mean over the runs that have them
 
     @classmethod
     def of(cls, samples: list[Sample]) -> GroupStats:
@@ -116,7 +138,15 @@ class GroupStats:
             devices=tuple(sorted({s.device for s in samples})),
             seeds=tuple(sorted(s.seed for s in samples)),
             accuracy_curve=curve,
+            phase_means=_phase_means([s.phases for s in samples if s.phases]),
         )
+
+
+def _phase_means(timed: list[tuple[tuple[str, float], ...]]) -> tuple[tuple[str, float], ...]:
+    if not timed:
+        return ()
+    return tuple((phase, statistics.fmean(dict(run)[phase] for run in timed))
+                 for phase, _, _ in WHOLE_RUN_PHASES)
 
 
 def group(samples: Iterable[Sample]) -> dict[GroupKey, GroupStats]:

@@ -206,7 +206,7 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
         builder.table_5_8(),
         builder.table_5_9(),
     ]
-    extra = [builder.throughput_table()]
+    extra = [builder.throughput_table(), builder.whole_run_table()]
     if failed:
         extra.append(failures_table(failed, ok_runs))
     labels = Counter(

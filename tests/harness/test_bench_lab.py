@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dtlab import remote
+from dtlab.report.aggregate import whole_run_phases
 from dtlab.results import ResultStore
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -66,6 +67,11 @@ def test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing(harness
     for run in ok.values():
         assert (run.log_dir / f"{run.result['hostnames'][0]}.log").exists() or any(run.log_dir.iterdir())
     assert "report:" in first.stdout  # bench.all ends with the report
+    # The whole-run clock: every phase from the controller's submit to the recorded result, in order.
+    for key, run in ok.items():
+        phases = dict(whole_run_phases(run.result))
+        assert phases and min(phases.values()) >= 0, (key, phases)
+        assert phases["end to end"] >= run.result["time_total_s"], (key, phases)
     # The platforms differ only in orchestration: the same cell trains to the same numbers under each.
     for gpus in (1, 2):
         trajectories = {framework: _trajectory(ok[f"{framework}-g{gpus}-e2-s0"])

@@ -195,12 +195,20 @@ def test_failures_say_later_ok_only_for_a_success_after_them(tmp_path):
     cell = Cell("ddp", 1, 20, 1)
 
     def fail(reason):
-        store.record_failure(cell, reason=reason, node="node1", exit_code=1, log_tail=["x"],
-                             config_hash="0123456789abcdef", git_rev=None, inventory="study")
+        store.record_failure(
+            cell,
+            reason=reason,
+            node="node1",
+            exit_code=1,
+            log_tail=["x"],
+            config_hash="0123456789abcdef",
+            git_rev=None,
+            inventory="study",
+        )
 
-    fail("before the success")                                    # attempt 1
-    record(store, cell, time_total_s=600.0, final_accuracy=0.8)   # attempt 2, ok
-    fail("after the success")                                     # attempt 3
+    fail("before the success")  # attempt 1
+    record(store, cell, time_total_s=600.0, final_accuracy=0.8)  # attempt 2, ok
+    fail("after the success")  # attempt 3
     [failures] = [t for t in build_report(store).extra_tables if t.number == "B.2"]
     later_ok = {row[5].text: row[6].text for row in failures.rows}
     assert later_ok == {"before the success": "yes", "after the success": "no"}
@@ -219,13 +227,23 @@ def test_header_lists_cells_whose_last_attempt_failed_and_cells_with_no_run(tmp_
     record(store, Cell("ddp", 1, 2, 0, "smoke"), time_total_s=30.0, final_accuracy=0.9, device="cpu")
     spark = Cell("spark", 2, 2, 0, "smoke")
     record(store, spark, time_total_s=90.0, final_accuracy=0.9, device="cpu")
-    store.record_failure(spark, reason="executor lost", node="node2", exit_code=137, log_tail=["Killed"],
-                         config_hash="0123456789abcdef", git_rev=None, inventory="lab")
+    store.record_failure(
+        spark,
+        reason="executor lost",
+        node="node2",
+        exit_code=137,
+        log_tail=["Killed"],
+        config_hash="0123456789abcdef",
+        git_rev=None,
+        inventory="lab",
+    )
     notes = build_report(store).notes
     assert "Cells whose last attempt failed (Table B.2 says why): spark-g2-e2-s0." in notes
     missing = [note for note in notes if note.startswith("Cells of profile smoke with no successful run yet")]
-    assert missing == ["Cells of profile smoke with no successful run yet: ddp-g2-e2-s0, "
-                       "determined-g1-e2-s0, determined-g2-e2-s0, spark-g1-e2-s0."]
+    assert missing == [
+        "Cells of profile smoke with no successful run yet: ddp-g2-e2-s0, "
+        "determined-g1-e2-s0, determined-g2-e2-s0, spark-g1-e2-s0."
+    ]
 
 
 def test_this_over_study_ratios_compare_the_figures_as_printed():
@@ -235,3 +253,39 @@ def test_this_over_study_ratios_compare_the_figures_as_printed():
     assert ratio(21.4, 21.0, "overhead_pct").text == "1.00×"
     assert ratio(21.4, 21.0).text == "1.02×"  # without a quantity the raw figures are divided
     assert ratio(None, 21.0, "overhead_pct").missing
+
+
+def test_whole_run_table_splits_each_platforms_time_and_compares_with_ddp(tmp_path, lookup):
+    store = ResultStore(tmp_path / "results")
+    for framework, launch, total in (("ddp", 5.0, 40.0), ("spark", 85.0, 120.0)):
+        result = published_run_as_result(
+            framework, 1, 2, 0, time_total_s=30.0, final_accuracy=0.9, device="cpu"
+        )
+        t0 = 1_000_000.0
+        result["timeline_unix"] = {
+            "process_started": t0 + launch,
+            "training_started": t0 + launch + 3,
+            "first_step_done": t0 + launch + 4,
+            "training_ended": t0 + launch + 33,
+        }
+        result["harness_timeline_unix"] = {
+            "submitted": t0,
+            "units_started": t0 + 1,
+            "units_ended": t0 + total - 1,
+            "recorded": t0 + total,
+        }
+        store.record_ok(
+            Cell(framework, 1, 2, 0, "smoke"),
+            result,
+            config_hash="0123456789abcdef",
+            git_rev=None,
+            inventory="lab",
+        )
+    record(store, Cell("determined", 1, 2, 0, "smoke"), time_total_s=30.0, final_accuracy=0.9, device="cpu")
+    look = lookup(build_report(store))
+    table = look.table("B.3")
+    # Determined's run has no clock recorded: left out, not made up.
+    assert [row[0].text.split(" [")[0] for row in table.rows] == [DDP, SPARK]
+    spark = [value.text for value in table.rows[1]]
+    assert spark[3:] == ["85.00", "4.00", "29.00", "2.00", "120.00", "3.00×"]
+    assert [value.text for value in table.rows[0]][-1] == "1.00×"
