@@ -42,6 +42,13 @@ def record(
     )
 
 
+def record_failure(store: ResultStore, cell: Cell, reason: str = "executor lost", **overrides):
+    """One failed attempt of `cell`, as bench records it when a node dies."""
+    details = dict(node="node2", exit_code=137, log_tail=["Killed"], config_hash="0123456789abcdef",
+                   git_rev=None, inventory="lab")
+    return store.record_failure(cell, reason=reason, **{**details, **overrides})
+
+
 def fill_with_study_runs(store: ResultStore, profile: str = "study") -> None:
     for (framework, gpus, epochs), (time_s, accuracy) in published().runs.items():
         if epochs == 20:

@@ -2,7 +2,7 @@
 
 import pytest
 from PIL import Image
-from report_helpers import fill_with_study_runs, record
+from report_helpers import fill_with_study_runs, record, record_failure
 
 from dtlab.errors import DtlabError
 from dtlab.report import EmptyStoreError, build_report, generate_report
@@ -44,16 +44,7 @@ def test_partial_store_gives_a_partial_report_with_missing_cells(tmp_path, looku
 
 def test_store_with_only_failures_reports_them_and_the_study(tmp_path):
     store = ResultStore(tmp_path / "results")
-    store.record_failure(
-        Cell("spark", 2, 1, 1, "smoke"),
-        reason="executor lost",
-        node="node2",
-        exit_code=137,
-        log_tail=["Killed"],
-        config_hash="0123456789abcdef",
-        git_rev=None,
-        inventory="lab",
-    )
+    record_failure(store, Cell("spark", 2, 1, 1, "smoke"))
     report = build_report(store)
     assert report.notes[0].startswith("No successful runs are recorded yet")
     [failures] = [t for t in report.extra_tables if t.number == "B.2"]
@@ -195,16 +186,7 @@ def test_failures_say_later_ok_only_for_a_success_after_them(tmp_path):
     cell = Cell("ddp", 1, 20, 1)
 
     def fail(reason):
-        store.record_failure(
-            cell,
-            reason=reason,
-            node="node1",
-            exit_code=1,
-            log_tail=["x"],
-            config_hash="0123456789abcdef",
-            git_rev=None,
-            inventory="study",
-        )
+        record_failure(store, cell, reason, inventory="study")
 
     fail("before the success")  # attempt 1
     record(store, cell, time_total_s=600.0, final_accuracy=0.8)  # attempt 2, ok
@@ -227,16 +209,7 @@ def test_header_lists_cells_whose_last_attempt_failed_and_cells_with_no_run(tmp_
     record(store, Cell("ddp", 1, 2, 0, "smoke"), time_total_s=30.0, final_accuracy=0.9, device="cpu")
     spark = Cell("spark", 2, 2, 0, "smoke")
     record(store, spark, time_total_s=90.0, final_accuracy=0.9, device="cpu")
-    store.record_failure(
-        spark,
-        reason="executor lost",
-        node="node2",
-        exit_code=137,
-        log_tail=["Killed"],
-        config_hash="0123456789abcdef",
-        git_rev=None,
-        inventory="lab",
-    )
+    record_failure(store, spark)
     notes = build_report(store).notes
     assert "Cells whose last attempt failed (Table B.2 says why): spark-g2-e2-s0." in notes
     missing = [note for note in notes if note.startswith("Cells of profile smoke with no successful run yet")]
