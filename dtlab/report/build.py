@@ -13,6 +13,7 @@ from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
 from dtlab.report.study import FRAMEWORKS, Published, published
 from dtlab.report.tables import Table, TableBuilder, config_label, failures_table
 from dtlab.results import ResultStore, Run
+from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX
 
 
 class EmptyStoreError(DtlabError):
@@ -150,6 +151,20 @@ def environment(ok_runs: list[Run], all_runs: list[Run], pub: Published) -> list
     ]
 
 
+def incomparable_with_study(runs: list[Run]) -> str | None:
+    """Why these runs cannot be set against the study's (GPUs, IMDB, a pretrained bert-tiny), or None."""
+    results = [run.result for run in runs if run.result]
+    reasons = []
+    if any(result["device"] != "cuda" for result in results):
+        reasons.append("this cluster's runs are on CPU, the study's on GPUs")
+    hyperparameters = [result["hyperparameters"] for result in results]
+    if any(h["dataset"] == GENERATED_DATASET for h in hyperparameters):
+        reasons.append("they train on generated reviews, the study on IMDB")
+    if any(h["model"].startswith(GENERATED_MODEL_PREFIX) for h in hyperparameters):
+        reasons.append("from a randomly initialised model, the study from pretrained bert-tiny")
+    return "; ".join(reasons) if reasons else None
+
+
 def coverage_notes(profile: str | None, all_runs: list[Run], ok_runs: list[Run]) -> list[str]:
     """What the tables lack: cells whose latest attempt failed, and cells of the profile (as the matrix
     file declares it now) with no successful run at all."""
@@ -195,7 +210,8 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     groups = group(Sample.from_run(run) for run in undisturbed)
     short = primary_epochs(k[2] for k in groups)
     long = long_epochs((k[2] for k in groups), short)
-    builder = TableBuilder(groups, pub, short=short, long=long)
+    incomparable = incomparable_with_study(undisturbed)
+    builder = TableBuilder(groups, pub, short=short, long=long, incomparable=incomparable)
     frameworks = builder.frameworks()
     tables = [builder.run_table(f) for f in frameworks if f in FRAMEWORKS]
     tables += [
@@ -217,6 +233,8 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     if not ok_runs:
         notes.append("No successful runs are recorded yet: only the study's figures are shown.")
     notes += coverage_notes(chosen, all_runs, ok_runs)
+    if incomparable:
+        notes.append(f"This/study ratios are left out (—): {incomparable}.")
     if resumed:
         notes.append(f"Left out of the tables and the figure: runs resumed from a checkpoint, whose time "
                      f"misses what the interruption cost ({', '.join(resumed)}).")

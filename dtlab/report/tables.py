@@ -46,9 +46,18 @@ class TableBuilder:
     """Builds every table from this cluster's group statistics and the study's published figures."""
 
     def __init__(
-        self, groups: dict[GroupKey, GroupStats], published: Published, *, short: int | None, long: int | None
+        self,
+        groups: dict[GroupKey, GroupStats],
+        published: Published,
+        *,
+        short: int | None,
+        long: int | None,
+        incomparable: str | None = None,
     ):
         self.groups = groups
+        # Why this cluster's figures cannot be set against the study's (None: they can); then every
+        # this/study ratio is "—" and the report says why once.
+        self.incomparable = incomparable
         self.pub = published
         self.short, self.long = short, long
         self.this = Derived({key: stats.time_mean for key, stats in groups.items()})
@@ -93,9 +102,12 @@ class TableBuilder:
     def stats(self, framework: str, gpus: int, epochs: int | None) -> GroupStats | None:
         return self.groups.get((framework, gpus, epochs)) if epochs is not None else None
 
-    @staticmethod
-    def pair(this: float | None, study: float | None, quantity: str, **options) -> list[Value]:
-        return [num(this, quantity, **options), num(study, quantity, **options), ratio(this, study, quantity)]
+    def pair(self, this: float | None, study: float | None, quantity: str, **options) -> list[Value]:
+        shown = [num(this, quantity, **options), num(study, quantity, **options)]
+        return [*shown, self.ratio(this, study, quantity)]
+
+    def ratio(self, this: float | None, study: float | None, quantity: str) -> Value:
+        return missing() if self.incomparable else ratio(this, study, quantity)
 
     def epochs_heading(self, epochs: int | None, study_epochs: int) -> str:
         return f"{epochs} ep" if epochs is not None else f"(no runs; study {study_epochs} ep)"
@@ -224,7 +236,10 @@ class TableBuilder:
             for gpus in gpu_counts:
                 stats = self.stats(framework, gpus, epochs)
                 study = self.pub.runs.get((framework, gpus, study_epochs), (None, None))[1]
-                row += self.pair(stats.accuracy_mean if stats else None, study, "accuracy")
+                ours = stats.accuracy_mean if stats else None
+                row += self.pair(ours, study, "accuracy")
+                if epochs != study_epochs:  # accuracy after other epoch counts: no ratio
+                    row[-1] = missing()
             if number == "5.6":
                 for gpus in gpu_counts:
                     long_stats, short_stats = (
@@ -275,7 +290,7 @@ class TableBuilder:
                 row += [
                     self._overhead_text(this, framework),
                     self._study_overhead_text(study, gpus),
-                    ratio(this, study, "overhead_x"),
+                    self.ratio(this, study, "overhead_x"),
                 ]
             rows.append(row)
         return Table(
@@ -396,12 +411,12 @@ class TableBuilder:
                         if baseline
                         else num(extra_s, "overhead_s", sign=True, suffix=" s"),
                         num(study_s, "overhead_s", sign=True, suffix=" s"),
-                        ratio(extra_s, study_s, "overhead_s"),
+                        self.ratio(extra_s, study_s, "overhead_s"),
                         text("– (baseline)")
                         if baseline
                         else num(extra_pct, "overhead_pct", sign=True, suffix="%"),
                         num(study_pct, "overhead_pct", sign=True, suffix="%"),
-                        ratio(extra_pct, study_pct, "overhead_pct"),
+                        self.ratio(extra_pct, study_pct, "overhead_pct"),
                     ]
                 )
         return Table(

@@ -262,3 +262,26 @@ def test_whole_run_table_splits_each_platforms_time_and_compares_with_ddp(tmp_pa
     spark = [value.text for value in table.rows[1]]
     assert spark[3:] == ["85.00", "4.00", "29.00", "2.00", "120.00", "3.00×"]
     assert [value.text for value in table.rows[0]][-1] == "1.00×"
+
+
+def test_this_study_ratios_are_left_out_where_the_runs_do_not_compare(tmp_path, lookup):
+    store = ResultStore(tmp_path / "results")
+    result = published_run_as_result("ddp", 1, 20, 1, time_total_s=300.0, final_accuracy=0.95, device="cpu")
+    result["hyperparameters"].update(dataset="generated", model="generated:bert-tiny")
+    store.record_ok(Cell("ddp", 1, 20, 1, "smoke"), result, config_hash="0123456789abcdef", git_rev=None,
+                    inventory="lab")
+    report = build_report(store)
+    look = lookup(report)
+    row = look.rows("5.1", "1 worker (CPU)", "20")[0]
+    assert row[3] == "300.00" and row[5] == "677.10" and row[6] == "—"  # both figures shown, no ratio
+    assert look.cell("5.5", (DDP,), "This/study") == "—"
+    [why] = [note for note in report.notes if note.startswith("This/study ratios are left out")]
+    assert "on CPU" in why and "generated reviews" in why and "randomly initialised" in why
+
+
+def test_accuracy_after_other_epoch_counts_gets_no_ratio(tmp_path, lookup):
+    store = ResultStore(tmp_path / "results")
+    record(store, Cell("ddp", 1, 5, 1), time_total_s=170.0, final_accuracy=0.8)  # GPU, IMDB, bert-tiny
+    look = lookup(build_report(store))
+    assert look.cell("5.5", (DDP,), "This/study") == "—"  # 5 epochs here against the study's 20
+    assert look.cell("5.4", (DDP, "1 GPU"), "This/study") == "1.00×"  # per-epoch times still compare
