@@ -80,8 +80,24 @@ def trainer_config(cell: Cell) -> dict[str, Any]:
 
 
 def config_hash(cell: Cell) -> str:
-    """Everything that changes a cell's outcome; the same hash recorded ok means bench.all skips it."""
+    """Everything that changes a cell's outcome; the same hash recorded ok means bench.all skips it.
+
+    For generated data or a generated model that includes the generator's and the generated
+    tokenizer's versions: the same options with another tokenizer are other tokens. (A hub model's
+    tokenizer and a hub dataset are named by their ids; the trainer records the exact tokens'
+    fingerprint in each result and checkpoint.)"""
+    from trainer.config import (
+        GENERATED_DATA_VERSION,
+        GENERATED_DATASET,
+        GENERATED_MODEL_PREFIX,
+        GENERATED_TOKENIZER_VERSION,
+    )
+
     identity = {"gpus": cell.gpus, **trainer_config(cell)}
+    if identity.get("dataset") == GENERATED_DATASET:
+        identity["generated_data_version"] = GENERATED_DATA_VERSION
+    if str(identity.get("model", "")).startswith(GENERATED_MODEL_PREFIX):
+        identity["generated_tokenizer_version"] = GENERATED_TOKENIZER_VERSION
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

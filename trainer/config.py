@@ -21,6 +21,10 @@ GENERATED_MODEL_PREFIX = "generated:"
 GENERATED_MODEL_SHAPES = ("bert-tiny",)
 GENERATED_DATASET = "generated"
 GENERATED_MAX_SPLIT_SIZE = 25_000  # IMDB's split size
+# Bump when the generator's output, or the generated tokenizer, changes: both enter the token cache key
+# and the harness's cell hash, so results and caches made with the old ones are never taken for new.
+GENERATED_DATA_VERSION = 1
+GENERATED_TOKENIZER_VERSION = 2  # 1: WordPiece trained per process; 2: built from the sorted word list
 COMPILE_MODES = ("no", "default", "reduce-overhead")
 # A hub id is "name" or "owner/name"; anything else is treated as a local path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")

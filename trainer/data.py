@@ -19,11 +19,9 @@ import numpy as np
 import torch
 from filelock import FileLock, Timeout
 
-from trainer.config import GENERATED_DATASET, ConfigError, TrainConfig, is_local_path
+from trainer.config import GENERATED_DATA_VERSION, GENERATED_DATASET, ConfigError, TrainConfig, is_local_path
 
 SPLITS = ("train", "test")
-# Bump when the generator's output changes: the version is part of the cache key.
-GENERATOR_VERSION = 1
 TOKEN_CACHE_VERSION = 1
 CACHE_LOCK_TIMEOUT_S = 1800  # tokenizing 2x25k reviews at 512 tokens takes about a minute
 
@@ -65,7 +63,7 @@ _PUNCTUATION = (".", ",", "!", "?")
 
 
 def generated_fingerprint(seed: int, train_size: int, test_size: int, median_words: int) -> str:
-    key = f"generated-v{GENERATOR_VERSION}|{seed}|{train_size}|{test_size}|{median_words}"
+    key = f"generated-v{GENERATED_DATA_VERSION}|{seed}|{train_size}|{test_size}|{median_words}"
     return hashlib.sha256(key.encode()).hexdigest()[:20]
 
 

@@ -134,3 +134,15 @@ def test_config_hash_is_stable_and_changes_with_what_changes_the_run():
     assert len(hashes) == len(matrix.load("study"))  # seed, epochs, GPUs and framework all count
     smoke_ddp = matrix.load("smoke").cells[0]
     assert matrix.config_hash(smoke_ddp) != matrix.config_hash(matrix.load("study").cells[0])
+
+
+def test_config_hash_changes_with_the_generated_tokenizer(monkeypatch):
+    # Results recorded with another generated tokenizer were trained on other tokens: bench.all reruns them.
+    import trainer.config
+
+    smoke_ddp, study_ddp = matrix.load("smoke").cells[0], matrix.load("study").cells[0]
+    before = matrix.config_hash(smoke_ddp), matrix.config_hash(study_ddp)
+    next_version = trainer.config.GENERATED_TOKENIZER_VERSION + 1
+    monkeypatch.setattr(trainer.config, "GENERATED_TOKENIZER_VERSION", next_version)
+    assert matrix.config_hash(smoke_ddp) != before[0]
+    assert matrix.config_hash(study_ddp) == before[1]  # IMDB and the hub's bert-tiny: named by their ids
