@@ -61,7 +61,7 @@ def hf_tokenizer(cfg):
     """The run's own tokenizer, wrapped as the fast tokenizer the Trainer's collator expects."""
     from transformers import PreTrainedTokenizerFast
 
-    from trainer.data import load_tokenizer, text_source
+    from trainer.data import load_tokenizer
 
-    return PreTrainedTokenizerFast(tokenizer_object=load_tokenizer(cfg, text_source(cfg)), pad_token="[PAD]",
+    return PreTrainedTokenizerFast(tokenizer_object=load_tokenizer(cfg), pad_token="[PAD]",
                                    unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]")

@@ -282,7 +282,7 @@ class _Run:
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
 
     def _compiled(self, parallel_model, model):
-        """torch.compile for training and for validation (one compiled module when they are the same)."""
+        """torch.compile for training (the DDP module) and for validation (the bare model)."""
         import torch._dynamo
 
         for limit in ("recompile_limit", "cache_size_limit"):  # the name changed across torch releases
@@ -290,9 +290,7 @@ class _Run:
                 current = getattr(torch._dynamo.config, limit)
                 setattr(torch._dynamo.config, limit, max(current, _RECOMPILE_LIMIT))
         mode = None if self.cfg.compile == "default" else self.cfg.compile
-        compiled_train = torch.compile(parallel_model, mode=mode)
-        compiled_eval = compiled_train if parallel_model is model else torch.compile(model, mode=mode)
-        return compiled_train, compiled_eval
+        return torch.compile(parallel_model, mode=mode), torch.compile(model, mode=mode)
 
     def _optimizer(self) -> torch.optim.Optimizer:
         # As in Hugging Face's examples: no weight decay on biases and LayerNorm weights.

@@ -191,7 +191,7 @@ def generated_tokenizer():
     return tokenizer
 
 
-def load_tokenizer(cfg: TrainConfig, source: TextSource):
+def load_tokenizer(cfg: TrainConfig):
     """A `tokenizers.Tokenizer`: the model's own, or the generated data's (built from its word list)."""
     from tokenizers import Tokenizer
 
@@ -253,7 +253,7 @@ def tokenized_splits(cfg: TrainConfig, source: TextSource | None = None,
                      log=print) -> dict[str, TokenizedSplit]:
     """Both splits tokenized to cfg.max_length, from the cache or built into it once."""
     source = source or text_source(cfg)
-    tokenizer = load_tokenizer(cfg, source)
+    tokenizer = load_tokenizer(cfg)
     cache_dir = cfg.token_cache_dir
     key = token_cache_key(source.fingerprint, tokenizer_fingerprint(tokenizer), cfg.max_length)
     final = cache_dir / f"tokens-{key}"

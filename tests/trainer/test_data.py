@@ -14,7 +14,6 @@ from trainer.data import (
     PaddedBatches,
     generate_imdb_like,
     load_tokenizer,
-    text_source,
     tokenized_splits,
     validation_batches,
 )
@@ -41,7 +40,7 @@ def test_generated_data_scales_down():
 
 def test_wordpiece_tokenizer_knows_the_words(make_config):
     cfg = make_config()
-    tokenizer = load_tokenizer(cfg, text_source(cfg))
+    tokenizer = load_tokenizer(cfg)
     encoding = tokenizer.encode("the movie was great but the plot was dull")
     unknown = tokenizer.token_to_id("[UNK]")
     assert encoding.tokens[0] == "[CLS]" and encoding.tokens[-1] == "[SEP]"
@@ -53,7 +52,7 @@ def test_generated_tokenizer_is_the_same_bytes_in_every_process(make_config):
     # Trained WordPiece differed between processes (hash-map order); ranks on different nodes and reruns
     # must tokenize alike, so the generated tokenizer is built from the generator's sorted word list.
     cfg = make_config()
-    here = load_tokenizer(cfg, text_source(cfg)).to_str()
+    here = load_tokenizer(cfg).to_str()
     code = "from trainer.data import generated_tokenizer; print(generated_tokenizer().to_str())"
     for hash_seed in ("1", "2"):
         environment = {**os.environ, "PYTHONHASHSEED": hash_seed}
@@ -61,7 +60,7 @@ def test_generated_tokenizer_is_the_same_bytes_in_every_process(make_config):
                                    env=environment, timeout=120).stdout.strip()
         assert elsewhere == here
     reviews = generate_imdb_like(seed=3, train_size=50, test_size=2)["train"]["text"]
-    tokenizer = load_tokenizer(cfg, text_source(cfg))
+    tokenizer = load_tokenizer(cfg)
     assert all(tokenizer.token_to_id("[UNK]") not in tokenizer.encode(text).ids for text in reviews)
 
 

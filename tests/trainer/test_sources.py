@@ -8,7 +8,7 @@ from transformers import PreTrainedTokenizerFast
 
 from tests.trainer.conftest import trainer_env
 from trainer.core import train
-from trainer.data import generate_imdb_like, load_tokenizer, text_source
+from trainer.data import generate_imdb_like, load_tokenizer
 from trainer.model import build_model
 
 
@@ -22,7 +22,7 @@ def staged(tmp_path_factory):
                             generated_test_size=64, generated_median_words=40, max_length=64,
                             output_dir=str(root / "out"), cache_dir=str(root / "cache"))
     build_model(generated).save_pretrained(root / "model")
-    wordpiece = load_tokenizer(generated, text_source(generated))
+    wordpiece = load_tokenizer(generated)
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=wordpiece, pad_token="[PAD]", unk_token="[UNK]",
                                         cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
     tokenizer.save_pretrained(root / "model")
