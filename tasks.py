@@ -201,13 +201,14 @@ def bench_run(c, cell, inventory=None, profile=None, retries=1, timeout=None, ve
     "inventory": INVENTORY_HELP,
     "results_dir": "results folder to read instead of results/<cluster name>",
     "out": "folder to write the report to (default: <results folder>/report)",
-    "profile": "matrix profile to report (default: that of the newest successful run)"})
-def bench_report(c, inventory=None, results_dir=None, out=None, profile=None):
+    "profile": "matrix profile to report (default: that of the newest successful run)",
+    "study": "render the report from the study's published runs alone (default out: results/study-report)"})
+def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, study=False):
     """Regenerate the study's Tables 5.1-5.9 and Figure 5.1 from the results store, beside the study's."""
     import dtlab.report
 
     _harness_call(dtlab.report.report_command, inventory=inventory, results_dir=results_dir, out=out,
-                  profile=profile)
+                  profile=profile, study=study)
 
 
 # --- top level ---------------------------------------------------------------

@@ -21,10 +21,23 @@ missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
 done
+apt_updated=no
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup.sh: apt-get install ${missing[*]}"
-  apt-get update -qq
+  apt-get update -qq && apt_updated=yes
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Headless Chromium checks the HTML report in a real browser (tests/report/test_report_in_browser.py).
+# Debian ships it as a package, Ubuntu only as a snap: installed where apt has it, else that test skips.
+BROWSER=chromium-headless-shell
+if ! dpkg-query -W -f='${Status}' "$BROWSER" 2>/dev/null | grep -q "ok installed"; then
+  [ "$apt_updated" = yes ] || apt-get update -qq
+  if apt-cache show "$BROWSER" >/dev/null 2>&1; then
+    echo "setup.sh: apt-get install $BROWSER"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$BROWSER" >/dev/null
+  else
+    echo "setup.sh: apt has no $BROWSER here: the report's browser test will be skipped"
+  fi
 fi
 
 PYTHON=${PYTHON:-python3}

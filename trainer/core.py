@@ -28,7 +28,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint
+from trainer import checkpoint, progress
 from trainer.config import ConfigError, TrainConfig
 from trainer.data import LengthGroupedBatchSampler, PaddedBatches, tokenized_splits, validation_batches
 from trainer.model import build_model
@@ -219,7 +219,7 @@ class _Run:
 
     def log(self, message: str) -> None:
         if self.rank == 0:
-            print(f"[trainer] {message}", flush=True)
+            print(f"{progress.LOG_PREFIX}{message}", flush=True)
 
     # --- setup ---
     def _seed(self) -> None:
@@ -464,7 +464,7 @@ class _Run:
         self.log(f"{self.hooks.framework_label}: world size {self.world_size} on {self.device}, "
                  f"{self.train_size} train / {self.test_size} test reviews, "
                  f"{self.steps_per_epoch} steps/epoch, "
-                 f"epochs {start_epoch + 1}..{cfg.epochs}")
+                 f"{progress.epoch_range(start_epoch + 1, cfg.epochs)}")
         dist.barrier()  # all ranks start the timed span together
         training_started_at = time.time()
         span_started = time.perf_counter()
@@ -474,7 +474,7 @@ class _Run:
             epoch_metrics.append(metrics)
             elapsed = elapsed_before + time.perf_counter() - span_started  # the study's span ends here
             self.training_ended_at = time.time()
-            self.log(f"epoch {epoch + 1}/{cfg.epochs}: train {metrics['train_time_s']:.2f}s "
+            self.log(f"{progress.epoch_done(epoch + 1, cfg.epochs)}train {metrics['train_time_s']:.2f}s "
                      f"loss {metrics['train_loss']:.4f} | val {metrics['val_time_s']:.2f}s "
                      f"loss {metrics['val_loss']:.4f} accuracy {metrics['val_accuracy']:.4f}")
             if self.rank == 0:

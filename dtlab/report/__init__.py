@@ -20,11 +20,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from dtlab.report.build import EmptyStoreError, Report, build_report
+from dtlab.errors import DtlabError
+from dtlab.paths import RESULTS_DIR
+from dtlab.report.build import EmptyStoreError, Report, build_report, build_study_report
 from dtlab.report.render import ReportFiles, write_report
 from dtlab.results import ResultStore
 
 REPORT_DIRNAME = "report"
+STUDY_REPORT_DIR = RESULTS_DIR / "study-report"  # beside the clusters' folders, never inside one
 
 
 def generate_report(
@@ -43,6 +46,7 @@ __all__ = [
     "Report",
     "ReportFiles",
     "build_report",
+    "build_study_report",
     "generate_report",
     "report_command",
     "write_report",
@@ -55,12 +59,21 @@ def report_command(
     results_dir: str | os.PathLike[str] | None = None,
     out: str | os.PathLike[str] | None = None,
     profile: str | None = None,
+    study: bool = False,
 ) -> ReportFiles | None:
     """`invoke bench.report`: resolve the results folder, write the report, print where it went.
 
     An empty store prints one line and returns None (exit 0: nothing to report is not an error,
-    so bench.all can always end with it). Bad input raises DtlabError (exit 2).
+    so bench.all can always end with it). Bad input raises DtlabError (exit 2). With `study`, the
+    report is rendered from the study's published runs alone (default folder results/study-report).
     """
+    if study:
+        if results_dir is not None or profile is not None or inventory is not None:
+            raise DtlabError("bench.report: --study reads only the study's published runs; "
+                             "leave out --inventory, --results-dir and --profile")
+        files = write_report(build_study_report(), Path(out) if out is not None else STUDY_REPORT_DIR)
+        _print_written(files)
+        return files
     if results_dir is None:
         from dtlab.inventory import load_cluster
         from dtlab.paths import results_dir_for
@@ -71,7 +84,11 @@ def report_command(
     except EmptyStoreError as empty:
         print(empty)
         return None
+    _print_written(files)
+    return files
+
+
+def _print_written(files: ReportFiles) -> None:
     print(f"report: {files.markdown}")
     print(f"        {files.html}")
     print(f"        {len(files.csv)} CSV tables in {files.csv[0].parent}, {len(files.figures)} figure files")
-    return files

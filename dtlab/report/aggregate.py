@@ -99,7 +99,7 @@ class GroupStats:
     time_std: float | None
     accuracy_mean: float
     accuracy_std: float | None
-    samples_per_s_mean: float
+    samples_per_s_mean: float | None  # None for the study's runs: not published
     samples_per_s_std: float | None
     gpu_util_mean: float | None
     peak_rss_mb_mean: float | None

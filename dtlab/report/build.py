@@ -8,11 +8,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from dtlab.errors import DtlabError
-from dtlab.report.aggregate import GroupStats, Sample, group, long_epochs, primary_epochs
+from dtlab.report.aggregate import GroupKey, GroupStats, Sample, group, long_epochs, primary_epochs
 from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
-from dtlab.report.study import FRAMEWORKS, Published, published
-from dtlab.report.tables import Table, TableBuilder, config_label, failures_table
+from dtlab.report.study import (
+    DISPLAY_NAMES,
+    FRAMEWORKS,
+    STUDY_GPU,
+    STUDY_LONG_EPOCHS,
+    STUDY_RUNS_PER_FIGURE,
+    STUDY_SHORT_EPOCHS,
+    Published,
+    published,
+)
+from dtlab.report.tables import ResumedCost, Table, TableBuilder, config_label, failures_table, resumed_table
 from dtlab.results import ResultStore, Run
+from trainer import progress
 from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX
 
 
@@ -40,6 +50,7 @@ class Report:
     notes: list[str] = field(default_factory=list)  # warnings shown under the header
     rounding: list[str] = field(default_factory=list)  # the rounding rule and the study's exception
     figures: list[dict[str, Any]] = field(default_factory=list)  # filled by render: {"title", "png", "svg"}
+    from_study: bool = False  # `bench.report --study`: "this cluster" is the study's published runs
 
     def count_label(self, count: int) -> str:
         devices = {d for (_f, g, _e), s in self.groups.items() if g == count for d in s.devices}
@@ -146,7 +157,7 @@ def environment(ok_runs: list[Run], all_runs: list[Run], pub: Published) -> list
         (
             "Study",
             f'{source["author"]}, "{source["title"]}", {source["kind"]}, {source["date"]}; '
-            f"chapter {source['chapter']} (3 nodes, NVIDIA GTX 1060 3 GB each, CUDA 12.2, NCCL)",
+            f"chapter {source['chapter']} (3 nodes, {STUDY_GPU} each, CUDA 12.2, NCCL)",
         ),
     ]
 
@@ -189,6 +200,115 @@ def coverage_notes(profile: str | None, all_runs: list[Run], ok_runs: list[Run])
     return notes
 
 
+def study_tables(builder: TableBuilder) -> list[Table]:
+    """Tables 5.1-5.9, in the study's order."""
+    tables = [builder.run_table(f) for f in builder.frameworks() if f in FRAMEWORKS]
+    return tables + [
+        builder.table_5_4(),
+        builder.accuracy_table("5.5", builder.short, STUDY_SHORT_EPOCHS),
+        builder.accuracy_table("5.6", builder.long, STUDY_LONG_EPOCHS),
+        builder.table_5_7(),
+        builder.table_5_8(),
+        builder.table_5_9(),
+    ]
+
+
+def published_groups(pub: Published) -> dict[GroupKey, GroupStats]:
+    """The study's runs as group statistics, holding only what it published: mean time and accuracy
+    and the number of seeds behind them. Std, throughput, GPU utilisation, memory and the per-epoch
+    curve were not published and stay missing."""
+    return {
+        (framework, gpus, epochs): GroupStats(
+            framework=framework, gpus=gpus, epochs=epochs, n=STUDY_RUNS_PER_FIGURE[epochs],
+            time_mean=time_s, time_std=None, accuracy_mean=accuracy, accuracy_std=None,
+            samples_per_s_mean=None, samples_per_s_std=None, gpu_util_mean=None, peak_rss_mb_mean=None,
+            harness_extra_s_mean=None, labels=(), devices=(pub.device,), seeds=(),
+        )
+        for (framework, gpus, epochs), (time_s, accuracy) in pub.runs.items()
+    }
+
+
+def build_study_report() -> Report:
+    """`bench.report --study`: the study's published runs through the same derivation as a cluster's
+    runs, beside the figures the study prints from them. Every derived figure must match, except the
+    documented misprint; tables beyond the study are left out (it published none of their inputs)."""
+    pub = published()
+    groups = published_groups(pub)
+    builder = TableBuilder(groups, pub, short=STUDY_SHORT_EPOCHS, long=STUDY_LONG_EPOCHS)
+    source = pub.source
+    runs: Counter[tuple[str, str]] = Counter()
+    for (framework, gpus, _epochs), stats in groups.items():
+        runs[(DISPLAY_NAMES[framework], config_label(gpus, pub.device))] += stats.n
+    return Report(
+        title="dtlab report: the study's published runs",
+        store_root="dtlab/data/study_results.yaml (the study's Tables 5.1-5.3)",
+        generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        profile="study",
+        other_profiles=[],
+        environment=[
+            ("Source", f'{source["author"]}, "{source["title"]}", {source["kind"]}, {source["date"]}; '
+                       f"chapter {source['chapter']}"),
+            ("Cluster", f"3 KVM VMs, one {STUDY_GPU} each; driver 535.247.01, CUDA 12.2, NCCL"),
+            ("Runs", "each 20-epoch figure the mean of 5 seeds, each 100-epoch figure one run"),
+        ],
+        node_table=None,
+        run_labels=[(f"{name} (as published)", config, n) for (name, config), n in sorted(runs.items())],
+        tables=study_tables(builder),
+        extra_tables=[],
+        groups=groups,
+        short_epochs=STUDY_SHORT_EPOCHS,
+        long_epochs=STUDY_LONG_EPOCHS,
+        notes=[
+            "The \"this cluster\" columns are the study's own published runs, derived by dtlab: every "
+            "derived figure should equal the study's, and the Study check notes under a table name any "
+            "that does not. Spread over seeds, throughput, GPU utilisation and memory were not published "
+            "and are missing (—); the tables beyond the study are left out.",
+        ],
+        rounding=[ROUNDING_RULE, STUDY_34_00_NOTE],
+        from_study=True,
+    )
+
+
+def epochs_begun(run: Run) -> int | None:
+    """Epochs a failed attempt began, from its logs (rank 0's has the trainer's progress lines);
+    None when it kept no logs."""
+    logs = sorted(run.log_dir.glob("*.log")) if run.log_dir.is_dir() else []
+    if not logs:
+        return None
+    counts = [progress.epochs_begun(path.read_text(errors="replace").splitlines()) for path in logs]
+    return max((c for c in counts if c is not None), default=0)
+
+
+def resumed_costs(resumed: list[Run], all_runs: list[Run], groups: dict[GroupKey, GroupStats]
+                  ) -> list[ResumedCost]:
+    """What each resumed run really cost: every attempt since the cell's previous success."""
+    costs = []
+    for run in resumed:
+        earlier = sorted((r for r in all_runs if r.cell_key == run.cell_key and r.attempt < run.attempt),
+                         key=lambda r: r.attempt, reverse=True)
+        failed = []
+        for attempt in earlier:
+            if attempt.status == "ok":
+                break
+            failed.append(attempt)
+        resumed_from = int(run.result["resumed_from_epoch"])
+        begun = [epochs_begun(attempt) for attempt in failed]
+        # Epochs begun by the failed attempts beyond the checkpoint: negative means their logs miss lines.
+        redone = sum(begun) - resumed_from if None not in begun else None
+        attempts = [*failed, run]
+        whole = sum(a.harness_time_s for a in attempts) if all(a.harness_time_s for a in attempts) else None
+        stats = groups.get((run.cell.framework, run.cell.gpus, run.cell.epochs))
+        undisturbed = (stats.time_mean + stats.harness_extra_s_mean
+                       if stats is not None and stats.harness_extra_s_mean is not None else None)
+        costs.append(ResumedCost(
+            cell_key=run.cell_key, attempts=len(attempts), resumed_from=resumed_from,
+            epochs_redone=redone if redone is not None and redone >= 0 else None,
+            trainer_time_s=float(run.result["time_total_s"]), whole_harness_s=whole,
+            undisturbed_harness_s=undisturbed,
+        ))
+    return costs
+
+
 def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     """Read the store and build every table; raises EmptyStoreError when nothing is recorded."""
     all_runs = store.runs(status=None)
@@ -205,26 +325,19 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     pub = published()
     # A resumed run's time misses what the interruption cost (the lost epochs, the restart): only
     # undisturbed runs go into the tables and the figure, and the notes name the ones left out.
-    resumed = sorted(run.cell_key for run in ok_runs if run.result.get("resumed_from_epoch"))
+    resumed = [run for run in ok_runs if run.result.get("resumed_from_epoch")]
     undisturbed = [run for run in ok_runs if not run.result.get("resumed_from_epoch")]
     groups = group(Sample.from_run(run) for run in undisturbed)
     short = primary_epochs(k[2] for k in groups)
     long = long_epochs((k[2] for k in groups), short)
     incomparable = incomparable_with_study(undisturbed)
     builder = TableBuilder(groups, pub, short=short, long=long, incomparable=incomparable)
-    frameworks = builder.frameworks()
-    tables = [builder.run_table(f) for f in frameworks if f in FRAMEWORKS]
-    tables += [
-        builder.table_5_4(),
-        builder.accuracy_table("5.5", short, 20),
-        builder.accuracy_table("5.6", long, 100),
-        builder.table_5_7(),
-        builder.table_5_8(),
-        builder.table_5_9(),
-    ]
+    tables = study_tables(builder)
     extra = [builder.throughput_table(), builder.whole_run_table()]
     if failed:
         extra.append(failures_table(failed, ok_runs))
+    if resumed:
+        extra.append(resumed_table(resumed_costs(resumed, all_runs, groups)))
     labels = Counter(
         (run.result["framework_label"], config_label(run.cell.gpus, run.result["device"]))
         for run in undisturbed
@@ -237,7 +350,8 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
         notes.append(f"This/study ratios are left out (—): {incomparable}.")
     if resumed:
         notes.append(f"Left out of the tables and the figure: runs resumed from a checkpoint, whose time "
-                     f"misses what the interruption cost ({', '.join(resumed)}).")
+                     f"misses what the interruption cost ({', '.join(sorted(r.cell_key for r in resumed))}); "
+                     "Table B.4 shows their whole cost.")
     if short is not None and short != 20:
         notes.append(
             f"This cluster's short runs have {short} epochs, the study's 20: whole-run times are "
@@ -262,4 +376,4 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     )
 
 
-__all__ = ["EmptyStoreError", "Report", "Value", "build_report", "choose_profile"]
+__all__ = ["EmptyStoreError", "Report", "Value", "build_report", "build_study_report", "choose_profile"]

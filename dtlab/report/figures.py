@@ -1,8 +1,10 @@
-"""Figure 5.1 (grouped bars of whole-run time) and the per-epoch accuracy curves, with matplotlib/Agg."""
+"""Figure 5.1 (grouped bars of whole-run time, this cluster beside the study) and the per-epoch
+accuracy curves, with matplotlib/Agg."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
@@ -11,14 +13,18 @@ matplotlib.use("Agg")  # files only; never a display
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from dtlab.report.study import DISPLAY_NAMES, FRAMEWORKS  # noqa: E402
+from dtlab.report.numbers import fmt  # noqa: E402
+from dtlab.report.study import DISPLAY_NAMES  # noqa: E402
 
 FIGURE_SIZE_IN = (8.0, 4.5)
-FIGURE_DPI = 100  # so a figure is 800 x 450 pixels
+WIDE_FIGURE_SIZE_IN = (11.0, 4.5)  # Figure 5.1 with this cluster and the study side by side
+FIGURE_DPI = 100  # so a figure is 800 x 450 pixels (1100 x 450 wide)
 FRAMEWORK_COLOURS = {"ddp": "#1f77b4", "determined": "#2ca02c", "spark": "#d62728"}
 _OTHER_COLOUR = "#7f7f7f"
+_MISSING_COLOUR = "#999999"
 
 
 def _new_figure() -> Figure:
@@ -27,42 +33,73 @@ def _new_figure() -> Figure:
     return figure
 
 
-def time_bars(
-    times: Mapping[tuple[str, int], tuple[float, float | None]],
-    *,
-    count_label: Callable[[int], str],
-    title: str,
-) -> Figure:
-    """Grouped bars: a group per GPU (or worker) count, a bar per framework, std over seeds as error bars."""
-    figure = _new_figure()
-    axes = figure.add_subplot()
-    frameworks = [f for f in FRAMEWORKS if any(k[0] == f for k in times)]
-    frameworks += sorted({k[0] for k in times} - set(frameworks))
-    counts = sorted({k[1] for k in times})
+@dataclass(frozen=True)
+class TimePanel:
+    """One side of Figure 5.1: mean whole-run time per (framework, count), std where known."""
+
+    title: str
+    times: Mapping[tuple[str, int], tuple[float, float | None]]
+    counts: Sequence[int]  # the groups this side should have: a missing bar is marked, not dropped
+    count_label: Callable[[int], str]
+    missing_text: str  # what a missing bar says: "no run" here, "not published" for the study
+
+
+def time_bars(panels: Sequence[TimePanel], *, frameworks: Sequence[str], title: str) -> Figure:
+    """Figure 5.1: grouped bars per count, one bar per framework, all panels on one y scale.
+
+    Every bar carries its value; std over seeds is drawn where a side has it (the study published
+    none); a framework missing at a count gets a grey mark saying so, so a gap never reads as zero.
+    """
+    figure = Figure(figsize=WIDE_FIGURE_SIZE_IN if len(panels) > 1 else FIGURE_SIZE_IN, dpi=FIGURE_DPI)
+    FigureCanvasAgg(figure)
+    axes_row = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     width = 0.8 / max(len(frameworks), 1)
-    for index, framework in enumerate(frameworks):
-        positions, heights, errors = [], [], []
-        for group_index, count in enumerate(counts):
-            if (framework, count) in times:
-                mean, std = times[(framework, count)]
-                positions.append(group_index + (index - (len(frameworks) - 1) / 2) * width)
-                heights.append(mean)
-                errors.append(std or 0.0)
-        axes.bar(
-            positions,
-            heights,
-            width * 0.95,
-            yerr=errors,
-            capsize=4,
-            color=FRAMEWORK_COLOURS.get(framework, _OTHER_COLOUR),
-            label=DISPLAY_NAMES.get(framework, framework),
-            error_kw={"ecolor": "black", "elinewidth": 1},
-        )
-    axes.set_xticks(range(len(counts)), [count_label(c) for c in counts])
-    axes.set_ylabel("Training time (s)")
-    axes.set_title(title)
-    axes.legend()
-    axes.grid(axis="y", alpha=0.3)
+    tallest = max(
+        (mean + (std or 0.0) for panel in panels for mean, std in panel.times.values()), default=1.0
+    )
+    for axes, panel in zip(axes_row, panels, strict=True):
+        for index, framework in enumerate(frameworks):
+            positions, heights, errors, gaps = [], [], [], []
+            for group_index, count in enumerate(panel.counts):
+                position = group_index + (index - (len(frameworks) - 1) / 2) * width
+                if (framework, count) in panel.times:
+                    mean, std = panel.times[(framework, count)]
+                    positions.append(position)
+                    heights.append(mean)
+                    errors.append(std)
+                else:
+                    gaps.append(position)
+            has_spread = any(e is not None for e in errors)
+            bars = axes.bar(
+                positions,
+                heights,
+                width * 0.95,
+                yerr=[e or 0.0 for e in errors] if has_spread else None,
+                capsize=4,
+                color=FRAMEWORK_COLOURS.get(framework, _OTHER_COLOUR),
+                label=DISPLAY_NAMES.get(framework, framework),
+                error_kw={"ecolor": "black", "elinewidth": 1},
+            )
+            axes.bar_label(bars, [fmt(h, "time_s") for h in heights], rotation=90, padding=3, fontsize=7)
+            for position in gaps:
+                axes.text(position, tallest * 0.02, panel.missing_text, rotation=90, ha="center",
+                          va="bottom", fontsize=7, color=_MISSING_COLOUR)
+        axes.set_xticks(range(len(panel.counts)), [panel.count_label(c) for c in panel.counts])
+        if not panel.counts:
+            axes.text(0.5, 0.5, "no successful runs yet", transform=axes.transAxes, ha="center",
+                      color=_MISSING_COLOUR)
+            axes.set_xticks([])
+        axes.set_title(panel.title, fontsize="medium")
+        axes.grid(axis="y", alpha=0.3)
+    axes_row[0].set_ylim(0, tallest * 1.25)  # room for the rotated value labels
+    axes_row[0].set_ylabel("Training time (s)")
+    axes_row[-1].legend(
+        handles=[Patch(color=FRAMEWORK_COLOURS.get(f, _OTHER_COLOUR), label=DISPLAY_NAMES.get(f, f))
+                 for f in frameworks],
+        loc="upper right",
+        fontsize="small",
+    )
+    figure.suptitle(title)
     figure.tight_layout()
     return figure
 
@@ -98,7 +135,7 @@ def accuracy_curves(
 
 
 def save(figure: Figure, stem: Path) -> list[Path]:
-    """Write <stem>.png and <stem>.svg; the size stays exactly FIGURE_SIZE_IN x FIGURE_DPI."""
+    """Write <stem>.png and <stem>.svg at the figure's own size (never cropped to fit: no bbox tight)."""
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
     for suffix in (".png", ".svg"):

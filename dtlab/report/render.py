@@ -14,7 +14,14 @@ from dtlab.files import atomic_write_text
 from dtlab.paths import TEMPLATES_DIR
 from dtlab.report import figures
 from dtlab.report.build import Report
-from dtlab.report.tables import Table
+from dtlab.report.study import (
+    FRAMEWORKS,
+    STUDY_GPU,
+    STUDY_RUNS_PER_FIGURE,
+    STUDY_SHORT_EPOCHS,
+    published,
+)
+from dtlab.report.tables import Table, config_label
 
 MARKDOWN_TEMPLATE = "report.md.j2"
 HTML_TEMPLATE = "report.html.j2"
@@ -56,42 +63,46 @@ def table_csv(table: Table) -> str:
     return buffer.getvalue()
 
 
-def draw_figures(report: Report, figure_dir: Path) -> list[dict]:
-    from dtlab.report.study import STUDY_SHORT_EPOCHS, published
-
-    drawn = []
+def figure_5_1(report: Report) -> figures.Figure:
+    """This cluster's short runs beside the study's 20-epoch runs, on one scale (the study alone in a
+    --study report, whose runs are the study's own)."""
+    pub = published()
+    study_runs = {(f, g): (t, None) for (f, g, e), (t, _a) in pub.runs.items() if e == STUDY_SHORT_EPOCHS}
+    study = figures.TimePanel(
+        title=f"Study: {STUDY_SHORT_EPOCHS} epochs, mean of {STUDY_RUNS_PER_FIGURE[STUDY_SHORT_EPOCHS]} "
+              f"seeds\n({STUDY_GPU}; std not published)",
+        times=study_runs,
+        counts=sorted({g for _f, g in study_runs}),
+        count_label=lambda g: config_label(g, pub.device),
+        missing_text="not published",
+    )
     short = report.short_epochs
-    this_times = {(f, g): (s.time_mean, s.time_std) for (f, g, e), s in report.groups.items() if e == short}
-    if this_times:
-        figure = figures.time_bars(
-            this_times,
-            count_label=report.count_label,
-            title=f"Figure 5.1 (this cluster): training time, {short} epochs, std over seeds",
-        )
-        drawn.append(
-            {
-                "title": "Figure 5.1: training time per framework (this cluster)",
-                "figure": figure,
-                "stem": "figure-5.1",
-            }
-        )
-    study_times = {
-        (f, g): (t, None) for (f, g, e), (t, _a) in published().runs.items() if e == STUDY_SHORT_EPOCHS
-    }
-    figure = figures.time_bars(
-        study_times,
-        count_label=lambda g: f"{g} GPU{'s' if g != 1 else ''}",
-        title="Figure 5.1 (study): training time, 20 epochs, mean of 5 seeds",
+    this_runs = {(f, g): (s.time_mean, s.time_std) for (f, g, e), s in report.groups.items() if e == short}
+    present = {f for f, _g in this_runs} | {f for f, _g in study_runs}
+    frameworks = [f for f in FRAMEWORKS if f in present] + sorted(present - set(FRAMEWORKS))
+    if report.from_study:
+        return figures.time_bars([study], frameworks=frameworks,
+                                 title="Figure 5.1: training time per framework (the study, as published)")
+    this = figures.TimePanel(
+        title=f"This cluster: {short} epochs\n(mean ± std over seeds)" if short else "This cluster",
+        times=this_runs,
+        counts=sorted({g for _f, g in this_runs}),
+        count_label=report.count_label,
+        missing_text="no run",
     )
-    drawn.append(
-        {
-            "title": "Figure 5.1: training time per framework (study, as published)",
-            "figure": figure,
-            "stem": "figure-5.1-study",
-        }
-    )
+    return figures.time_bars([this, study], frameworks=frameworks,
+                             title="Figure 5.1: training time per framework (one scale)")
+
+
+def draw_figures(report: Report, figure_dir: Path) -> list[dict]:
+    title = ("Figure 5.1: training time per framework (the study, as published)" if report.from_study
+             else "Figure 5.1: training time per framework, this cluster beside the study")
+    drawn = [{"title": title, "figure": figure_5_1(report), "stem": "figure-5.1"}]
+    short = report.short_epochs
     curves = {
-        (f, g): s.accuracy_curve for (f, g, e), s in report.groups.items() if e == short and s.accuracy_curve
+        (f, g): s.accuracy_curve
+        for (f, g, e), s in report.groups.items()
+        if e == short and s.accuracy_curve
     }
     if curves:
         figure = figures.accuracy_curves(

@@ -1,4 +1,4 @@
-"""The study's published figures (dtlab/data/study_results.yaml), and its runs as result JSON."""
+"""The study's published figures (dtlab/data/study_results.yaml), keyed for the report."""
 
 from __future__ import annotations
 
@@ -14,6 +14,9 @@ DISPLAY_NAMES = {"ddp": "PyTorch DDP", "determined": "Determined AI", "spark": "
 TABLE_OF_FRAMEWORK = {"ddp": "5.1", "determined": "5.2", "spark": "5.3"}  # the study's run tables
 STUDY_SHORT_EPOCHS, STUDY_LONG_EPOCHS = 20, 100
 STUDY_BASE_GPUS, STUDY_SCALED_GPUS = 1, 2
+STUDY_GPU = "NVIDIA GTX 1060 3 GB"  # one per node (the study's section 4.1)
+# Section 5.2: each 20-epoch figure is the mean of 5 runs with fixed seeds, each 100-epoch figure one run.
+STUDY_RUNS_PER_FIGURE = {STUDY_SHORT_EPOCHS: 5, STUDY_LONG_EPOCHS: 1}
 
 
 @dataclass(frozen=True)
@@ -66,71 +69,3 @@ def published() -> Published:
         overhead_s={(fw, scaled): v for fw, v in derived["per_epoch_overhead_2gpus_s"].items()},
         overhead_pct={(fw, scaled): v for fw, v in derived["per_epoch_overhead_2gpus_pct"].items()},
     )
-
-
-def published_run_as_result(
-    framework: str,
-    gpus: int,
-    epochs: int,
-    seed: int,
-    *,
-    time_total_s: float,
-    final_accuracy: float,
-    device: str = "cuda",
-    framework_label: str | None = None,
-) -> dict[str, Any]:
-    """A schema-valid result JSON carrying one published (or made-up) run: for checking the report.
-
-    Per-epoch metrics are spread evenly over the run; accuracy rises to the final value.
-    """
-    epoch_time = time_total_s / epochs
-    train_samples = 25_000 // gpus
-    return {
-        "schema_version": 1,
-        "framework": framework,
-        "framework_label": framework_label or f"{framework} (study figures)",
-        "world_size": gpus,
-        "nodes": gpus,
-        "gpus": gpus if device == "cuda" else 0,
-        "device": device,
-        "backend": "nccl" if device == "cuda" else "gloo",
-        "hostnames": [f"node{i}" for i in range(1, gpus + 1)],
-        "epochs": epochs,
-        "seed": seed,
-        "hyperparameters": {
-            "learning_rate": 5e-5,
-            "weight_decay": 0.01,
-            "warmup_steps": 500,
-            "batch_size_per_worker": 32,
-            "max_length": 128,
-            "model": "prajjwal1/bert-tiny",
-            "dataset": "imdb",
-        },
-        "config_hash": "0123456789abcdef",
-        "time_total_s": time_total_s,
-        "epoch_metrics": [
-            {
-                "epoch": e,
-                "train_time_s": epoch_time * 0.9,
-                "val_time_s": epoch_time * 0.1,
-                "val_loss": 0.4,
-                "val_accuracy": final_accuracy * min(1.0, 0.9 + 0.1 * e / epochs),
-                "train_samples": train_samples,
-            }
-            for e in range(1, epochs + 1)
-        ],
-        "samples_per_s": 25_000 * epochs / time_total_s,
-        "peak_memory_mb": {"rss": 1500.0, "cuda": 800.0 if device == "cuda" else None},
-        "final_accuracy": final_accuracy,
-        "gpu_utilization_pct": 90.0 if device == "cuda" else None,
-        "resumed_from_epoch": None,
-        "versions": {
-            "python": "3.11.7",
-            "torch": "2.13.0",
-            "transformers": "5.23.0",
-            "cuda": "12.2" if device == "cuda" else None,
-            "nccl": None,
-        },
-        "started_at": "2025-10-01T00:00:00+00:00",
-        "finished_at": "2025-10-01T01:00:00+00:00",
-    }

@@ -524,6 +524,53 @@ class TableBuilder:
         )
 
 
+@dataclass(frozen=True)
+class ResumedCost:
+    """One run resumed from a checkpoint, with every attempt it took (dtlab.report.build)."""
+
+    cell_key: str
+    attempts: int
+    resumed_from: int
+    epochs_redone: int | None  # None: an attempt's logs are missing or lack the trainer's lines
+    trainer_time_s: float
+    whole_harness_s: float | None
+    undisturbed_harness_s: float | None  # mean over the undisturbed runs of the same group
+
+
+def resumed_table(costs: Iterable[ResumedCost]) -> Table:
+    """Table B.4: the whole cost of each run resumed from a checkpoint."""
+    rows = []
+    for cost in costs:
+        extra = (cost.whole_harness_s - cost.undisturbed_harness_s
+                 if cost.whole_harness_s is not None and cost.undisturbed_harness_s is not None else None)
+        rows.append([
+            text(cost.cell_key),
+            text(str(cost.attempts)),
+            text(str(cost.resumed_from)),
+            text("not logged") if cost.epochs_redone is None else text(str(cost.epochs_redone)),
+            num(cost.trainer_time_s, "time_s"),
+            num(cost.whole_harness_s, "time_s"),
+            num(cost.undisturbed_harness_s, "time_s"),
+            num(extra, "time_s", sign=True),
+        ])
+    return Table(
+        "B.4",
+        "table-b.4-resumed",
+        "Runs resumed from a checkpoint: their whole cost (left out of Tables 5.1-5.9)",
+        ["Cell", "Attempts", "Resumed after epoch", "Epochs redone", "Trainer span (s)",
+         "All attempts, controller (s)", "Undisturbed runs, controller (s)", "Cost of the interruption (s)"],
+        rows,
+        [
+            "Attempts: the cell's attempts since its previous success, the failed ones and the resumed one. "
+            "Epochs redone: epochs a failed attempt began past the checkpoint it left, which the resumed "
+            "attempt trained again (the one it was in counts whole), read from the attempts' logs. The "
+            "trainer span carries the checkpointed epochs' time over from the earlier attempt and misses "
+            "the lost work; the controller's times (the whole cell, every attempt, and the mean of the "
+            "same group's undisturbed runs) include it.",
+        ],
+    )
+
+
 def failures_table(failed: Iterable[Run], ok_runs: Iterable[Run]) -> Table:
     """Table B.2. "Cell later ok": an ok attempt of the same cell came after this failure (a failure
     recorded after a success says no: the cell's latest state is that failure)."""

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from dtlab import remote
+from dtlab.report import build_report
 from dtlab.report.aggregate import whole_run_phases
 from dtlab.results import ResultStore
 
@@ -153,6 +154,10 @@ profiles:
     ]
     assert [r.status for r in attempts] == ["failed", "ok"]
     assert attempts[0].failed_node in (worker.name, rank0.name) and attempts[0].log_tail
+    # The report shows the resumed run's whole cost, reading the trainer's progress from the real logs.
+    [resumed_cost] = [t for t in build_report(store, profile="kill").extra_tables if t.number == "B.4"]
+    [row] = [[v.text for v in row] for row in resumed_cost.rows if row[0].text == "ddp-g2-e4-s7"]
+    assert row[1] == "2" and row[3].isdigit() and int(row[3]) >= 1, row
     # Nothing recorded before was lost or changed.
     assert recorded_before <= {(r.cell_key, r.attempt, r.status) for r in store.runs(status=None)}
 

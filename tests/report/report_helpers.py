@@ -1,6 +1,9 @@
-"""Report test helpers: stores filled with known runs, lookups into built tables."""
+"""Report test helpers: stores filled with known runs, lookups into built tables and figures."""
 
-from dtlab.report.study import published, published_run_as_result
+from matplotlib.container import BarContainer
+from result_factory import made_up_result
+
+from dtlab.report.study import published
 from dtlab.results import Cell, ResultStore
 
 STUDY_SEEDS = (1, 2, 3, 4, 5)
@@ -21,7 +24,7 @@ def record(
     config_hash: str = "0123456789abcdef",
     inventory: str = "study",
 ):
-    result = published_run_as_result(
+    result = made_up_result(
         cell.framework,
         cell.gpus,
         cell.epochs,
@@ -88,3 +91,23 @@ class Lookup:
         [row] = self.rows(number, *prefixes)
         positions = [i for i, name in enumerate(table.columns) if name == column]
         return row[positions[occurrence - 1]]
+
+
+def figure_panels(figure) -> list[dict]:
+    """What each panel of a drawn Figure 5.1 shows: its bars as {(framework, tick): height}, whether
+    any bar has error bars, its bars' value labels and its "missing" marks."""
+    panels = []
+    for axes in figure.axes:
+        ticks = [t.get_text() for t in axes.get_xticklabels()]
+        bars, spread = {}, False
+        for container in axes.containers:
+            if not isinstance(container, BarContainer):
+                continue
+            spread |= container.errorbar is not None
+            for patch, height in zip(container.patches, container.datavalues, strict=True):
+                tick = ticks[round(patch.get_x() + patch.get_width() / 2)]
+                bars[(container.get_label(), tick)] = float(height)
+        texts = [t.get_text() for t in axes.texts]
+        panels.append({"title": axes.get_title(), "bars": bars, "spread": spread, "ylim": axes.get_ylim(),
+                       "labels": texts, "missing": [t for t in texts if not t[:1].isdigit()]})
+    return panels

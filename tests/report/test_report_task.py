@@ -51,3 +51,15 @@ def test_bench_report_unknown_profile_is_one_error_line_exit_2(tmp_path):
         done.stderr.strip()
         == "error: bench.report: --profile nope has no recorded runs; recorded profiles: custom"
     )
+
+
+def test_bench_report_study_renders_the_published_runs(tmp_path):
+    done = bench_report("--study", "--out", str(tmp_path / "study"))
+    assert done.returncode == 0, done.stderr
+    markdown = (tmp_path / "study" / "report.md").read_text()
+    assert markdown.startswith("# dtlab report: the study's published runs")
+    assert "| PyTorch DDP | 2 GPUs vs 1 | 1.36× | 1.36× | 1.00× | 68% | 68% | 1.00× |" in markdown
+    refused = bench_report("--study", "--profile", "smoke")
+    assert refused.returncode == 2 and refused.stderr.strip() == (
+        "error: bench.report: --study reads only the study's published runs; "
+        "leave out --inventory, --results-dir and --profile")

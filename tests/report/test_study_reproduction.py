@@ -3,12 +3,13 @@
 import csv
 
 import pytest
-from matplotlib.container import BarContainer
 from PIL import Image
+from report_helpers import figure_panels
 
-from dtlab.report import build_report, generate_report
-from dtlab.report.figures import FIGURE_DPI, FIGURE_SIZE_IN, FRAMEWORK_COLOURS, time_bars
+from dtlab.report import build_report, build_study_report, generate_report, write_report
+from dtlab.report.figures import FIGURE_DPI, FRAMEWORK_COLOURS, WIDE_FIGURE_SIZE_IN
 from dtlab.report.numbers import round_half_up
+from dtlab.report.render import figure_5_1
 from dtlab.report.study import published
 from dtlab.report.tables import study_self_check
 
@@ -156,9 +157,10 @@ def test_markdown_html_and_csv_are_written(files):
         assert f"**Table {number}:" in markdown
     assert "| Inventory | study |" in markdown and "| dtlab revision | deadbeef |" in markdown
     assert "| Driver / CUDA | driver 535.247.01 / CUDA 12.2 |" in markdown
-    assert "![Figure 5.1: training time per framework (this cluster)](figures/figure-5.1.png)" in markdown
+    title = "Figure 5.1: training time per framework, this cluster beside the study"
+    assert f"![{title}](figures/figure-5.1.png)" in markdown
     html = files.html.read_text()
-    assert html.count('src="data:image/png;base64,') == 3 and '<h3 id="table-5.9-overhead">' in html
+    assert html.count('src="data:image/png;base64,') == 2 and '<h3 id="table-5.9-overhead">' in html
     with (files.out_dir / "tables" / "table-5.8-scaling.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert [row["Framework"].split(" [")[0] for row in rows] == [DDP, DET, SPARK]
@@ -174,7 +176,7 @@ def test_figure_5_1_png_is_a_real_image_with_three_frameworks_bars(files):
     png = files.out_dir / "figures" / "figure-5.1.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     image = Image.open(png).convert("RGB")
-    assert image.size == (FIGURE_SIZE_IN[0] * FIGURE_DPI, FIGURE_SIZE_IN[1] * FIGURE_DPI)
+    assert image.size == (WIDE_FIGURE_SIZE_IN[0] * FIGURE_DPI, WIDE_FIGURE_SIZE_IN[1] * FIGURE_DPI)
     colours = image.getcolors(maxcolors=1_000_000)
     pixels = {rgb: count for count, rgb in colours}
 
@@ -188,13 +190,32 @@ def test_figure_5_1_png_is_a_real_image_with_three_frameworks_bars(files):
     assert "<svg" in svg
 
 
-def test_figure_5_1_has_one_bar_per_framework_and_count_with_error_bars(report):
-    times = {(f, g): (s.time_mean, s.time_std) for (f, g, e), s in report.groups.items() if e == 20}
-    figure = time_bars(times, count_label=report.count_label, title="t")
-    [axes] = figure.axes
-    bars = axes.patches
-    assert len(bars) == 6
-    assert len({tuple(bar.get_facecolor()) for bar in bars}) == 3
-    assert [t.get_text() for t in axes.get_xticklabels()] == ["1 GPU", "2 GPUs"]
-    bar_groups = [c for c in axes.containers if isinstance(c, BarContainer)]
-    assert len(bar_groups) == 3 and all(group.errorbar is not None for group in bar_groups)
+def test_figure_5_1_puts_this_cluster_beside_the_study_on_one_scale(report):
+    this, study = figure_panels(figure_5_1(report))
+    assert this["title"].startswith("This cluster: 20 epochs")
+    assert study["title"].startswith("Study: 20 epochs")
+    assert set(this["bars"]) == set(study["bars"]) == {
+        (name, count) for name in (DDP, DET, SPARK) for count in ("1 GPU", "2 GPUs")}
+    assert this["bars"][(DDP, "1 GPU")] == pytest.approx(677.10) == study["bars"][(DDP, "1 GPU")]
+    assert this["spread"] and not study["spread"], "std over seeds here; the study published none"
+    assert "2520.89" in this["labels"] and "2520.89" in study["labels"], "every bar carries its value"
+    assert this["ylim"] == study["ylim"] and this["missing"] == study["missing"] == []
+
+
+def test_study_report_renders_the_published_runs_alone(tmp_path, lookup):
+    study_report = build_study_report()
+    look = lookup(study_report)
+    assert look.rows("5.1", "1 GPU", "20")[0][:7] == ["1 GPU", "20", "5", "677.10", "—", "677.10", "1.00×"]
+    assert look.rows("5.3", "2 GPUs", "100")[0][2] == "1"
+    assert look.cell("5.8", (SPARK,), "Efficiency") == "88%" == look.cell("5.8", (SPARK,), "Study efficiency")
+    # Every derived figure equals the printed one except the documented misprint (34.00).
+    ratios = [v.text for t in study_report.tables for row in t.rows for v, name in zip(row, t.columns,
+              strict=True) if name == "This/study" and v.text != "—"]
+    assert len(ratios) > 60 and set(ratios) == {"1.00×"}
+    assert study_report.extra_tables == [] and study_report.node_table is None, "nothing it didn't publish"
+    files = write_report(study_report, tmp_path)
+    [panel] = figure_panels(figure_5_1(study_report))
+    assert not panel["spread"] and len(panel["bars"]) == 6
+    markdown = files.markdown.read_text()
+    assert "## Beyond the study" not in markdown and "Table B." not in markdown
+    assert not {"deadbeef", "node1", "3.11.7", "1500.0"} & set(markdown.replace("|", " ").split())

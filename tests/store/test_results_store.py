@@ -5,9 +5,9 @@ import sqlite3
 import threading
 
 import pytest
+from result_factory import made_up_result
 
 from dtlab.errors import DtlabError
-from dtlab.report.study import published_run_as_result
 from dtlab.results import DB_FILENAME, Cell, ResultStore
 
 HASH = "0123456789abcdef"
@@ -16,7 +16,7 @@ CELL = Cell("ddp", gpus=2, epochs=3, seed=7, profile="smoke", trainer_config={"m
 
 
 def result_for(cell: Cell, *, time_total_s: float = 30.0, final_accuracy: float = 0.75, **options) -> dict:
-    return published_run_as_result(
+    return made_up_result(
         cell.framework,
         cell.gpus,
         cell.epochs,
