@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -230,7 +230,10 @@ class Bench:
 
     def load_matrix(self) -> matrix_module.Matrix:
         loaded = matrix_module.load(
-            self.options.profile, self.options.matrix_path, max_gpus=self.cluster.max_gpus
+            self.options.profile,
+            self.options.matrix_path,
+            max_gpus=self.cluster.max_gpus,
+            device=self.cluster.device,
         )
         selected = loaded.select(self.options.only)
         if self.options.retries < 0:
@@ -239,11 +242,41 @@ class Bench:
             raise DtlabError(f"--timeout {self.options.timeout_s}: must be a positive number of seconds")
         return selected
 
+    def check_before_start(self, selected: matrix_module.Matrix) -> None:
+        """What can stop the whole matrix, checked before any cell starts or any attempt is reserved:
+        a results store that cannot take runs, and local model or dataset paths the workers lack."""
+        self.store.check(writable=True)
+        from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX, is_local_path
+
+        wanted: dict[str, str] = {}  # path -> the option naming it
+        for cell in selected.cells:
+            for key in ("model", "dataset"):
+                source = str(cell.trainer_config.get(key) or "")
+                generated = source == GENERATED_DATASET or source.startswith(GENERATED_MODEL_PREFIX)
+                if source and not generated and is_local_path(source):
+                    wanted.setdefault(source, key)
+        if not wanted:
+            return
+        check = "; ".join(f"test -e {shlex.quote(p)} || echo missing={shlex.quote(p)}" for p in wanted)
+        missing: dict[str, list[str]] = defaultdict(list)
+        for name, answer in remote.run_all(self.cluster.workers, check, timeout=30).items():
+            if isinstance(answer, BaseException):
+                raise PreflightError(f"preflight: {answer}", name)
+            for line in answer.stdout.splitlines():
+                if line.startswith("missing="):
+                    missing[line.removeprefix("missing=")].append(name)
+        for path, nodes in missing.items():
+            raise DtlabError(
+                f"{selected.source}: profiles.{selected.profile}.trainer.{wanted[path]}: local path {path} "
+                f"does not exist on {', '.join(sorted(nodes))}; stage it on every worker or give a hub id"
+            )
+
     def timeout_for(self, selected: matrix_module.Matrix) -> int:
         return int(self.options.timeout_s or selected.timeout_s)
 
     def run_matrix(self, selected: matrix_module.Matrix) -> list[CellOutcome]:
         """Every selected cell in the matrix's stable order; recorded ones skipped unless --force."""
+        self.check_before_start(selected)
         display = self.display or Display(len(selected), self.options.verbose)
         self.display = display
         outcomes: list[CellOutcome] = []
@@ -654,6 +687,7 @@ def run_command(inventory: str | None, cell_key: str, options: BenchOptions) -> 
             f"bench.run {cell_key}: no such cell in profile {selected.profile}; cells: "
             f"{', '.join(c.key for c in selected.cells)}"
         )
+    bench.check_before_start(replace(selected, cells=tuple(matching)))
     bench.display = Display(1, options.verbose)
     bench.display.pending = list(matching)
     with bench.display:

@@ -113,8 +113,14 @@ def profiles(path: Path = MATRIX_FILE) -> list[str]:
     return list(_read(path)["profiles"])
 
 
-def load(profile: str | None = None, path: str | Path | None = None, max_gpus: int | None = None) -> Matrix:
-    """Read and validate one profile. max_gpus: what the target inventory offers (None = don't check)."""
+def load(
+    profile: str | None = None,
+    path: str | Path | None = None,
+    max_gpus: int | None = None,
+    device: str | None = None,
+) -> Matrix:
+    """Read and validate one profile. max_gpus and device: what the target inventory offers and
+    trains on (None = don't check)."""
     path = Path(path) if path else MATRIX_FILE
     document = _read(path)
     available = document["profiles"]
@@ -137,7 +143,7 @@ def load(profile: str | None = None, path: str | Path | None = None, max_gpus: i
             f"{where}: unknown key {sorted(unknown)[0]!r}; allowed: description, timeout_s, trainer, runs"
         )
 
-    trainer_options = _trainer_options(where, spec.get("trainer") or {})
+    trainer_options = _trainer_options(where, spec.get("trainer") or {}, device)
     timeout_s = spec.get("timeout_s", DEFAULT_TIMEOUT_S)
     if not isinstance(timeout_s, int) or isinstance(timeout_s, bool) or timeout_s <= 0:
         raise DtlabError(f"{where}.timeout_s: must be a positive number of seconds, got {timeout_s!r}")
@@ -187,8 +193,8 @@ def _read(path: Path) -> dict[str, Any]:
     return document
 
 
-def _trainer_options(where: str, options: Any) -> dict[str, Any]:
-    from trainer.config import TrainConfig
+def _trainer_options(where: str, options: Any, device: str | None) -> dict[str, Any]:
+    from trainer.config import ConfigError, TrainConfig, from_dict
 
     if not isinstance(options, dict):
         raise DtlabError(f"{where}.trainer: must be a mapping of trainer options")
@@ -204,6 +210,12 @@ def _trainer_options(where: str, options: Any) -> dict[str, Any]:
                 f"{where}.trainer.{key}: unknown trainer option; see "
                 "`python -m trainer.launchers.torchrun --help`"
             )
+    # The trainer's own rules, here on the controller: a bad value stops the matrix before any cell
+    # starts or any attempt is recorded. Paths are the nodes' business (bench checks them there).
+    try:
+        from_dict({**options, **({"device": device} if device else {})}, local=False)
+    except ConfigError as error:
+        raise DtlabError(f"{where}.trainer.{error}") from None
     return dict(sorted(options.items()))
 
 

@@ -68,6 +68,7 @@ _SCHEMA_VERSION = 1
 _LOG_TAIL_LINES = 50
 _BUSY_TIMEOUT_S = 30.0
 _MAX_ATTEMPT_PROBES = 1000  # bounds the search for a free attempt directory
+_SQLITE_HEADER = b"SQLite format 3\x00"
 
 _DDL = (
     """CREATE TABLE IF NOT EXISTS runs (
@@ -231,6 +232,55 @@ class ResultStore:
     def exists(self) -> bool:
         return self.db_path.is_file()
 
+    def check(self, *, writable: bool) -> None:
+        """Raise DtlabError (one line: the file and what to do) for a store that cannot be used: not a
+        SQLite database, another schema version, or not writable when runs are to be recorded.
+
+        Runs before a matrix starts and before a report reads; it never changes the file.
+        """
+        db = self.db_path
+        if not db.exists():
+            return  # created on the first record
+        if not db.is_file():
+            raise DtlabError(f"results store {db}: is not a file; move it aside and run again")
+        with db.open("rb") as handle:
+            header = handle.read(len(_SQLITE_HEADER))
+        if header and header != _SQLITE_HEADER:
+            raise self._corrupt("not a SQLite database")
+        try:
+            # immutable: no lock and no -shm file, so this reads even a store on a read-only mount
+            readonly = sqlite3.connect(f"{db.resolve().as_uri()}?mode=ro&immutable=1", uri=True)
+            with contextlib.closing(readonly) as conn:
+                problems = [row[0] for row in conn.execute("PRAGMA quick_check")]
+                version = conn.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError as error:
+            raise self._corrupt(str(error)) from None
+        if problems != ["ok"]:
+            raise self._corrupt(f"integrity check: {problems[0]}")
+        if version not in (0, _SCHEMA_VERSION):
+            raise DtlabError(
+                f"results store {db}: schema version {version}, this dtlab reads version {_SCHEMA_VERSION}; "
+                f"use the dtlab revision that wrote it, or move {self.root} aside to start a new store"
+            )
+        if writable:
+            try:  # takes the write lock and gives it back: the database file is not changed
+                connection = sqlite3.connect(db, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
+                with contextlib.closing(connection) as conn:
+                    conn.execute("BEGIN IMMEDIATE")
+                    conn.execute("ROLLBACK")
+            except sqlite3.OperationalError as error:
+                raise DtlabError(
+                    f"results store {db}: cannot be written ({error}); make {self.root} writable for this "
+                    "user, then run again (nothing was recorded)"
+                ) from None
+
+    def _corrupt(self, why: str) -> DtlabError:
+        broken = self.db_path.with_name(self.db_path.name + ".broken")
+        return DtlabError(
+            f"results store {self.db_path}: not a usable dtlab results database ({why}); move it aside "
+            f"(mv {self.db_path} {broken}) and run again: the raw results in {self.runs_dir} stay"
+        )
+
     @contextlib.contextmanager
     def _connect(self, *, write: bool) -> Iterator[sqlite3.Connection]:
         """One short-lived connection per operation; a write is one IMMEDIATE transaction."""
@@ -273,11 +323,14 @@ class ResultStore:
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
         if not self.exists():
             return []
-        with self._connect(write=False) as conn:
-            has_table = conn.execute(
-                "SELECT 1 FROM sqlite_master WHERE type='table' AND name='runs'"
-            ).fetchone()
-            return conn.execute(sql, params).fetchall() if has_table else []
+        try:
+            with self._connect(write=False) as conn:
+                has_table = conn.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type='table' AND name='runs'"
+                ).fetchone()
+                return conn.execute(sql, params).fetchall() if has_table else []
+        except sqlite3.DatabaseError as error:
+            raise self._corrupt(str(error)) from None
 
     # --- attempts ------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import re
 import tempfile
 import typing
@@ -71,8 +72,12 @@ class TrainConfig:
     framework: str = "ddp"  # ddp | spark | determined
     framework_label: str | None = None  # overrides the launcher's label in result.json
 
-    def validate(self) -> TrainConfig:
-        """Check every value; raise ConfigError naming the first bad one. Returns self."""
+    def validate(self, *, local: bool = True) -> TrainConfig:
+        """Check every value; raise ConfigError naming the first bad one. Returns self.
+
+        local=False checks the values alone (the harness, on the controller, before any cell
+        starts): no directory is created and local model or dataset paths are not looked up.
+        """
         _at_least("epochs", self.epochs, 1)
         _at_least("batch_size", self.batch_size, 1)
         _at_least("threads", self.threads, 1)
@@ -99,17 +104,17 @@ class TrainConfig:
         if self.device == "cpu" and self.compile == "reduce-overhead":
             raise ConfigError("compile: reduce-overhead captures CUDA graphs and is CUDA-only; "
                               "use default or no on cpu")
-        self._validate_sources()
+        self._validate_sources(local)
         for key in ("output_dir", "checkpoint_dir", "cache_dir"):
-            if getattr(self, key) is not None:
+            if local and getattr(self, key) is not None:
                 _check_writable(key, Path(getattr(self, key)))
         return self
 
-    def _validate_sources(self) -> None:
+    def _validate_sources(self, local: bool) -> None:
         if self.model.startswith(GENERATED_MODEL_PREFIX):
             _one_of("model", self.model, tuple(GENERATED_MODEL_PREFIX + s for s in GENERATED_MODEL_SHAPES))
         else:
-            _check_source("model", self.model)
+            _check_source("model", self.model, local)
         if self.dataset == GENERATED_DATASET:
             for key in ("generated_train_size", "generated_test_size"):
                 size = getattr(self, key)
@@ -117,7 +122,7 @@ class TrainConfig:
                     raise ConfigError(f"{key}: must be between 2 and {GENERATED_MAX_SPLIT_SIZE}, got {size}")
             _at_least("generated_median_words", self.generated_median_words, 4)
         else:
-            _check_source("dataset", self.dataset)
+            _check_source("dataset", self.dataset, local)
 
     @property
     def token_cache_dir(self) -> Path:
@@ -145,11 +150,11 @@ def is_local_path(source: str) -> bool:
             or Path(source).expanduser().exists())
 
 
-def _check_source(key: str, source: str) -> None:
+def _check_source(key: str, source: str, local: bool = True) -> None:
     """A local path must exist; a hub id must look like one (the download itself happens later)."""
     if not source:
         raise ConfigError(f"{key}: is empty; give a hub id or a local path")
-    if is_local_path(source) and not Path(source).expanduser().exists():
+    if local and is_local_path(source) and not Path(source).expanduser().exists():
         raise ConfigError(f"{key}: local path {source} does not exist; stage it there or give a hub id")
 
 
@@ -258,9 +263,24 @@ def load_yaml(path: str | Path) -> dict:
     return values
 
 
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse whose mistakes are one ConfigError line (an unknown flag names the closest one),
+    not the whole usage text; --help still prints everything."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        unknown = message.removeprefix("unrecognized arguments: ")
+        if unknown != message:
+            flag = next((word for word in unknown.split() if word.startswith("-")), unknown.split()[0])
+            flags = [option for action in self._actions for option in action.option_strings]
+            closest = difflib.get_close_matches(flag.split("=")[0], flags, n=1, cutoff=0.6)
+            hint = f"did you mean {closest[0]}?" if closest else "--help lists the valid ones"
+            raise ConfigError(f"{flag}: unknown flag; {hint}")
+        raise ConfigError(f"{message} (--help lists the flags)")
+
+
 def build_parser(prog: str | None = None, description: str | None = None) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(prog=prog, description=description,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", metavar="FILE.yml", help="YAML file of options; flags override it")
     for name, field in _FIELDS.items():
         flags = dict.fromkeys(["--" + name.replace("_", "-"), "--" + name])  # --batch-size and --batch_size
@@ -283,9 +303,11 @@ def parse_args(argv: list[str] | None = None, prog: str | None = None,
     return TrainConfig(**values).validate()
 
 
-def from_dict(values: dict) -> TrainConfig:
-    """Build and validate a config from plain data (e.g. Determined hyperparameters)."""
+def from_dict(values: dict, *, local: bool = True) -> TrainConfig:
+    """Build and validate a config from plain data (Determined hyperparameters, a matrix profile).
+
+    local=False: values only, as the harness checks a profile on the controller (see validate)."""
     for key in values:
         if key not in _FIELDS:
             raise ConfigError(f"{key}: unknown trainer option")
-    return TrainConfig(**{key: _convert(key, raw) for key, raw in values.items()}).validate()
+    return TrainConfig(**{key: _convert(key, raw) for key, raw in values.items()}).validate(local=local)

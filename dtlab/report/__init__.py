@@ -8,7 +8,7 @@ API (what `invoke bench.report` and `bench.all` call)::
     # results_dir: dtlab.paths.results_dir_for(cluster) or a ResultStore
     # out_dir:     default <results_dir>/report
     # -> ReportFiles(out_dir, markdown, html, csv=[...], figures=[...])
-    # raises EmptyStoreError (a DtlabError with exit_code 0) when nothing is recorded at all
+    # raises EmptyStoreError (a DtlabError with exit_code 1) when nothing is recorded at all
 
 Partial stores give partial reports: a missing cell is shown as missing on either side. Failed
 attempts are listed; only each cell's newest ok attempt of one profile (newest, or --profile) is used.
@@ -60,11 +60,11 @@ def report_command(
     out: str | os.PathLike[str] | None = None,
     profile: str | None = None,
     study: bool = False,
-) -> ReportFiles | None:
+) -> ReportFiles:
     """`invoke bench.report`: resolve the results folder, write the report, print where it went.
 
-    An empty store prints one line and returns None (exit 0: nothing to report is not an error,
-    so bench.all can always end with it). Bad input raises DtlabError (exit 2). With `study`, the
+    An empty store raises EmptyStoreError (one line, exit 1: there is no report to read). Bad input
+    raises DtlabError (exit 2). With `study`, the
     report is rendered from the study's published runs alone (default folder results/study-report).
     """
     if study:
@@ -79,11 +79,7 @@ def report_command(
         from dtlab.paths import results_dir_for
 
         results_dir = results_dir_for(load_cluster(inventory).name)
-    try:
-        files = generate_report(results_dir, out, profile=profile)
-    except EmptyStoreError as empty:
-        print(empty)
-        return None
+    files = generate_report(results_dir, out, profile=profile)
     _print_written(files)
     return files
 

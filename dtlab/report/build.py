@@ -27,9 +27,10 @@ from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX
 
 
 class EmptyStoreError(DtlabError):
-    """Nothing is recorded yet. Not a failure: `invoke bench.report` prints the message and exits 0."""
+    """Nothing is recorded yet: `invoke bench.report` says so and exits 1 (there is no report to
+    read); bench.all, which ends with a report, takes it as a note."""
 
-    exit_code = 0
+    exit_code = 1
 
 
 @dataclass
@@ -311,6 +312,7 @@ def resumed_costs(resumed: list[Run], all_runs: list[Run], groups: dict[GroupKey
 
 def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     """Read the store and build every table; raises EmptyStoreError when nothing is recorded."""
+    store.check(writable=False)
     all_runs = store.runs(status=None)
     if not all_runs:
         raise EmptyStoreError(

@@ -123,3 +123,72 @@ def test_an_unreachable_node_is_reported_by_preflight_before_the_cell_starts(loo
     assert failure.cell_key == "ddp-g1-e2-s0" and failure.failed_node == "n1"
     assert failure.reason.startswith("preflight:")
     assert failure.attempt == 1  # a preflight failure is not retried: nothing was started
+
+
+def test_a_bad_trainer_option_stops_the_matrix_before_any_attempt(loopback_inventory, tmp_path):
+    bad = tmp_path / "matrix.yml"
+    bad.write_text("profiles:\n  smoke:\n    trainer: {batch_size: 0}\n"
+                   "    runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]\n")
+    answer = invoke("bench.all", "-i", str(loopback_inventory), "--matrix", str(bad),
+                    env={"DTLAB_RESULTS_DIR": str(tmp_path / "r")})
+    assert answer.returncode == 2
+    assert answer.stderr.strip() == (
+        f"error: {bad}: profiles.smoke.trainer.batch_size: must be an integer >= 1, got 0")
+    assert not (tmp_path / "r").exists(), "no attempt reserved, nothing recorded, no report"
+
+
+def _not_a_database(db):
+    db.write_bytes(b"these are somebody's notes, not SQLite\n" * 100)
+
+
+def _other_schema(db):
+    import sqlite3
+
+    with sqlite3.connect(db) as conn:
+        conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY)")
+        conn.execute("PRAGMA user_version=7")
+
+
+def _read_only(db):
+    from result_factory import made_up_result
+
+    from dtlab.results import Cell, ResultStore
+
+    result = made_up_result("ddp", 1, 2, 0, time_total_s=30.0, final_accuracy=0.9, device="cpu")
+    ResultStore(db.parent).record_ok(Cell("ddp", 1, 2, 0, "smoke"), result, config_hash="0123456789abcdef",
+                                     git_rev=None, inventory="three")
+
+
+@pytest.mark.parametrize(
+    ("make", "read_only_mount", "expected"),
+    [
+        (_not_a_database, False, "not a usable dtlab results database (not a SQLite database); move it"),
+        (_other_schema, False, "schema version 7, this dtlab reads version 1; use the dtlab revision"),
+        (_read_only, True, "cannot be written ("),
+    ],
+    ids=["corrupt", "other-schema", "read-only"],
+)
+def test_an_unusable_results_store_is_one_line_and_stays_byte_identical(
+    loopback_inventory, tmp_path, make, read_only_mount, expected
+):
+    store_dir = tmp_path / "r" / "three"
+    store_dir.mkdir(parents=True)
+    db = store_dir / "dtlab.sqlite"
+    make(db)
+    before = {path.name: path.read_bytes() for path in store_dir.iterdir() if path.is_file()}
+    command = [INVOKE, "bench.all", "-i", str(loopback_inventory), "--only", "ddp-g1"]
+    if read_only_mount:  # a real read-only mount (root ignores file modes), in a private mount namespace
+        command = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                   'mount --bind "$0" "$0" && mount -o remount,bind,ro "$0" "$0" && exec "$@"',
+                   str(store_dir), *command]
+    answer = subprocess.run(command, cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "DTLAB_RESULTS_DIR": str(tmp_path / "r")})
+    assert answer.returncode == 2, answer.stderr + answer.stdout
+    lines = answer.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: results store {db}: ") and expected in lines[0]
+    assert "Traceback" not in answer.stdout + answer.stderr
+    assert not (store_dir / "runs").exists() or _read_only is make, "no attempt was reserved"
+    assert {path.name: path.read_bytes() for path in store_dir.iterdir() if path.is_file()} == before
+    if make is not _read_only:  # bench.report reads the same store: the same line, no traceback
+        report = invoke("bench.report", "--results-dir", str(store_dir))
+        assert report.returncode == 2 and report.stderr.strip() == lines[0]

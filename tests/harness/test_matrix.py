@@ -103,6 +103,51 @@ def test_a_bad_matrix_fails_with_one_line_naming_the_key(matrix_file, body, mess
     assert "\n" not in text and text.startswith(str(path))
 
 
+RUN = "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]"
+
+
+@pytest.mark.parametrize(
+    ("trainer", "message"),
+    [
+        # The trainer's own rules, checked on the controller: one class of bad values per case.
+        ("batch_size: 0", "p.trainer.batch_size: must be an integer >= 1, got 0"),
+        ("batch_size: -32", "p.trainer.batch_size: must be an integer >= 1, got -32"),
+        ("batch_size: 2.5", "p.trainer.batch_size: expected int, got 2.5"),
+        ("batch_size: true", "p.trainer.batch_size: expected int, got True"),
+        ("max_length: 0", "p.trainer.max_length: must be between 8 and 512"),
+        ("max_length: 4096", "p.trainer.max_length: must be between 8 and 512"),
+        ("learning_rate: -1.0e-4", "p.trainer.learning_rate: must be > 0, got -0.0001"),
+        ("learning_rate: fast", "p.trainer.learning_rate: expected float, got 'fast'"),
+        ("weight_decay: -0.1", "p.trainer.weight_decay: must be >= 0"),
+        ("warmup_steps: -5", "p.trainer.warmup_steps: must be an integer >= 0, got -5"),
+        ("dropout: 1.5", "p.trainer.dropout: must be in [0, 1) or null"),
+        ("optimizer: adam", "p.trainer.optimizer: must be one of adamw, sgd; got 'adam'"),
+        ("mixed_precision: fp8", "p.trainer.mixed_precision: must be one of auto, no, bf16, fp16"),
+        ("compile: max-autotune", "p.trainer.compile: must be one of"),
+        ("model: 'generated:bert-huge'", "p.trainer.model: must be one of generated:bert-tiny"),
+        ("dataset: ''", "p.trainer.dataset: is empty; give a hub id or a local path"),
+        ("dataset: generated, generated_train_size: 1", "p.trainer.generated_train_size: must be between 2"),
+        # Cross-checks against what the inventory trains on (the lab: cpu).
+        ("mixed_precision: fp16", "p.trainer.mixed_precision: fp16 is CUDA-only; use auto or no on cpu"),
+        ("compile: reduce-overhead", "p.trainer.compile: reduce-overhead captures CUDA graphs"),
+    ],
+)
+def test_bad_trainer_options_stop_the_matrix_on_the_controller(matrix_file, tmp_path, trainer, message):
+    path = matrix_file(f"trainer: {{{trainer}}}\n{RUN}")
+    with pytest.raises(DtlabError) as failure:
+        matrix.load("p", path, max_gpus=2, device="cpu")
+    text = str(failure.value)
+    assert text.startswith(f"{path}: ") and message in text and "\n" not in text
+    assert not (tmp_path / "out").exists(), "checking values creates nothing"
+
+
+def test_fp16_is_fine_where_the_inventory_trains_on_gpus(matrix_file):
+    path = matrix_file(f"trainer: {{mixed_precision: fp16, dataset: /data/imdb-on-the-nodes}}\n{RUN}")
+    [cell] = matrix.load("p", path, max_gpus=2, device="cuda").cells
+    # A local path is the nodes' business: bench checks it there before the first cell.
+    assert cell.trainer_config == {"dataset": "/data/imdb-on-the-nodes", "mixed_precision": "fp16"}
+
+
 def test_unknown_profile_and_broken_yaml_fail_with_one_line(tmp_path, matrix_file):
     with pytest.raises(DtlabError, match=r"no profile 'nope'; choose one of study, smoke"):
         matrix.load("nope")

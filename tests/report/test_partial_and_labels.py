@@ -66,7 +66,7 @@ def test_empty_store_gives_one_clear_message(tmp_path, make_dir):
         EmptyStoreError, match=r"no recorded runs in .*results; run `invoke bench.all`"
     ) as raised:
         generate_report(results)
-    assert isinstance(raised.value, DtlabError) and raised.value.exit_code == 0
+    assert isinstance(raised.value, DtlabError) and raised.value.exit_code == 1
     assert not (results / "report").exists()
     assert results.exists() == make_dir, "reading an empty store creates nothing"
 

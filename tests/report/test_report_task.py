@@ -33,13 +33,14 @@ def test_bench_report_writes_the_report(tmp_path):
         (path.name for path in written), 0o644)
 
 
-def test_bench_report_on_an_empty_store_prints_one_line_and_exits_0(tmp_path):
+def test_bench_report_on_an_empty_store_says_so_in_one_line_and_fails(tmp_path):
     done = bench_report("--results-dir", str(tmp_path / "none"))
-    assert done.returncode == 0
-    assert done.stdout.strip().splitlines() == [
-        f"bench.report: no recorded runs in {tmp_path / 'none'}; "
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        f"error: bench.report: no recorded runs in {tmp_path / 'none'}; "
         "run `invoke bench.all` (or bench.run) first, then `invoke bench.report`"
     ]
+    assert not (tmp_path / "none").exists(), "nothing is written for an empty store"
 
 
 def test_bench_report_unknown_profile_is_one_error_line_exit_2(tmp_path):

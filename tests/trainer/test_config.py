@@ -91,6 +91,24 @@ def test_launcher_prints_one_line_and_exits_2(tmp_path):
     assert not (tmp_path / "out" / "result.json").exists()
 
 
+@pytest.mark.parametrize(("launcher", "argv", "line"), [
+    ("torchrun", ["--batch-sise", "16"], "trainer: error: --batch-sise: unknown flag; did you mean "
+                                         "--batch-size?"),
+    ("torchrun", ["--lerning-rate=0.1"], "trainer: error: --lerning-rate=0.1: unknown flag; did you mean "
+                                         "--learning-rate?"),
+    ("torchrun", ["--frobnicate"], "trainer: error: --frobnicate: unknown flag; --help lists the valid ones"),
+    ("torchrun", ["--epochs"], "trainer: error: argument --epochs: expected one argument (--help lists the "
+                               "flags)"),
+    ("spark", ["--num-procs", "2"], "python -m trainer.launchers.spark: error: --num-procs: unknown flag; "
+                                    "did you mean --num-processes?"),
+])
+def test_a_mistyped_flag_is_one_line_with_the_closest_flag(launcher, argv, line):
+    completed = subprocess.run([sys.executable, "-m", f"trainer.launchers.{launcher}", *argv],
+                               env=trainer_env(), capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == [line], "one line, not argparse's whole usage"
+
+
 def test_launcher_help_lists_every_option():
     completed = subprocess.run([sys.executable, "-m", "trainer.launchers.torchrun", "--help"],
                                env=trainer_env(), capture_output=True, text=True, timeout=120)

@@ -4,7 +4,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from trainer.config import ConfigError, TrainConfig, build_parser, parse_args
+from trainer.config import ConfigError, OneLineArgumentParser, TrainConfig, build_parser, parse_args
 
 AddFlags = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
 
@@ -13,7 +13,7 @@ def parse(argv: list[str] | None, prog: str, doc: str,
           add_flags: AddFlags) -> tuple[TrainConfig, argparse.Namespace]:
     """(validated TrainConfig, the launcher's own flags); --help lists both, unknown flags fail."""
     add_flags(build_parser(prog, doc)).parse_args(argv)
-    own, trainer_argv = add_flags(argparse.ArgumentParser(add_help=False)).parse_known_args(argv)
+    own, trainer_argv = add_flags(OneLineArgumentParser(add_help=False)).parse_known_args(argv)
     return parse_args(trainer_argv, prog), own
 
 
