@@ -327,26 +327,31 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
         "if command -v docker >/dev/null; then ids=$(docker ps -aq --filter name=^dtlab-ddp-g); "
         '[ -n "$ids" ] && docker rm -f $ids >/dev/null; fi; true'
     )
-    _report_failures(say, remote.run_all(cluster.nodes, stop, timeout=90), "stop units")
+    # A node that does not answer is reported once per step and skipped by the later steps; every
+    # step runs for the nodes that answer, and the check's table at the end shows what is wrong.
+    unreachable: set[str] = set()
 
+    def on(nodes) -> list[Node]:
+        return [node for node in nodes if node.name not in unreachable]
+
+    def step(nodes, command: str, what: str, timeout: int) -> None:
+        answers = remote.run_all(on(nodes), command, timeout=timeout)
+        _report_failures(say, answers, what)
+        unreachable.update(name for name, answer in answers.items() if isinstance(answer, BaseException))
+
+    step(cluster.nodes, stop, "stop units", 90)
+    masters = [cluster.master] if cluster.master is not None else []
     say("[bold]2/5[/] restarting Spark (ends running applications)")
-    if cluster.master is not None:
-        _report_failures(
-            say,
-            {cluster.master.name: remote.run(cluster.master, _restart_command("spark-master"), timeout=120)},
-            "restart spark master",
-        )
-    _report_failures(
-        say,
-        remote.run_all(cluster.workers, _restart_command("spark-worker"), timeout=120),
-        "restart spark workers",
-    )
+    step(masters, _restart_command("spark-master"), "restart spark master", 120)
+    step(cluster.workers, _restart_command("spark-worker"), "restart spark workers", 120)
 
     say("[bold]3/5[/] Determined: cancel experiments, restart master and agents")
-    if cluster.has_determined_master and cluster.master is not None:
+    if cluster.has_determined_master and on(masters):
         _cancel_determined_experiments(cluster, say)
-        remote.run(cluster.master, _restart_command("determined-master"), timeout=120)
-        remote.run_all(cluster.workers, _restart_command("determined-agent"), timeout=120)
+        step(masters, _restart_command("determined-master"), "restart determined master", 120)
+        step(cluster.workers, _restart_command("determined-agent"), "restart determined agents", 120)
+    elif cluster.has_determined_master:
+        say("  the master does not answer; skipped")
     else:
         say("  not installed on this inventory; nothing to do")
 
@@ -356,10 +361,11 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
         f'cd {shlex.quote(cluster.runs_dir)} 2>/dev/null || exit 0; for d in *; do [ -d "$d" ] || continue; '
         f'case " {keep} " in *" $d "*) continue;; esac; rm -rf -- "$d"; done'
     )
-    _report_failures(say, remote.run_all(cluster.nodes, clear, timeout=120), "clear scratch")
+    step(cluster.nodes, clear, "clear scratch", 120)
 
     say("[bold]5/5[/] waiting for Spark workers to register, then cluster.check")
-    _wait_for_spark(cluster)
+    if on(masters):
+        _wait_for_spark(cluster, len(on(cluster.workers)))
     return check(cluster)
 
 
@@ -413,14 +419,18 @@ def _cancel_determined_experiments(cluster: Cluster, say) -> None:
         say(f"  [yellow]could not list experiments: {str(error).splitlines()[0] if str(error) else error}[/]")
 
 
-def _wait_for_spark(cluster: Cluster) -> None:
+def _wait_for_spark(cluster: Cluster, expected: int) -> None:
+    """Until `expected` Spark workers are alive, at most SPARK_READY_TIMEOUT_S (the check says the rest)."""
     from dtlab.bench import spark_alive_workers
 
     if cluster.master is None:
         return
     deadline = time.monotonic() + SPARK_READY_TIMEOUT_S
     while time.monotonic() < deadline:
-        if spark_alive_workers(cluster) >= len(cluster.workers):
+        try:
+            if spark_alive_workers(cluster) >= expected:
+                return
+        except DtlabError:  # the master stopped answering: the check's table shows it
             return
         time.sleep(2)
 

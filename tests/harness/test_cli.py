@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -192,3 +193,19 @@ def test_an_unusable_results_store_is_one_line_and_stays_byte_identical(
     if make is not _read_only:  # bench.report reads the same store: the same line, no traceback
         report = invoke("bench.report", "--results-dir", str(store_dir))
         assert report.returncode == 2 and report.stderr.strip() == lines[0]
+
+
+def test_cluster_reset_with_unreachable_nodes_goes_through_every_step_and_ends_with_its_table(
+    loopback_inventory,
+):
+    started = time.monotonic()
+    answer = invoke("cluster.reset", "-i", str(loopback_inventory))
+    assert answer.returncode == 1 and time.monotonic() - started < 60
+    out = answer.stdout
+    steps = [out.index(f"{n}/5 ") for n in range(1, 6)]
+    assert steps == sorted(steps), "every step runs, in order"
+    step_1 = out[steps[0]:steps[1]]
+    assert all(f"{node}: stop units: host {node}" in step_1 for node in ("n0", "n1", "n2"))
+    assert out[steps[1]:].count("ssh failed") == 3, "later steps skip the nodes already reported"
+    assert "cluster.check: three" in out and out.count("│ FAIL") == 3, "the table closes the reset"
+    assert answer.stderr.strip() == "error: cluster.reset: done, but 3 check(s) fail"
