@@ -17,6 +17,7 @@ import re
 import shlex
 import statistics
 import subprocess
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
@@ -35,6 +36,16 @@ from dtlab.results import Cell, ResultStore
 LOG_TAIL_LINES = 30
 # Fabric waits this much longer than the unit's own RuntimeMaxSec, so systemd ends a stuck run first.
 TIMEOUT_MARGIN_S = 30
+# While a cell runs, UnitWatch asks every node for its unit's state this often, each probe on a fresh
+# connection that gives up after PROBE_TIMEOUT_S. A node silent for SILENT_AFTER_S is down or cut off,
+# so a fault is noticed within SILENT_AFTER_S + WATCH_EVERY_S + PROBE_TIMEOUT_S = 50 s.
+WATCH_EVERY_S = 10
+PROBE_TIMEOUT_S = 10
+SILENT_AFTER_S = 30
+# A unit that has ended while its log stream stays open for this long is treated as ended.
+STREAM_GRACE_S = 15
+# Before a retry, wait at most this long for every node to answer (a restarting node boots).
+NODES_BACK_WAIT_S = 180
 STOP_WAIT_S = 60
 SPARK_REGISTER_WAIT_S = 60
 EPOCH_LINE = re.compile(r"\bepoch\s+\d+\s*/\s*\d+", re.IGNORECASE)
@@ -74,6 +85,77 @@ class CellOutcome:
     result: dict[str, Any] | None = None
     phases: dict[str, float] = field(default_factory=dict)  # seconds per harness phase, last attempt
     marks: dict[str, float] = field(default_factory=dict)  # wall clock (time.time) of units start/end
+
+
+class UnitWatch:
+    """Watches a running cell from outside its log streams: every WATCH_EVERY_S, each node's unit
+    state, from one daemon thread per node over its own SSH connection (reopened after an error).
+
+    A stream can outlive its unit (a killed follower shell) or hang on a silent network; the watch
+    sees both within a minute: `fault(streaming)` names the first such node. The threads are daemons:
+    a probe stuck on a dead link never holds the harness up.
+    """
+
+    def __init__(self, jobs: list[tuple[Node, str]], say: Callable[[str], None]):
+        self.jobs = jobs
+        self.say = say
+        now = time.monotonic()
+        self.last_answer = {node.name: now for node, _ in jobs}
+        self.ended_since: dict[str, float] = {}
+        self.states: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._silent_said: set[str] = set()
+        self._threads = [
+            threading.Thread(target=self._watch, args=job, name=f"dtlab-watch-{job[0].name}", daemon=True)
+            for job in jobs
+        ]
+
+    def start(self) -> UnitWatch:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self, node: Node, unit: str) -> None:
+        connection = None
+        while not self._stop.wait(WATCH_EVERY_S):
+            try:
+                connection = connection or remote.connect(node, timeout=PROBE_TIMEOUT_S)
+                state = remote.unit_state(node, unit, timeout=PROBE_TIMEOUT_S, connection=connection)
+            except DtlabError:
+                if connection is not None:
+                    connection.close()
+                connection = None
+                continue
+            now = time.monotonic()
+            self.last_answer[node.name] = now
+            self.states[node.name] = state
+            if state in ("inactive", "failed"):
+                self.ended_since.setdefault(node.name, now)
+        if connection is not None:
+            connection.close()
+
+    def fault(self, streaming: set[str]) -> AttemptFailure | None:
+        """The first node that is silent, or whose unit ended while its stream (in `streaming`) is open."""
+        now = time.monotonic()
+        for node, _unit in self.jobs:
+            silent = now - self.last_answer[node.name]
+            if silent >= SILENT_AFTER_S:
+                reason = (f"{node.name} has not answered for {silent:.0f} s (node down or network "
+                          "partition); the cell is stopped, not timed")
+                if node.name not in self._silent_said:
+                    self._silent_said.add(node.name)
+                    self.say(f"[yellow]{reason}[/]")
+                return AttemptFailure(reason, node.name)
+            ended = self.ended_since.get(node.name)
+            if node.name in streaming and ended is not None and now - ended >= STREAM_GRACE_S:
+                reason = (f"the unit on {node.name} ended ({self.states.get(node.name)}) "
+                          f"{now - ended:.0f} s ago but its log stream stayed open")
+                self.say(f"[yellow]{reason}[/]")
+                return AttemptFailure(reason, node.name)
+        return None
 
 
 class Interrupted(Exception):
@@ -312,6 +394,8 @@ class Bench:
         failure: AttemptFailure | None = None
         attempts = 0
         for attempts in range(1, self.options.retries + 2):
+            if attempts > 1:
+                self.wait_for_nodes()
             result, failure = self.run_attempt(cell, attempts, timeout_s, fresh=attempts == 1)
             if result is not None:
                 return CellOutcome(
@@ -328,6 +412,23 @@ class Bench:
         return CellOutcome(
             cell, "failed", attempts, time.monotonic() - started, failure=failure, phases=dict(self.phases)
         )
+
+    def wait_for_nodes(self) -> None:
+        """Before a retry: wait (at most NODES_BACK_WAIT_S) until every node answers SSH again."""
+        deadline = time.monotonic() + NODES_BACK_WAIT_S
+        said = False
+        while True:
+            answers = remote.run_all(self.cluster.nodes, "true", timeout=PROBE_TIMEOUT_S)
+            silent = sorted(name for name, answer in answers.items() if isinstance(answer, BaseException))
+            if not silent or time.monotonic() >= deadline:
+                if silent and self.display:
+                    self.display.note(f"[yellow]{', '.join(silent)} still silent: retrying anyway[/]")
+                return
+            if not said and self.display:
+                self.display.note(f"waiting up to {NODES_BACK_WAIT_S} s for {', '.join(silent)} to answer "
+                                  "before the retry")
+                said = True
+            time.sleep(5)
 
     def run_attempt(
         self, cell: Cell, number_in_run: int, timeout_s: int, *, fresh: bool
@@ -472,9 +573,12 @@ class Bench:
         if planned.external is not None:
             return self._execute_external(planned)
         sink = self.display.line if self.display else None
+        say = self.display.note if self.display else print
         started = time.monotonic()
         self.marks = {"units_started": time.time()}
         pool = ThreadPoolExecutor(max_workers=len(planned.jobs), thread_name_prefix="dtlab-unit")
+        # Each stream has its own connection, so a stream that hangs can be closed from here.
+        connections = {node.name: remote.connect(node) for node, _ in planned.jobs}
         futures: dict[Future, Node] = {
             pool.submit(
                 remote.run_unit,
@@ -483,10 +587,13 @@ class Bench:
                 timeout=timeout_s + TIMEOUT_MARGIN_S,
                 sink=sink,
                 log_file=log_dir / f"{node.name}.log",
+                connection=connections[node.name],
             ): node
             for node, spec in planned.jobs
         }
+        watch = UnitWatch([(node, spec.unit) for node, spec in planned.jobs], say).start()
         failure: AttemptFailure | None = None
+        stopped_at: float | None = None
         try:
             remaining = set(futures)
             while remaining:
@@ -496,14 +603,30 @@ class Bench:
                     failure = failure or self._job_failure(
                         node, future, log_dir, time.monotonic() - started, timeout_s
                     )
-                if failure is not None and remaining:
+                if failure is None and remaining:
+                    failure = watch.fault({futures[f].name for f in remaining})
+                if failure is not None and remaining and stopped_at is None:
                     # The others would wait in a collective until the timeout: stop them now.
                     self.stop_cell(planned.cell, quiet=True)
+                    stopped_at = time.monotonic()
+                if stopped_at is not None and remaining and time.monotonic() - stopped_at > STOP_WAIT_S:
+                    # Streams still open after the stop (a node cut off): close them, stop waiting.
+                    for future in remaining:
+                        connections[futures[future].name].close()
+                    say(f"[yellow]closed the log streams of {', '.join(futures[f].name for f in remaining)}"
+                        " after the cell was stopped[/]")
+                    break
         except KeyboardInterrupt:
             self.stop_cell(planned.cell)
+            for connection in connections.values():
+                connection.close()
             pool.shutdown(wait=False, cancel_futures=True)
             raise
-        pool.shutdown(wait=True)
+        finally:
+            watch.stop()
+        pool.shutdown(wait=stopped_at is None or not remaining)
+        for connection in connections.values():
+            connection.close()
         self.marks["units_ended"] = time.time()
         if failure is not None:
             return None, failure

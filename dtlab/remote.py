@@ -27,6 +27,9 @@ UNIT_PREFIX = "dtlab-"
 CELL_UNIT_PATTERNS = tuple(f"{UNIT_PREFIX}{framework}-g*" for framework in ("ddp", "spark", "determined"))
 CONNECT_TIMEOUT_S = 10
 COMMAND_TIMEOUT_S = 60
+# SSH keepalives on every connection: a silent peer is noticed by the transport too, not only by
+# the harness's own probes (bench.UnitWatch), and NATs and firewalls keep the session open.
+KEEPALIVE_S = 10
 # After a unit ends, give `tail -F` this long to flush its last lines before it is stopped.
 TAIL_GRACE_S = 0.5
 
@@ -116,6 +119,23 @@ def connect(node: Node, timeout: float = CONNECT_TIMEOUT_S):
     return connection
 
 
+def _open_with_keepalive(connection) -> None:
+    connection.open()
+    transport = connection.client.get_transport()
+    if transport is not None:
+        transport.set_keepalive(KEEPALIVE_S)
+
+
+def unit_state(node: Node, unit: str, *, timeout: float, connection=None) -> str:
+    """systemd's ActiveState of the unit (active, activating, inactive, failed, ...);
+    RemoteError when the node does not answer within `timeout` s."""
+    answer = run(node, f"systemctl show -p ActiveState --value {shlex.quote(unit + '.service')}",
+                 timeout=timeout, connection=connection)
+    if answer.exit_code == 124:
+        raise RemoteError(f"host {node.name}: no answer within {timeout:.0f} s")
+    return answer.stdout.strip() or "unknown"
+
+
 def _as_root(node: Node, command: str) -> str:
     """systemd-run and systemctl need root; a non-root inventory user goes through sudo -n."""
     if node.ssh_user == "root":
@@ -178,6 +198,7 @@ def run(
     connection = connection or connect(node)
     writer = _LineWriter(node.name, sink, log_file) if (sink or log_file) else None
     try:
+        _open_with_keepalive(connection)
         kwargs: dict[str, Any] = {"warn": True, "timeout": timeout, "in_stream": False}
         if writer:
             kwargs.update(hide=False, out_stream=writer, err_stream=writer)
@@ -270,7 +291,9 @@ def unit_script(spec: UnitSpec) -> str:
         f"mkdir -p {shlex.quote(log_dir)}; : > {shlex.quote(spec.log_path)}; {owner}"
         f"systemctl reset-failed {shlex.quote(spec.unit + '.service')} 2>/dev/null; "
         f"{shlex.join(start)} & waiter=$!; "
-        f"tail -n +1 -F {shlex.quote(spec.log_path)} 2>/dev/null & tailer=$!; "
+        # --pid: the follower ends with this shell, even if something kills the shell first (an
+        # orphaned tail would hold the SSH channel open until the cell's timeout).
+        f"tail -n +1 -F --pid=$$ {shlex.quote(spec.log_path)} 2>/dev/null & tailer=$!; "
         f"wait $waiter; status=$?; sleep {TAIL_GRACE_S}; kill $tailer 2>/dev/null; exit $status"
     )
 

@@ -245,3 +245,124 @@ def test_a_cell_over_its_timeout_is_stopped_by_systemd_and_recorded_as_timed_out
         and failure.failed_node == cluster.workers[0].name
     )
     assert not any(cell_units(cluster).values()) and trainer_processes(cluster) == {}
+
+
+# --- faults a user meets: each is noticed within a minute, and nothing recorded is lost ----------
+
+DETECTED_WITHIN_S = 60
+
+
+@pytest.fixture
+def lab_config(request):
+    """The session lab's LabConfig (its veths, its name): only for the session's own test lab."""
+    if os.environ.get("DTLAB_HARNESS_TEST_INVENTORY"):
+        pytest.skip("needs the session's own test lab (its veths and node restarts)")
+    return request.getfixturevalue("lab")
+
+
+def _fault_mid_cell(harness_lab, tmp_path, seed: int, inject) -> dict:
+    """Run a 2-worker ddp cell, call `inject(rank0, worker)` once epoch 1 is checkpointed; return what
+    the harness did: the outcome, its attempts, its printed lines and when the fault was noticed."""
+    from dtlab.bench import Bench, BenchOptions, Display
+
+    cluster, _ = harness_lab
+    matrix_file = tmp_path / "matrix.yml"
+    matrix_file.write_text(f"""\
+profiles:
+  fault:
+    timeout_s: 900
+    trainer: {{model: "generated:bert-tiny", dataset: generated, generated_train_size: 1024,
+              generated_test_size: 128, generated_median_words: 40, max_length: 64, batch_size: 16,
+              learning_rate: 5.0e-4, warmup_steps: 4}}
+    runs: [{{frameworks: [ddp], gpus: [2], epochs: [4], seeds: [{seed}]}}]
+""")
+    store = ResultStore.for_cluster(cluster.name)
+    before = {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
+    lines: list[tuple[float, str]] = []
+
+    class Recording(Display):
+        def note(self, message: str) -> None:
+            lines.append((time.monotonic(), message))
+            super().note(message)
+
+    bench = Bench(cluster, BenchOptions(profile="fault", matrix_path=matrix_file, force=True, retries=1),
+                  display=Recording(1, verbose=False))
+    selected = bench.load_matrix()
+    outcome: dict = {}
+    runner = threading.Thread(target=lambda: outcome.update(result=bench.run_matrix(selected)))
+    runner.start()
+    cell_key = f"ddp-g2-e4-s{seed}"
+    rank0, worker = cluster.workers[0], cluster.workers[1]
+    checkpoint = f"{cluster.runs_dir}/{cell_key}/checkpoints/epoch-0001/checkpoint.pt"
+    deadline = time.monotonic() + 400
+    while time.monotonic() < deadline and not remote.run(rank0, f"test -f {checkpoint}").ok:
+        time.sleep(1)
+    assert remote.run(rank0, f"test -f {checkpoint}").ok, "epoch 1 never checkpointed"
+    injected_at = time.monotonic()
+    inject(rank0, worker)
+    failed_at = None
+    while runner.is_alive() and time.monotonic() < injected_at + 900:
+        runner.join(1)
+        if failed_at is None and any(r.cell_key == cell_key and r.status == "failed"
+                                     and (r.cell_key, r.attempt, r.status, r.recorded_at) not in before
+                                     for r in store.runs(status="failed")):
+            failed_at = time.monotonic()
+    assert not runner.is_alive(), "the cell never ended"
+    [result] = outcome["result"]
+    attempts = [r for r in store.runs(status=None, cell_key=cell_key)
+                if (r.cell_key, r.attempt, r.status, r.recorded_at) not in before]
+    # Nothing recorded before was lost or changed, and no unit of the cell is left on any node.
+    assert before <= {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
+    assert not any(cell_units(cluster).values()), cell_units(cluster)
+    return {"result": result, "attempts": attempts, "lines": lines, "injected_at": injected_at,
+            "failed_at": failed_at}
+
+
+def test_a_pattern_kill_on_a_worker_is_noticed_within_a_minute(harness_lab, tmp_path):
+    def kill_everything_named_trainer(rank0, worker):
+        # What `pkill -9 -f trainer.launchers` does, by PID: the trainer, torchrun, and the harness's
+        # own follower shell on that node (whose command line names the launcher too).
+        killed = remote.run(worker, "pids=$(pgrep -f 'trainer[.]launchers'); kill -9 $pids; echo $pids")
+        assert killed.stdout.split(), killed
+
+    seen = _fault_mid_cell(harness_lab, tmp_path, 21, kill_everything_named_trainer)
+    assert seen["failed_at"] is not None and seen["failed_at"] - seen["injected_at"] < DETECTED_WITHIN_S
+    assert [r.status for r in seen["attempts"]] == ["failed", "ok"], [r.reason for r in seen["attempts"]]
+    assert seen["result"].result["resumed_from_epoch"] >= 1
+
+
+def test_a_worker_restarted_mid_cell_is_waited_for_and_the_retry_completes(harness_lab, lab_config,
+                                                                           tmp_path):
+    import dtlab.lab
+
+    def restart(rank0, worker):
+        threading.Thread(target=dtlab.lab.restart_node, args=(worker.name, lab_config.name)).start()
+
+    seen = _fault_mid_cell(harness_lab, tmp_path, 22, restart)
+    assert seen["failed_at"] is not None and seen["failed_at"] - seen["injected_at"] < DETECTED_WITHIN_S
+    statuses = [r.status for r in seen["attempts"]]
+    assert statuses == ["failed", "ok"], [r.reason for r in seen["attempts"]]
+    assert not seen["attempts"][-1].reason
+
+
+def test_a_silent_partition_is_said_live_and_never_recorded_as_a_timing(harness_lab, lab_config, tmp_path):
+    def partition(rank0, worker):
+        veth = lab_config.veth_host_ifname(worker.name)
+
+        def cut_then_heal():
+            subprocess.run(["ip", "link", "set", veth, "down"], check=True)
+            time.sleep(90)
+            subprocess.run(["ip", "link", "set", veth, "up"], check=True)
+
+        threading.Thread(target=cut_then_heal).start()
+
+    seen = _fault_mid_cell(harness_lab, tmp_path, 23, partition)
+    said = [(at, line) for at, line in seen["lines"] if "has not answered" in line]
+    assert said and said[0][0] - seen["injected_at"] < DETECTED_WITHIN_S, seen["lines"]
+    [failed, *rest] = seen["attempts"]
+    assert failed.status == "failed" and "network partition" in failed.reason
+    # The stalled attempt is a failure, never a timing: the cell either completed after a retry
+    # (resumed, so kept out of the tables) or stands recorded as failed with the reason.
+    assert [r.status for r in rest] in (["ok"], ["failed"])
+    if rest and rest[0].status == "ok":
+        assert rest[0].result["resumed_from_epoch"] >= 1
