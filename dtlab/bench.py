@@ -48,6 +48,7 @@ STREAM_GRACE_S = 15
 NODES_BACK_WAIT_S = 180
 STOP_WAIT_S = 60
 SPARK_REGISTER_WAIT_S = 60
+HELD_LINES = 20
 EPOCH_LINE = re.compile(r"\bepoch\s+\d+\s*/\s*\d+", re.IGNORECASE)
 PROBLEM_LINE = re.compile(r"Traceback|Error|error:|Killed|FAILED", re.IGNORECASE)
 # The line that names what went wrong: an exception with its message, not torchrun's wrapper.
@@ -206,6 +207,10 @@ class Display:
         self.pending: list[Cell] = []
         self.current: Cell | None = None
         self.current_started = 0.0
+        # Error lines of the running attempt, shown only if it fails: a cell that succeeds prints
+        # none (e.g. torchrun's exit-barrier race, pytorch#69520); the logs keep every line.
+        self.held: list = []  # rich Text lines
+        self.muted = False
 
     def __enter__(self) -> Display:
         self.progress.start()
@@ -250,15 +255,33 @@ class Display:
         if self.current != cell:
             self.current, self.current_started = cell, time.monotonic()
         retry = f" (retry {attempt - 1})" if attempt > 1 else ""
+        self.held.clear()
         self.console.print(f"[bold cyan]▶ {cell.key}{retry}[/]")
         self._refresh(f"{cell.key}{retry}")
 
     def line(self, node: str, text: str) -> None:
         from rich.text import Text
 
+        if self.muted:
+            return
         self._refresh(self.current.key if self.current else "matrix")
-        if self.verbose or EPOCH_LINE.search(text) or PROBLEM_LINE.search(text) or "final accuracy" in text:
-            self.console.print(Text.assemble((f"[{node}] ", "dim"), text))
+        shown = Text.assemble((f"[{node}] ", "dim"), text)
+        if self.verbose or EPOCH_LINE.search(text) or "final accuracy" in text:
+            self.console.print(shown)
+        elif PROBLEM_LINE.search(text):
+            self.held.append(shown)
+            del self.held[:-HELD_LINES]
+
+    def attempt_failed(self) -> None:
+        """Show the failed attempt's error lines (the last HELD_LINES of them)."""
+        for line in self.held:
+            self.console.print(line)
+        self.held.clear()
+
+    def mute(self) -> None:
+        """Ctrl-C: the workers' own tracebacks as they are stopped are not news; one line says it all."""
+        self.muted = True
+        self.held.clear()
 
     def note(self, message: str) -> None:
         self.console.print(message)
@@ -495,6 +518,8 @@ class Bench:
                     f"result rejected: {error}", planned.result_node.name if planned else None
                 )
         assert failure is not None
+        if self.display:
+            self.display.attempt_failed()
         self.stop_cell(cell)
         self.store.record_failure(
             cell,
@@ -617,6 +642,8 @@ class Bench:
                         " after the cell was stopped[/]")
                     break
         except KeyboardInterrupt:
+            if self.display:
+                self.display.mute()
             self.stop_cell(planned.cell)
             for connection in connections.values():
                 connection.close()

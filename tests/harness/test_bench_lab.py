@@ -68,6 +68,8 @@ def test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing(harness
     for run in ok.values():
         assert (run.log_dir / f"{run.result['hostnames'][0]}.log").exists() or any(run.log_dir.iterdir())
     assert "report:" in first.stdout  # bench.all ends with the report
+    if not store.runs(status="failed"):  # successful cells print no error tracebacks (the logs keep them)
+        assert "Traceback" not in first.stdout and "Failed to recv" not in first.stdout, first.stdout[-3000:]
     # The whole-run clock: every phase from the controller's submit to the recorded result, in order.
     for key, run in ok.items():
         phases = dict(whole_run_phases(run.result))
@@ -195,6 +197,7 @@ def test_sigint_to_bench_all_leaves_no_trainer_on_any_node(harness_lab):
             process.kill()
     assert process.returncode == 130, output[-2000:]
     assert "interrupted" in output
+    assert "Traceback" not in output, "Ctrl-C is one line, not the stopped workers' tracebacks"
     assert not any(cell_units(cluster).values())
     assert trainer_processes(cluster) == {}
     assert ok_before <= {(r.cell_key, r.attempt) for r in store.runs(status="ok")}
