@@ -103,6 +103,7 @@ class UnitWatch:
         now = time.monotonic()
         self.last_answer = {node.name: now for node, _ in jobs}
         self.ended_since: dict[str, float] = {}
+        self.seen_running: set[str] = set()
         self.states: dict[str, str] = {}
         self._stop = threading.Event()
         self._silent_said: set[str] = set()
@@ -133,7 +134,9 @@ class UnitWatch:
             now = time.monotonic()
             self.last_answer[node.name] = now
             self.states[node.name] = state
-            if state in ("inactive", "failed"):
+            if state in ("active", "activating", "deactivating", "reloading"):
+                self.seen_running.add(node.name)
+            elif node.name in self.seen_running:  # before its start a unit reads inactive too
                 self.ended_since.setdefault(node.name, now)
         if connection is not None:
             connection.close()
