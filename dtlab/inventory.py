@@ -8,7 +8,11 @@ overrides it. Everything the harness knows about nodes, ports and paths comes fr
 from __future__ import annotations
 
 import configparser
+import contextlib
+import ipaddress
+import json
 import os
+import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +26,6 @@ MASTER_GROUP = "master"
 WORKERS_GROUP = "workers"
 # A group whose presence marks the local lab (its settings live in group_vars/lab.yml).
 LAB_GROUP = "lab"
-_PLUGINS_READY = False
 
 
 @dataclass(frozen=True)
@@ -202,94 +205,282 @@ def _ssh_options(args_text: str) -> tuple[tuple[str, ...], str | None]:
     return args, known_hosts
 
 
-def _gpu_indices(where: str, raw: Any) -> tuple[int, ...]:
-    if raw in (None, ""):
-        return ()
-    if isinstance(raw, str):
-        raw = [part for part in raw.replace(",", " ").split()]
-    if not isinstance(raw, list | tuple):
-        raise DtlabError(f"{where}: gpu_indices must be a list of GPU numbers, got {raw!r}")
-    indices = []
-    for item in raw:
-        try:
-            indices.append(int(item))
-        except (TypeError, ValueError):
-            raise DtlabError(
-                f"{where}: gpu_indices entry {item!r} is not a number; write e.g. [0, 1]"
-            ) from None
-    return tuple(indices)
+# --- reading and checking an inventory -------------------------------------------------------------
+# The one implementation of the inventory checks: every `invoke` command reads the cluster with
+# load_cluster, and site.yml's first play (ansible/validate.yml) calls it through the action plugin
+# plugins/action/dtlab_inventory_check.py, so both refuse a bad inventory with the same line.
+
+# Documentation ranges (RFC 5737, RFC 3849): inventory/cluster.example.yml's placeholder addresses.
+PLACEHOLDER_NETWORKS = tuple(
+    ipaddress.ip_network(net)
+    for net in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")
+)
+# Every variable named *_port (ansible_port, dtlab_rendezvous_port, spark_master_port, ...) is a TCP port.
+PORT_SUFFIX = "_port"
+_YAML_SUFFIXES = (".yml", ".yaml", ".json")
 
 
-def load_cluster(inventory: str | Path | None = None) -> Cluster:
-    """Read the inventory (default: ansible.cfg's) into a Cluster; variables render when first read."""
-    from ansible.inventory.manager import InventoryManager
-    from ansible.parsing.dataloader import DataLoader
-    from ansible.plugins.loader import init_plugin_loader
-    from ansible.vars.manager import VariableManager
+def load_cluster(inventory: str | Path | None = None, *, allow_placeholders: bool = False) -> Cluster:
+    """Read and check the inventory (default: ansible.cfg's); the first problem is one DtlabError line.
 
-    global _PLUGINS_READY
-    if not _PLUGINS_READY:  # lookups in group_vars (e.g. lookup('env')) need it; it may be set up once
-        init_plugin_loader()
-        _PLUGINS_READY = True
+    Nothing is written and no node is contacted: variables render only when read (the generated-secret
+    lookups never run here) and Ansible's fact cache is not opened. With allow_placeholders, the
+    documentation addresses of inventory/cluster.example.yml pass (for commands that contact no node).
+    """
+    path = inventory_path(inventory)
+    _check_yaml_syntax(path)
+    loader, manager, variables = _read(path)
+    where = f"inventory {path}"
+    hosts = manager.get_hosts()
+    _check_groups(where, manager)
 
+    nodes = [_node(where, host, loader, variables, allow_placeholders) for host in hosts]
+    cluster = Cluster(
+        name=str(nodes[0].var("dtlab_cluster_name") or path.stem), inventory_path=path, nodes=tuple(nodes)
+    )
+    _check_cluster(where, cluster)
+    return cluster
+
+
+def inventory_path(inventory: str | Path | None = None) -> Path:
+    """The inventory's absolute path (default: ansible.cfg's); a mistyped one fails here."""
     path = Path(inventory).expanduser() if inventory else default_inventory_path()
     if not path.is_absolute():
         path = (Path.cwd() / path).resolve()
     if not path.exists():
-        hint = "run `invoke lab.up` to create it" if "lab" in path.name else "check -i/--inventory"
+        hint = (
+            "run `invoke lab.up` to create it"
+            if path.name.startswith("lab")
+            else "check the path given to -i/--inventory or ansible.cfg's `inventory =` line"
+        )
         raise DtlabError(f"inventory {path}: no such file; {hint}")
+    return path
 
-    loader = DataLoader()
-    try:
-        manager = InventoryManager(loader=loader, sources=[str(path)], parse=True)
-    except Exception as exc:  # ansible raises many types; the user needs one line
-        raise DtlabError(f"inventory {path}: cannot be parsed: {str(exc).splitlines()[0]}") from None
-    variables = VariableManager(loader=loader, inventory=manager)
-    hosts = manager.get_hosts()
-    if not hosts:
-        raise DtlabError(f"inventory {path}: no hosts (is it a valid Ansible inventory?)")
 
-    nodes = []
-    for host in hosts:
-        raw = variables.get_vars(host=host, include_hostvars=False)
-        where = f"inventory {path}: host {host.name}"
-        render = _renderer(loader, raw, where)
+def _check_yaml_syntax(path: Path) -> None:
+    """YAML syntax errors in the inventory and its group_vars/host_vars, in the YAML parser's own words."""
+    import yaml
 
-        def get(key: str, default: Any = None, _raw=raw, _render=render) -> Any:
-            return _render(key, _raw[key]) if key in _raw else default
-
-        address = str(get("ansible_host") or host.name)
-        ssh_args, known_hosts = _ssh_options(
-            f"{get('ansible_ssh_common_args', '')} {get('ansible_ssh_extra_args', '')}"
-        )
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml: the parser Ansible uses
+    for file in _yaml_files(path):
+        text = file.read_text(errors="replace")
+        if file.suffix == ".json" and _is_json(text):  # Ansible reads JSON first, then YAML
+            continue
         try:
-            ssh_port = int(get("ansible_port") or get("ansible_ssh_port") or 22)
-        except (TypeError, ValueError):
-            raise DtlabError(f"{where}: ansible_port must be a number") from None
-        nodes.append(
-            Node(
-                name=host.name,
-                address=address,
-                groups=tuple(sorted(g.name for g in host.get_groups() if g.name != "all")),
-                ssh_user=str(get("ansible_user") or get("ansible_ssh_user") or "root"),
-                ssh_port=ssh_port,
-                ssh_key=get("ansible_ssh_private_key_file") or get("ansible_private_key_file"),
-                ssh_args=ssh_args,
-                known_hosts_file=known_hosts,
-                gpu_indices=_gpu_indices(where, get("gpu_indices")),
-                device=str(get("dtlab_device", "cuda")),
-                socket_ifname=str(get("dtlab_socket_ifname", "eth0")),
-                hostvars=dict(raw),
-                render=render,
+            for _ in yaml.compose_all(text, Loader=loader):  # syntax only: custom tags (!vault) compose
+                pass
+        except yaml.YAMLError as error:
+            raise DtlabError(f"inventory {file}: {_yaml_error_line(error)}; fix the YAML there") from None
+
+
+def _yaml_files(path: Path) -> list[Path]:
+    """The YAML files Ansible reads for an inventory: the file (or a folder's), group_vars, host_vars."""
+    if path.is_file():
+        files, inventory_dir = ([path] if path.suffix in _YAML_SUFFIXES else []), path.parent
+    else:
+        files, inventory_dir = (
+            sorted(f for f in path.iterdir() if f.is_file() and f.suffix in _YAML_SUFFIXES),
+            path,
+        )
+    for vars_dir in (inventory_dir / "group_vars", inventory_dir / "host_vars"):
+        if vars_dir.is_dir():  # like Ansible's host_group_vars: .yml/.yaml/.json or no suffix, no dot files
+            files += sorted(
+                f
+                for f in vars_dir.rglob("*")
+                if f.is_file()
+                and (f.suffix in _YAML_SUFFIXES or not f.suffix)
+                and not any(part.startswith(".") for part in f.relative_to(vars_dir).parts)
             )
+    return files
+
+
+def _is_json(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _yaml_error_line(error: Any) -> str:
+    mark = getattr(error, "problem_mark", None)
+    problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    line = f"YAML syntax error{where}: {problem}"
+    context, context_mark = getattr(error, "context", None), getattr(error, "context_mark", None)
+    if context and context_mark and (not mark or context_mark.line != mark.line):
+        line += f" ({context} that starts at line {context_mark.line + 1})"
+    return line
+
+
+def _read(path: Path) -> tuple[Any, Any, Any]:
+    """Ansible's loader, inventory and variables for one source; parse failures become one line."""
+    import ansible.constants as constants
+    from ansible.inventory.manager import InventoryManager
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import init_plugin_loader
+    from ansible.utils.collection_loader import AnsibleCollectionConfig
+    from ansible.vars.manager import VariableManager
+
+    # Lookups in group_vars need the plugin loader; inside ansible-playbook (validate.yml) it is set up.
+    if not AnsibleCollectionConfig.collection_finder:
+        init_plugin_loader()
+    loader = DataLoader()
+    with _parse_failures() as failures:
+        try:
+            manager = InventoryManager(loader=loader, sources=[str(path)], parse=True)
+        except Exception as exc:  # ansible raises many types; the user needs one line
+            raise DtlabError(f"inventory {path}: cannot be parsed: {_first_line(exc)}") from None
+    if not manager.get_hosts():
+        if failures:  # the reason of the plugin meant for this file: yaml for .yml, else ini
+            preferred = "yaml" if path.suffix in _YAML_SUFFIXES else "ini"
+            reason = failures.get(preferred) or next(iter(failures.values()))
+            raise DtlabError(
+                f"inventory {path}: not an Ansible inventory: {reason.rstrip('.')};"
+                " see inventory/cluster.example.yml for the layout"
+            )
+        raise DtlabError(f"inventory {path}: no hosts; see inventory/cluster.example.yml for the layout")
+    # The harness never reads facts: a memory cache, so reading writes nothing under .dtlab/facts.
+    configured_cache, constants.CACHE_PLUGIN = constants.CACHE_PLUGIN, "ansible.builtin.memory"
+    try:
+        variables = VariableManager(loader=loader, inventory=manager)
+    finally:
+        constants.CACHE_PLUGIN = configured_cache
+    return loader, manager, variables
+
+
+@contextlib.contextmanager
+def _parse_failures():
+    """Collect (not print) Ansible's per-plugin parse failures; one of them becomes the message."""
+    from ansible.utils.display import Display
+
+    display = Display()
+    failures: dict[str, str] = {}  # plugin name -> its first line
+
+    def error_as_warning(msg, exception, **kwargs):
+        plugin = re.search(r"with '([^']+)' plugin", msg or "")
+        failures[plugin.group(1) if plugin else str(len(failures))] = _first_line(exception)
+
+    def warning(msg, *args, **kwargs):
+        if not msg.startswith(("Unable to parse", "No inventory was parsed")):
+            type(display).warning(display, msg, *args, **kwargs)
+
+    display.error_as_warning, display.warning = error_as_warning, warning
+    try:
+        yield failures
+    finally:
+        del display.error_as_warning, display.warning
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _check_groups(where: str, manager: Any) -> None:
+    groups = manager.groups
+    masters = [h.name for h in groups[MASTER_GROUP].get_hosts()] if MASTER_GROUP in groups else []
+    workers = [h.name for h in groups[WORKERS_GROUP].get_hosts()] if WORKERS_GROUP in groups else []
+    if not masters:
+        raise DtlabError(
+            f"{where}: no host in group '{MASTER_GROUP}'; put exactly one host under {MASTER_GROUP} "
+            "(see inventory/cluster.example.yml)"
+        )
+    if len(masters) > 1:
+        raise DtlabError(
+            f"{where}: group '{MASTER_GROUP}' has {len(masters)} hosts ({', '.join(masters)}); "
+            f"keep exactly one host under {MASTER_GROUP}"
+        )
+    if not workers:
+        raise DtlabError(
+            f"{where}: no host in group '{WORKERS_GROUP}'; put the training nodes under {WORKERS_GROUP}"
         )
 
-    nodes.sort(key=lambda n: _inventory_order(manager, n.name))
-    cluster = Cluster(
-        name=str(nodes[0].var("dtlab_cluster_name") or path.stem), inventory_path=path, nodes=tuple(nodes)
+
+def _node(where: str, host: Any, loader: Any, variables: Any, allow_placeholders: bool) -> Node:
+    """One host as a Node; its address, ports, GPU indices and device are checked on the way."""
+    raw = variables.get_vars(host=host, include_hostvars=False)
+    where = f"{where}: host {host.name}"
+    render = _renderer(loader, raw, where)
+
+    def get(key: str, default: Any = None) -> Any:
+        return render(key, raw[key]) if key in raw else default
+
+    address = get("ansible_host")
+    if address in (None, ""):
+        raise DtlabError(f"{where}: no ansible_host; set ansible_host: <its IP address> under {host.name}")
+    address = str(address)
+    if not allow_placeholders and _is_placeholder(address):
+        raise DtlabError(
+            f"{where}: ansible_host {address} is a documentation placeholder (from"
+            " inventory/cluster.example.yml); set the node's real address"
+        )
+    ports = {key: _port(where, key, get(key)) for key in sorted(raw) if key.endswith(PORT_SUFFIX)}
+    gpu_indices = _gpu_indices(where, get("gpu_indices", []))
+    device = str(get("dtlab_device", "cuda"))
+    if device not in ("cuda", "cpu"):
+        raise DtlabError(f"{where}: dtlab_device must be cuda or cpu, got {device!r}")
+    _check_spark_version(where, get("spark_version"))
+    ssh_args, known_hosts = _ssh_options(
+        f"{get('ansible_ssh_common_args', '')} {get('ansible_ssh_extra_args', '')}"
     )
-    _validate(cluster)
-    return cluster
+    return Node(
+        name=host.name,
+        address=address,
+        groups=tuple(sorted(g.name for g in host.get_groups() if g.name != "all")),
+        ssh_user=str(get("ansible_user") or get("ansible_ssh_user") or "root"),
+        ssh_port=ports.get("ansible_port") or ports.get("ansible_ssh_port") or 22,
+        ssh_key=get("ansible_ssh_private_key_file") or get("ansible_private_key_file"),
+        ssh_args=ssh_args,
+        known_hosts_file=known_hosts,
+        gpu_indices=gpu_indices,
+        device=device,
+        socket_ifname=str(get("dtlab_socket_ifname", "eth0")),
+        hostvars=dict(raw),
+        render=render,
+    )
+
+
+def _is_placeholder(address: str) -> bool:
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return False  # a host name
+    return any(ip in net for net in PLACEHOLDER_NETWORKS if net.version == ip.version)
+
+
+def _port(where: str, key: str, value: Any) -> int:
+    """A TCP port: a whole number from 1 to 65535 (a digit string, as templates may render, is one)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        number: int | None = value
+    elif isinstance(value, str) and value.strip().isdigit():
+        number = int(value)
+    else:
+        number = None
+    if number is None or not 1 <= number <= 65535:
+        raise DtlabError(f"{where}: {key} {value!r} is not a port; use a whole number from 1 to 65535")
+    return number
+
+
+def _gpu_indices(where: str, raw: Any) -> tuple[int, ...]:
+    """The GPUs a node offers: a YAML list of distinct non-negative integers ([] for none)."""
+    if not isinstance(raw, list | tuple):
+        raise DtlabError(
+            f"{where}: gpu_indices {raw!r} is not a list; write a list of GPU numbers,"
+            " e.g. gpu_indices: [0, 1] ([] for none)"
+        )
+    for item in raw:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise DtlabError(
+                f"{where}: gpu_indices entry {item!r} is not a GPU number; use non-negative integers,"
+                " e.g. gpu_indices: [0, 1]"
+            )
+    repeated = sorted({i for i in raw if raw.count(i) > 1})
+    if repeated:
+        raise DtlabError(
+            f"{where}: gpu_indices {list(raw)} lists GPU {repeated[0]} more than once; list each GPU once"
+        )
+    return tuple(raw)
 
 
 def _renderer(loader: Any, raw: dict[str, Any], where: str):
@@ -302,39 +493,50 @@ def _renderer(loader: Any, raw: dict[str, Any], where: str):
         try:
             return templar.template(value)
         except Exception as exc:
-            raise DtlabError(f"{where}: variable {key} does not render: {str(exc).splitlines()[0]}") from None
+            raise DtlabError(f"{where}: variable {key} does not render: {_first_line(exc)}") from None
 
     return render
 
 
-def _inventory_order(manager: Any, name: str) -> int:
-    """Workers in the order the inventory lists them (Ansible keeps file order in get_hosts())."""
-    return [h.name for h in manager.get_hosts()].index(name)
-
-
-def _validate(cluster: Cluster) -> None:
-    where = f"inventory {cluster.inventory_path}"
-    groups = {g for n in cluster.nodes for g in n.groups}
-    if MASTER_GROUP not in groups:
-        raise DtlabError(
-            f"{where}: no '{MASTER_GROUP}' group; add the master host under children.{MASTER_GROUP}"
-        )
-    masters = [n.name for n in cluster.nodes if n.is_master]
-    if len(masters) > 1:
-        raise DtlabError(
-            f"{where}: {len(masters)} hosts in '{MASTER_GROUP}' ({', '.join(masters)}); keep exactly one"
-        )
-    if not cluster.workers:
-        raise DtlabError(f"{where}: no hosts in '{WORKERS_GROUP}'; add at least one worker")
-    for node in cluster.nodes:
-        if node.device not in ("cuda", "cpu"):
-            raise DtlabError(
-                f"{where}: host {node.name}: dtlab_device must be cuda or cpu, got {node.device!r}"
-            )
+def _check_cluster(where: str, cluster: Cluster) -> None:
+    """Checks across nodes: one address per node, one Determined agent_id per worker."""
     seen: dict[str, str] = {}
     for node in cluster.nodes:
         if node.address in seen:
             raise DtlabError(
-                f"{where}: hosts {seen[node.address]} and {node.name} share address {node.address}"
+                f"{where}: hosts {seen[node.address]} and {node.name} share ansible_host {node.address};"
+                " give each node its own address"
             )
         seen[node.address] = node.name
+    agents: dict[str, str] = {}
+    for worker in cluster.workers:  # same default as the determined_agent role: the inventory name
+        agent_id = str(worker.var("determined_agent_id") or worker.name)
+        if agent_id in agents:
+            raise DtlabError(
+                f"{where}: determined_agent_id '{agent_id}' is used by {agents[agent_id]} and {worker.name};"
+                " give each worker its own determined_agent_id"
+            )
+        agents[agent_id] = worker.name
+
+
+def _pinned_version(package: str, constraints: Path | None = None) -> str | None:
+    """The version constraints.txt pins for a package (`name==version`), or None."""
+    constraints = constraints or paths.CONSTRAINTS_FILE
+    pattern = re.compile(rf"^\s*{re.escape(package)}\s*==\s*([^\s;#]+)", re.IGNORECASE | re.MULTILINE)
+    match = pattern.search(constraints.read_text()) if constraints.exists() else None
+    return match.group(1) if match else None
+
+
+def _check_spark_version(where: str, version: Any) -> None:
+    """A host's spark_version (the Spark it runs) must be the pyspark pin's release: the nodes' driver."""
+    if version in (None, ""):
+        return  # no Spark facts in this inventory (no group_vars/all.yml); the spark role requires them
+    version = str(version).strip()
+    pin = _pinned_version("pyspark")
+    if pin is None:
+        raise DtlabError(f"{paths.CONSTRAINTS_FILE}: no pyspark==<version> pin; spark_version follows it")
+    if version.split(".")[:2] != pin.split(".")[:2]:
+        raise DtlabError(
+            f"{where}: spark_version {version} does not match pyspark=={pin} in constraints.txt (the nodes'"
+            f" Spark driver); remove the spark_version override, or pin pyspark=={version} in constraints.txt"
+        )

@@ -18,7 +18,7 @@ from pathlib import Path
 import ansible_runner
 
 from dtlab import paths
-from dtlab.inventory import default_inventory_path
+from dtlab.inventory import default_inventory_path, load_cluster
 
 STAT_KEYS = ("ok", "changed", "failures", "dark", "skipped")
 
@@ -58,8 +58,13 @@ class ConvergeResult:
 def converge(inventory: str | Path | None = None, *, check: bool = False, diff: bool = False,
              tags: list[str] | tuple[str, ...] = (), limit: str | None = None,
              extravars: dict | None = None, playbook: str = "site.yml") -> ConvergeResult:
-    """Run a playbook from the repository root (so ansible.cfg applies) and return its recap."""
+    """Run a playbook from the repository root (so ansible.cfg applies) and return its recap.
+
+    The inventory is checked first (dtlab.inventory.load_cluster, as site.yml's first play does): a bad
+    one raises DtlabError before anything is written.
+    """
     inventory_path = Path(inventory) if inventory else default_inventory_path()
+    load_cluster(inventory_path)  # a bad inventory is one DtlabError line, before .dtlab/runner is written
     cmdline = " ".join([*(["--check"] if check else []), *(["--diff"] if diff else [])])
     artifacts = paths.STATE_DIR / "runner"
     artifacts.mkdir(parents=True, exist_ok=True)

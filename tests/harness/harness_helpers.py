@@ -15,22 +15,27 @@ def write_inventory(
     host_vars: dict[str, str] | None = None,
     copy_all: bool = True,
 ) -> Path:
-    """An inventory directory: hosts.yml, group_vars/all/ (the repo's all.yml, then a site file), host_vars/.
+    """An inventory laid out like the repository's; returns <directory>/inventory/hosts.yml.
 
-    Like Ansible, variables in group_vars files beat `vars:` inside the inventory file, so site
-    overrides of group_vars/all.yml go to group_vars={"all": ...} (group_vars/all/site.yml).
+    Beside hosts.yml: group_vars/all/ (the repo's all.yml, then a site file) and host_vars/; and
+    <directory>/constraints.txt, where group_vars/all.yml's spark_version reads the pyspark pin
+    (inventory_dir/../constraints.txt). Like Ansible, variables in group_vars files beat `vars:` inside
+    the inventory file, so site overrides of group_vars/all.yml go to group_vars={"all": ...}
+    (group_vars/all/site.yml).
     """
-    (directory / "group_vars" / "all").mkdir(parents=True, exist_ok=True)
-    (directory / "host_vars").mkdir(exist_ok=True)
+    inventory_dir = directory / "inventory"
+    (inventory_dir / "group_vars" / "all").mkdir(parents=True, exist_ok=True)
+    (inventory_dir / "host_vars").mkdir(exist_ok=True)
     if copy_all:
         all_vars = (paths.INVENTORY_DIR / "group_vars" / "all.yml").read_text()
-        (directory / "group_vars" / "all" / "00-dtlab.yml").write_text(all_vars)
+        (inventory_dir / "group_vars" / "all" / "00-dtlab.yml").write_text(all_vars)
+        (directory / "constraints.txt").write_text(paths.CONSTRAINTS_FILE.read_text())
     for name, text in (group_vars or {}).items():
-        target = directory / "group_vars" / ("all/site.yml" if name == "all" else f"{name}.yml")
+        target = inventory_dir / "group_vars" / ("all/site.yml" if name == "all" else f"{name}.yml")
         target.write_text(textwrap.dedent(text))
     for name, text in (host_vars or {}).items():
-        (directory / "host_vars" / f"{name}.yml").write_text(textwrap.dedent(text))
-    inventory = directory / "hosts.yml"
+        (inventory_dir / "host_vars" / f"{name}.yml").write_text(textwrap.dedent(text))
+    inventory = inventory_dir / "hosts.yml"
     inventory.write_text(textwrap.dedent(hosts_yaml))
     return inventory
 

@@ -99,9 +99,9 @@ def test_a_bad_inventory_fails_with_one_line(tmp_path, task):
     )
     answer = invoke(task, "-i", str(two_masters))
     assert answer.returncode == 2
-    assert (
-        answer.stderr.strip()
-        == f"error: inventory {two_masters}: 2 hosts in 'master' (a, b); keep exactly one"
+    assert answer.stderr.strip() == (
+        f"error: inventory {two_masters}: group 'master' has 2 hosts (a, b);"
+        " keep exactly one host under master"
     )
 
 

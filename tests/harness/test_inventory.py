@@ -9,7 +9,8 @@ from dtlab.inventory import load_cluster
 
 
 def test_example_cluster_inventory_reads_as_the_studys_three_gpu_nodes():
-    cluster = load_cluster(paths.INVENTORY_DIR / "cluster.example.yml")
+    # Its addresses are documentation placeholders: readable for display (bench.report), never contacted.
+    cluster = load_cluster(paths.INVENTORY_DIR / "cluster.example.yml", allow_placeholders=True)
     assert cluster.master.name == "node0"
     assert [w.name for w in cluster.workers] == ["node1", "node2"]
     assert cluster.device == "cuda" and cluster.max_gpus == 2
@@ -19,6 +20,15 @@ def test_example_cluster_inventory_reads_as_the_studys_three_gpu_nodes():
     assert cluster.spark_master_webui_port == 8090 and cluster.determined_master_port == 8080
     assert cluster.venv_dir == "/opt/dtlab/venv" and cluster.python == "/opt/dtlab/venv/bin/python"
     assert cluster.has_determined_master and not cluster.is_lab
+
+
+def test_example_cluster_inventory_is_refused_where_nodes_would_be_contacted():
+    with pytest.raises(DtlabError) as refused:
+        load_cluster(paths.INVENTORY_DIR / "cluster.example.yml")
+    assert str(refused.value) == (
+        f"inventory {paths.INVENTORY_DIR / 'cluster.example.yml'}: host node0: ansible_host 192.0.2.10 is a"
+        " documentation placeholder (from inventory/cluster.example.yml); set the node's real address"
+    )
 
 
 def test_group_vars_and_host_vars_apply_with_ansibles_precedence(tmp_path):
@@ -44,18 +54,16 @@ def test_templated_variables_render_and_secret_lookups_do_not_run(tmp_path):
     path = write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": CPU_SITE_VARS})
     cluster = load_cluster(path)
     assert cluster.name == "three"
-    assert cluster.var("dtlab_secrets_dir") == f"{tmp_path}/../.dtlab/secrets/three"
+    assert cluster.var("dtlab_secrets_dir") == f"{tmp_path}/inventory/../.dtlab/secrets/three"
     assert (
         "lookup('ansible.builtin.password'" in cluster.master.hostvars["spark_auth_secret"]
     )  # left unrendered
-    assert not (tmp_path.parent / ".dtlab").exists()  # reading never generated a secret
+    assert not (tmp_path / ".dtlab").exists()  # reading never generated a secret
     assert cluster.device == "cpu" and cluster.max_gpus == 2
     assert all(n.socket_ifname == "veth9" for n in cluster.nodes)
 
 
 def test_ssh_settings_come_from_the_inventory(tmp_path):
-    key = tmp_path / "id_test"
-    key.write_text("not a real key")
     path = write_inventory(
         tmp_path,
         f"""\
@@ -70,8 +78,9 @@ def test_ssh_settings_come_from_the_inventory(tmp_path):
             workers: {{hosts: {{w: {{ansible_host: 127.0.30.2}}}}}}
         """,
     )
+    (path.parent / "id_test").write_text("not a real key")
     node = load_cluster(path).node("w")
-    assert (node.ssh_user, node.ssh_port, node.ssh_key) == ("admin", 2222, f"{tmp_path}/id_test")
+    assert (node.ssh_user, node.ssh_port, node.ssh_key) == ("admin", 2222, f"{tmp_path}/inventory/id_test")
     assert node.known_hosts_file == f"{tmp_path}/kh"
 
 
@@ -84,51 +93,19 @@ def test_default_inventory_is_ansible_cfgs_and_ansible_inventory_overrides(monke
     assert load_cluster().inventory_path == path
 
 
-@pytest.mark.parametrize(
-    ("hosts", "message"),
-    [
-        (
-            "all:\n  children:\n    workers: {hosts: {w: {ansible_host: 127.0.0.2}}}\n",
-            "no 'master' group; add the master host under children.master",
-        ),
-        (
-            "all:\n  children:\n    master: {hosts: {a: {ansible_host: 127.0.0.2}, "
-            "b: {ansible_host: 127.0.0.3}}}\n"
-            "    workers: {hosts: {w: {ansible_host: 127.0.0.4}}}\n",
-            "2 hosts in 'master' (a, b); keep exactly one",
-        ),
-        (
-            "all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n",
-            "no hosts in 'workers'; add at least one worker",
-        ),
-        (
-            "all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
-            "    workers: {hosts: {w: {ansible_host: 127.0.0.3, gpu_indices: [0, x]}}}\n",
-            "host w: gpu_indices entry 'x' is not a number",
-        ),
-        (
-            "all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
-            "    workers: {hosts: {w: {ansible_host: 127.0.0.2}}}\n",
-            "hosts m and w share address 127.0.0.2",
-        ),
-        (
-            "all:\n  children:\n    master: {hosts: {m: {ansible_host: 127.0.0.2}}}\n"
-            "    workers: {hosts: {w: {ansible_host: 127.0.0.3}}}\n",
-            "dtlab_device must be cuda or cpu, got 'tpu'",
-        ),
-    ],
-)
-def test_a_bad_inventory_fails_with_one_line(tmp_path, hosts, message):
-    path = write_inventory(
-        tmp_path, hosts, group_vars={"all": "dtlab_device: tpu\n"} if "tpu" in message else None
-    )
-    with pytest.raises(DtlabError) as failure:
-        load_cluster(path)
-    assert message in str(failure.value) and "\n" not in str(failure.value)
+# Each bad inventory, and that load_cluster and site.yml's first play refuse it with the same line:
+# tests/provision/test_validate.py.
 
 
 def test_a_missing_inventory_says_what_to_do(tmp_path):
     with pytest.raises(DtlabError, match=r"no such file; run `invoke lab.up` to create it"):
         load_cluster(tmp_path / "lab-nothere.yml")
-    with pytest.raises(DtlabError, match="no such file; check -i/--inventory"):
+    with pytest.raises(DtlabError, match="no such file; check the path given to -i/--inventory"):
         load_cluster(tmp_path / "mycluster.yml")
+
+
+def test_reading_writes_nothing_beside_the_inventory(tmp_path):
+    path = write_inventory(tmp_path, CPU_CLUSTER_3.replace("127.0.20.", "127.0.66."))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    load_cluster(path)
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
