@@ -123,6 +123,20 @@ def test_spark_master_lists_both_workers_alive(provisioned_lab, cluster):
     assert alive == sorted(w.address for w in cluster.workers)
 
 
+def test_spark_master_ui_cannot_kill_applications(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    master = cluster.master
+    ui = f"http://{master.address}:{cluster.spark_master_webui_port}"
+    kill = on(lab, master.name, f"curl -s -o /dev/null -w '%{{http_code}}' -X POST "
+                                f"'{ui}/app/kill/?id=app-00000000000000-0000&terminate=true'")
+    assert kill.stdout.strip() == "405", kill.stdout + kill.stderr  # no kill handler on the master UI
+    environment = on(lab, master.name, f"curl -s {ui}/environment/").stdout
+    assert "<td>spark.ui.killEnabled</td><td>false</td>" in environment
+    assert secret(cluster, "spark_auth_secret") not in environment
+    conf = on(lab, master.name, f"cat {cluster.var('spark_conf_dir')}/spark-defaults.conf").stdout
+    assert "spark.ui.killEnabled                 false" in conf
+
+
 def test_spark_runs_an_app_with_the_secret_and_refuses_one_without(provisioned_lab, cluster):
     lab, _ = provisioned_lab
     master = cluster.master
