@@ -18,6 +18,7 @@ benchmarks/launcher_overhead.py.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import shutil
@@ -181,20 +182,28 @@ class SparkStandaloneCluster:
                                                stderr=subprocess.STDOUT, start_new_session=True))
 
     def _wait_for_alive_workers(self) -> None:
+        """Until the master lists every worker ALIVE, within startup_timeout_s. While the master starts,
+        its /json/ may refuse or drop the connection, or answer with an empty or partial body: all are
+        retried until the deadline, and the last one is named if it passes."""
         deadline = time.monotonic() + self.startup_timeout_s
+        names = ["master", *[f"worker-{index}" for index in range(self.workers)]]
         last_error = "no answer yet"
-        while time.monotonic() < deadline:
-            names = ["master", *[f"worker-{index}" for index in range(self.workers)]]
+        while True:
             for process, name in zip(self.processes, names, strict=True):
                 if process.poll() is not None:
                     log_tail = self.log(name)[-3000:]
                     raise RuntimeError(f"spark {name} exited with {process.returncode}:\n{log_tail}")
             try:
-                if self.alive_workers() == self.workers:
+                alive = self.alive_workers()
+            except json.JSONDecodeError as error:
+                last_error = f"the master's /json/ answered with an empty or partial body ({error})"
+            except (OSError, http.client.HTTPException) as error:  # refused, reset, HTTP errors, cut short
+                last_error = f"the master's /json/ did not answer ({type(error).__name__}: {error})"
+            else:
+                if alive == self.workers:
                     return
-                last_error = f"{self.alive_workers()} of {self.workers} workers ALIVE"
-            except OSError as error:
-                last_error = str(error)
+                last_error = f"{alive} of {self.workers} workers ALIVE"
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"spark standalone cluster not ready after {self.startup_timeout_s:.0f} s"
+                                   f" ({self.master_json_url}): {last_error}")
             time.sleep(0.5)
-        raise TimeoutError(f"spark standalone cluster not ready after {self.startup_timeout_s:.0f} s: "
-                           f"{last_error}")
