@@ -5,8 +5,9 @@ environment on every node; the Spark master alive with all its workers (and thei
 master and agents where installed; PostgreSQL on the master; clock skew; free disk. One table.
 
 reset: stop every dtlab unit and container on every node, restart Spark (which ends its applications),
-cancel Determined experiments and restart its services where installed, clear node scratch and checkpoints
-of cells not recorded ok, then run check. Recorded results (on the controller) are never touched.
+cancel Determined experiments (as admin, with the master's own password: a failed login is a failed row)
+and restart its services where installed, clear node scratch and checkpoints of cells not recorded ok,
+then run check. Recorded results (on the controller) are never touched.
 """
 
 from __future__ import annotations
@@ -346,8 +347,9 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     step(cluster.workers, _restart_command("spark-worker"), "restart spark workers", 120)
 
     say("[bold]3/5[/] Determined: cancel experiments, restart master and agents")
+    determined_rows: list[CheckRow] = []
     if cluster.has_determined_master and on(masters):
-        _cancel_determined_experiments(cluster, say)
+        determined_rows = _cancel_determined_experiments(cluster, say)
         step(masters, _restart_command("determined-master"), "restart determined master", 120)
         step(cluster.workers, _restart_command("determined-agent"), "restart determined agents", 120)
     elif cluster.has_determined_master:
@@ -366,7 +368,7 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     say("[bold]5/5[/] waiting for Spark workers to register, then cluster.check")
     if on(masters):
         _wait_for_spark(cluster, len(on(cluster.workers)))
-    return check(cluster)
+    return determined_rows + check(cluster)
 
 
 def _stop_units_command() -> str:
@@ -396,27 +398,34 @@ def _report_failures(say, answers: dict[str, Any], what: str) -> None:
             )
 
 
-def _cancel_determined_experiments(cluster: Cluster, say) -> None:
-    from pathlib import Path
+def _cancel_determined_experiments(cluster: Cluster, say) -> list[CheckRow]:
+    """Kill every unfinished experiment, as admin with the master's own password. A failed login (wrong or
+    missing password, master not answering) is a failed row of reset's table, never a silent skip."""
+    from dtlab import detmaster
 
+    assert cluster.master is not None
     try:
-        from determined.experimental import client
-
-        assert cluster.master is not None
-        remote.assert_safe_target(cluster.master.address)
-        password_file = cluster.var("determined_admin_password_file")
-        client.login(
-            master=f"http://{cluster.master.address}:{cluster.determined_master_port}",
-            user="admin",
-            password=Path(password_file).read_text().strip() if password_file else None,
-        )
-        for experiment in client.list_experiments():
+        det = detmaster.connect(cluster)
+    except DtlabError as error:
+        say(f"  [red]{error}[/]")
+        return [CheckRow("determined login", cluster.master.name, False,
+                         f"{error}; experiments not cancelled")]
+    killed = []
+    try:
+        for experiment in det.list_experiments():
             state = str(getattr(experiment, "state", ""))
             if any(s in state.upper() for s in ("ACTIVE", "PAUSED", "QUEUED", "RUNNING")):
                 experiment.kill()
+                killed.append(experiment.id)
                 say(f"  killed experiment {experiment.id}")
-    except Exception as error:  # the master may be down; the restart below brings it back
-        say(f"  [yellow]could not list experiments: {str(error).splitlines()[0] if str(error) else error}[/]")
+    except Exception as error:  # the SDK raises its own types
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        say(f"  [red]determined: could not cancel experiments: {first_line}[/]")
+        return [CheckRow("determined experiments", cluster.master.name, False,
+                         f"could not cancel experiments ({first_line}); killed so far: {killed or 'none'}")]
+    return [CheckRow("determined login", cluster.master.name, True,
+                     f"{detmaster.ADMIN_USER} at {detmaster.master_url(cluster)};"
+                     f" {len(killed)} experiment(s) killed")]
 
 
 def _wait_for_spark(cluster: Cluster, expected: int) -> None:

@@ -14,8 +14,10 @@ command -v apt-get >/dev/null || die "needs apt-get (Debian or Ubuntu)"
 
 # System packages: the lab (debootstrap, nspawn, iproute2), SSH and rsync for the harness,
 # Java 17 for Spark's driver on the controller, and a Python >= 3.11 with venv.
+# openssh-server: only its sshd binary, for tests/provision/test_sshd_dropin.py (the ssh role's
+# drop-in checked by a real sshd); where setup.sh installs it, the controller's own sshd stays off.
 APT_PACKAGES=(debootstrap systemd-container iproute2 openssh-client rsync ca-certificates
-              openjdk-17-jre-headless python3 python3-venv python3-dev gcc
+              openjdk-17-jre-headless python3 python3-venv python3-dev gcc openssh-server
               python3-debian)  # python3-debian: deb822_repository in the GPU roles' check-mode tests
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -26,6 +28,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   echo "setup.sh: apt-get install ${missing[*]}"
   apt-get update -qq && apt_updated=yes
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  if [[ " ${missing[*]} " == *" openssh-server "* ]] && [ -d /run/systemd/system ]; then
+    systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true
+  fi
 fi
 # Headless Chromium checks the HTML report in a real browser (tests/report/test_report_in_browser.py).
 # Debian ships it as a package, Ubuntu only as a snap: installed where apt has it, else that test skips.

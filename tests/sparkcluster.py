@@ -7,6 +7,10 @@ a child process of this helper; ``stop()`` ends each one, and any executor it le
     with SparkStandaloneCluster(workers=2, auth_secret="s3cret") as cluster:
         cluster.master_url    # spark://127.0.0.1:<port>
 
+The daemons' spark-defaults.conf is rendered from the spark role's own template and defaults
+(roles/spark), so the test cluster runs with the settings the nodes get: spark.ui.killEnabled,
+spark.master.rest.enabled, spark.authenticate.
+
 Used as a module-scoped fixture by tests/trainer/test_spark_launcher.py and by
 benchmarks/launcher_overhead.py.
 """
@@ -14,24 +18,54 @@ benchmarks/launcher_overhead.py.
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
+import jinja2
 import psutil
 import pyspark
+import yaml
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
+SPARK_ROLE = Path(__file__).resolve().parent.parent / "roles" / "spark"
 LOOPBACK = "127.0.0.1"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+
+
+def role_defaults() -> dict:
+    """roles/spark/defaults/main.yml: the one place for settings such as spark_ui_kill_enabled."""
+    return yaml.safe_load((SPARK_ROLE / "defaults" / "main.yml").read_text())
+
+
+def render_spark_defaults(master_port: int, auth_secret: str | None, extra: dict[str, str]) -> str:
+    """spark-defaults.conf from the spark role's template, as Ansible renders it (trim_blocks), for a
+    loopback master and CPU-only workers."""
+    variables = {
+        **role_defaults(),
+        "ansible_managed": "rendered by tests/sparkcluster.py from roles/spark",
+        "dtlab_master_address": LOOPBACK,
+        "spark_master_port": master_port,
+        "spark_authenticate": bool(auth_secret),
+        "spark_auth_secret": auth_secret or "",
+        "dtlab_venv_dir": sys.prefix,
+        "spark_gpu_worker": False,
+        "spark_extra_defaults": extra,
+    }
+    environment = jinja2.Environment(undefined=jinja2.StrictUndefined, trim_blocks=True,
+                                     keep_trailing_newline=True)
+    template = environment.from_string((SPARK_ROLE / "templates" / "spark-defaults.conf.j2").read_text())
+    return template.render(variables)
 
 
 def free_port() -> int:
@@ -125,17 +159,20 @@ class SparkStandaloneCluster:
         return env
 
     def _conf_dir(self) -> Path:
-        """The daemons' spark-defaults.conf: the shared secret when auth is on (0600, never argv)."""
+        """The daemons' spark-defaults.conf, from the spark role's template: the shared secret when
+        auth is on (0600, never argv), kill links off as on the nodes."""
         conf_dir = self.scratch / "conf"
         if not conf_dir.exists():
             conf_dir.mkdir()
-            lines = ["spark.ui.showConsoleProgress false"]
-            if self.auth_secret:
-                lines += ["spark.authenticate true", f"spark.authenticate.secret {self.auth_secret}"]
             defaults = conf_dir / "spark-defaults.conf"
             defaults.touch(mode=0o600)
-            defaults.write_text("\n".join(lines) + "\n")
+            defaults.write_text(render_spark_defaults(self.master_port, self.auth_secret,
+                                                      {"spark.ui.showConsoleProgress": "false"}))
         return conf_dir
+
+    @property
+    def spark_defaults_path(self) -> Path:
+        return self._conf_dir() / "spark-defaults.conf"
 
     def _spawn(self, name: str, java_class: str, *args: str) -> None:
         log = open(self.scratch / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the daemon
@@ -145,20 +182,28 @@ class SparkStandaloneCluster:
                                                stderr=subprocess.STDOUT, start_new_session=True))
 
     def _wait_for_alive_workers(self) -> None:
+        """Until the master lists every worker ALIVE, within startup_timeout_s. While the master starts,
+        its /json/ may refuse or drop the connection, or answer with an empty or partial body: all are
+        retried until the deadline, and the last one is named if it passes."""
         deadline = time.monotonic() + self.startup_timeout_s
+        names = ["master", *[f"worker-{index}" for index in range(self.workers)]]
         last_error = "no answer yet"
-        while time.monotonic() < deadline:
-            names = ["master", *[f"worker-{index}" for index in range(self.workers)]]
+        while True:
             for process, name in zip(self.processes, names, strict=True):
                 if process.poll() is not None:
                     log_tail = self.log(name)[-3000:]
                     raise RuntimeError(f"spark {name} exited with {process.returncode}:\n{log_tail}")
             try:
-                if self.alive_workers() == self.workers:
+                alive = self.alive_workers()
+            except json.JSONDecodeError as error:
+                last_error = f"the master's /json/ answered with an empty or partial body ({error})"
+            except (OSError, http.client.HTTPException) as error:  # refused, reset, HTTP errors, cut short
+                last_error = f"the master's /json/ did not answer ({type(error).__name__}: {error})"
+            else:
+                if alive == self.workers:
                     return
-                last_error = f"{self.alive_workers()} of {self.workers} workers ALIVE"
-            except OSError as error:
-                last_error = str(error)
+                last_error = f"{alive} of {self.workers} workers ALIVE"
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"spark standalone cluster not ready after {self.startup_timeout_s:.0f} s"
+                                   f" ({self.master_json_url}): {last_error}")
             time.sleep(0.5)
-        raise TimeoutError(f"spark standalone cluster not ready after {self.startup_timeout_s:.0f} s: "
-                           f"{last_error}")

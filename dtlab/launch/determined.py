@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dtlab import detmaster
 from dtlab import paths as dtlab_paths
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
@@ -102,23 +103,14 @@ class ClusterExperiment:
 
     @property
     def master_url(self) -> str:
-        assert self.cluster.master is not None
-        return f"http://{self.cluster.master.address}:{self.cluster.determined_master_port}"
+        return detmaster.master_url(self.cluster)
 
     def run(self) -> dict[str, Any]:
-        from determined.experimental import client
-
-        from dtlab.remote import assert_safe_target
-
-        assert self.cluster.master is not None
-        assert_safe_target(self.cluster.master.address)
-        password_file = self.cluster.var("determined_admin_password_file")
-        password = Path(password_file).read_text().strip() if password_file else None
-        client.login(master=self.master_url, user="admin", password=password)
         from dtlab import detconfig
 
+        det = detmaster.connect(self.cluster)  # admin, with the password the master was given
         with tempfile.TemporaryDirectory(prefix="dtlab-det-context-") as context:
-            experiment = client.create_experiment(
+            experiment = det.create_experiment(
                 config=self.config, model_dir=str(detconfig.stage_context(context))
             )
         self.experiment_id = experiment.id
@@ -146,6 +138,4 @@ class ClusterExperiment:
     def cancel(self) -> None:
         if self.experiment_id is None:
             return
-        from determined.experimental import client
-
-        client.get_experiment(self.experiment_id).kill()
+        detmaster.connect(self.cluster).get_experiment(self.experiment_id).kill()

@@ -4,13 +4,14 @@ identical trainer environments). Needs root; brings up the session's test lab.""
 
 import json
 import shlex
+import subprocess
 
 import pytest
 import yaml
 
 from dtlab import provision
 from dtlab.inventory import load_cluster
-from dtlab.lab.access import run_on_node
+from dtlab.lab.access import run_on_node, ssh_argv
 
 # The first test also pays for the session's first converge (cold: several minutes on 2 cores).
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -122,6 +123,20 @@ def test_spark_master_lists_both_workers_alive(provisioned_lab, cluster):
     assert alive == sorted(w.address for w in cluster.workers)
 
 
+def test_spark_master_ui_cannot_kill_applications(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    master = cluster.master
+    ui = f"http://{master.address}:{cluster.spark_master_webui_port}"
+    kill = on(lab, master.name, f"curl -s -o /dev/null -w '%{{http_code}}' -X POST "
+                                f"'{ui}/app/kill/?id=app-00000000000000-0000&terminate=true'")
+    assert kill.stdout.strip() == "405", kill.stdout + kill.stderr  # no kill handler on the master UI
+    environment = on(lab, master.name, f"curl -s {ui}/environment/").stdout
+    assert "<td>spark.ui.killEnabled</td><td>false</td>" in environment
+    assert secret(cluster, "spark_auth_secret") not in environment
+    conf = on(lab, master.name, f"cat {cluster.var('spark_conf_dir')}/spark-defaults.conf").stdout
+    assert "spark.ui.killEnabled                 false" in conf
+
+
 def test_spark_runs_an_app_with_the_secret_and_refuses_one_without(provisioned_lab, cluster):
     lab, _ = provisioned_lab
     master = cluster.master
@@ -154,6 +169,23 @@ def test_every_node_reaches_every_other_by_name_without_a_prompt(provisioned_lab
         hosts = on(lab, source, "getent hosts " + " ".join(names)).stdout
         for node in cluster.nodes:
             assert f"{node.address}" in hosts and node.name in hosts
+
+
+def test_sshd_refuses_passwords_and_still_admits_the_keys(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    for node in cluster.nodes:
+        effective = on(lab, node.name, "/usr/sbin/sshd -T")  # this very login: root with the lab's key
+        assert effective.returncode == 0, f"{node.name}: {effective.stderr}"
+        lines = effective.stdout.splitlines()
+        assert "passwordauthentication no" in lines and "kbdinteractiveauthentication no" in lines, node.name
+        assert "permitrootlogin without-password" in lines, node.name  # prohibit-password
+        # From the controller, a password-only login: refused because the node offers keys only.
+        argv = ssh_argv(lab, node.name, "true")
+        argv[1:1] = ["-o", "PreferredAuthentications=password,keyboard-interactive",
+                     "-o", "PubkeyAuthentication=no"]
+        password = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+        assert password.returncode == 255, f"{node.name}: {password.stdout} {password.stderr}"
+        assert "Permission denied (publickey)." in password.stderr, f"{node.name}: {password.stderr}"
 
 
 # --- Determined ------------------------------------------------------------------------------------

@@ -1,11 +1,15 @@
 """The Spark launcher for real: a Spark standalone master and 2 workers from the pyspark package, with
-authentication on, and TorchDistributor running 2 CPU training processes (gloo) through the launcher."""
+authentication on, and TorchDistributor running 2 CPU training processes (gloo) through the launcher.
+The cluster runs with the spark role's spark-defaults.conf: its master UI cannot kill applications."""
 
+import contextlib
 import json
 import secrets
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 import psutil
 import pytest
@@ -76,6 +80,63 @@ def test_bad_flags_fail_before_spark_starts(tmp_path):
                                "--master", "local[2]", "--output-dir", str(tmp_path)],
                               env=trainer_env(), capture_output=True, text=True, timeout=120)
     assert launched.returncode == 2 and "--master spark://" in launched.stderr
+
+
+# An application that registers with the master and waits (1 core, no UI of its own).
+WAITING_APP = """
+import os, sys, time
+from pyspark.sql import SparkSession
+spark = (SparkSession.builder.master(sys.argv[1]).appName("dtlab-kill-target")
+         .config("spark.authenticate", "true").config("spark.authenticate.secret", os.environ["TEST_SECRET"])
+         .config("spark.ui.enabled", "false").config("spark.cores.max", "1").getOrCreate())
+time.sleep(600)
+"""
+
+
+def active_apps(cluster) -> dict[str, str]:
+    return {app["id"]: app["state"] for app in cluster.status().get("activeapps", [])
+            if app.get("name") == "dtlab-kill-target"}
+
+
+def test_the_master_ui_cannot_kill_an_application(spark_cluster, tmp_path):
+    """spark.ui.killEnabled false, from the spark role's template: no kill link (and so no CSRF token) on
+    the master's page, a kill POST finds no handler, and the application keeps running."""
+    env = {**trainer_env(), "SPARK_LOCAL_IP": "127.0.0.1", "TEST_SECRET": SPARK_SECRET}
+    with open(tmp_path / "app.log", "wb") as log:
+        app = subprocess.Popen([sys.executable, "-c", WAITING_APP, spark_cluster.master_url], env=env,
+                               stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 180
+        while not active_apps(spark_cluster):
+            assert app.poll() is None, (tmp_path / "app.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the application did not register within 180 s"
+            time.sleep(1)
+        (app_id, state), = active_apps(spark_cluster).items()
+        assert state in ("RUNNING", "WAITING")
+        ui = spark_cluster.master_json_url.removesuffix("json/")
+        page = urllib.request.urlopen(ui, timeout=10).read().decode()
+        assert app_id in page and "app/kill" not in page and "csrfToken" not in page
+        kill = urllib.request.Request(f"{ui}app/kill/?id={app_id}&terminate=true", data=b"", method="POST")
+        try:
+            with urllib.request.urlopen(kill, timeout=10) as answer:
+                status = answer.status
+        except urllib.error.HTTPError as error:
+            status = error.code
+        assert status == 405  # Spark 4 attaches no /app/kill handler when kills are off
+        time.sleep(3)
+        assert active_apps(spark_cluster).get(app_id) in ("RUNNING", "WAITING")  # not KILLED, not gone
+        # What the spark role checks on the nodes: the master's effective setting, and no secret shown.
+        environment = urllib.request.urlopen(f"{ui}environment/", timeout=10).read().decode()
+        assert "<td>spark.ui.killEnabled</td><td>false</td>" in environment
+        assert SPARK_SECRET not in environment and SPARK_SECRET not in page
+    finally:
+        tree = [psutil.Process(app.pid)] if app.poll() is None else []
+        tree += [child for process in tree for child in process.children(recursive=True)]  # its JVM
+        for process in tree:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                process.kill()
+        psutil.wait_procs(tree, timeout=30)
+        app.wait(timeout=30)
 
 
 def test_daemons_are_stopped_by_pid(spark_cluster):
