@@ -28,7 +28,7 @@ def write_cluster(tmp_path: Path, master_port: int | None = None) -> Path:
     site = "dtlab_cluster_name: detadmin\n"
     site += f"determined_master_port: {master_port}\n" if master_port else ""
     return write_inventory(
-        tmp_path / "inventory",
+        tmp_path,
         """\
         all:
           children:
@@ -118,7 +118,7 @@ def test_reset_reports_a_refused_login_as_a_failed_row(tmp_path, monkeypatch):
         # Everything but the Determined login is out of scope here: the nodes answer "done".
         monkeypatch.setattr(remote, "run_all", lambda nodes, *args, **kwargs: {n.name: Done() for n in nodes})
         monkeypatch.setattr(remote, "run", lambda *args, **kwargs: Done())
-        monkeypatch.setattr(cluster_module, "_wait_for_spark", lambda cluster: None)
+        monkeypatch.setattr(cluster_module, "_wait_for_spark", lambda cluster, expected: None)
         monkeypatch.setattr(cluster_module, "check", lambda cluster: [
             cluster_module.CheckRow("ssh", node.name, True, "ok") for node in cluster.nodes])
         output = io.StringIO()
