@@ -162,10 +162,6 @@ class UnitWatch:
         return None
 
 
-class Interrupted(Exception):
-    """Ctrl-C while a cell ran; its units have been stopped on every node."""
-
-
 def git_revision() -> str | None:
     try:
         rev = subprocess.run(
@@ -772,18 +768,6 @@ def spark_alive_worker_info(cluster: Cluster) -> list[dict]:
 
 def spark_alive_workers(cluster: Cluster) -> int:
     return len(spark_alive_worker_info(cluster))
-
-
-def run_all(
-    cluster: Cluster, options: BenchOptions, after: Callable[[list[CellOutcome]], None] | None = None
-) -> list[CellOutcome]:
-    """bench.all: validate everything first, then run the matrix; `after` gets the outcomes (the report)."""
-    bench = Bench(cluster, options)
-    selected = bench.load_matrix()
-    outcomes = bench.run_matrix(selected)
-    if after:
-        after(outcomes)
-    return outcomes
 
 
 # --- the commands tasks.py calls --------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import shlex
-import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -354,16 +353,3 @@ def put_file(node: Node, local_path: Path, remote_path: str, connection=None) ->
     finally:
         if own:
             connection.close()
-
-
-class StopFlag:
-    """Set once by Ctrl-C or a failure so running fan-outs stop waiting."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-
-    def set(self) -> None:
-        self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()

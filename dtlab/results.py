@@ -28,7 +28,6 @@ API (the harness, ``dtlab.bench``, is the writer; ``dtlab.report`` only reads)::
                              attempt=attempt.number)
     store.runs(status="ok")          # list[Run], oldest first; status=None for all, "failed" for failures
     store.latest_ok_runs(profile)    # one Run per cell key: its newest ok attempt (what the report uses)
-    store.dataframe()                # pandas DataFrame, one flat row per attempt
     store.delete_all(confirm=True)   # the only way anything recorded goes away
 
 Guarantees:
@@ -415,7 +414,6 @@ class ResultStore:
         harness_time_s: float | None = None,
         trainer_time_s: float | None = None,
         attempt: int | None = None,
-        partial_result: Mapping[str, Any] | None = None,
     ) -> Run:
         """Record a failed attempt: why, on which node, its exit code and last log lines."""
         if not reason:
@@ -423,7 +421,7 @@ class ResultStore:
         return self._record(
             cell,
             "failed",
-            result=dict(partial_result) if partial_result else None,
+            result=None,
             config_hash=config_hash,
             git_rev=git_rev,
             inventory=inventory,
@@ -586,42 +584,6 @@ class ResultStore:
             if profile is None or run.cell.profile == profile:
                 newest[run.cell_key] = run
         return sorted(newest.values(), key=lambda run: run.id)
-
-    def dataframe(self, status: str | None = None):
-        """All attempts as a pandas DataFrame, one flat row each (result metrics as columns)."""
-        import pandas as pd
-
-        rows = []
-        for run in self.runs(status):
-            result = run.result or {}
-            rows.append(
-                {
-                    "id": run.id,
-                    "cell_key": run.cell_key,
-                    "attempt": run.attempt,
-                    "status": run.status,
-                    "framework": run.cell.framework,
-                    "gpus": run.cell.gpus,
-                    "epochs": run.cell.epochs,
-                    "seed": run.cell.seed,
-                    "profile": run.cell.profile,
-                    "config_hash": run.config_hash,
-                    "git_rev": run.git_rev,
-                    "inventory": run.inventory,
-                    "harness_time_s": run.harness_time_s,
-                    "trainer_time_s": run.trainer_time_s,
-                    "framework_label": result.get("framework_label"),
-                    "device": result.get("device"),
-                    "final_accuracy": result.get("final_accuracy"),
-                    "samples_per_s": result.get("samples_per_s"),
-                    "gpu_utilization_pct": result.get("gpu_utilization_pct"),
-                    "reason": run.reason,
-                    "failed_node": run.failed_node,
-                    "exit_code": run.exit_code,
-                    "recorded_at": run.recorded_at,
-                }
-            )
-        return pd.DataFrame(rows)
 
     def _run_from_row(self, row: Mapping[str, Any]) -> Run:
         cell = Cell(

@@ -86,7 +86,7 @@ def lab_torch_python(lab):
 # --- (next section) -----------------------------------------------------------------------------------
 
 
-# --- provisioning: the test lab converged with site.yml, once per session (H4) -----------------------
+# --- provisioning: the test lab converged with site.yml, once per session -----------------------
 
 
 @pytest.fixture(scope="session")

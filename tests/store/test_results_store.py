@@ -240,16 +240,3 @@ def test_delete_all_needs_explicit_confirmation(tmp_path):
     assert store.runs(None) == [] and not store.runs_dir.exists()
 
 
-def test_dataframe_has_one_flat_row_per_attempt(tmp_path):
-    store = ResultStore(tmp_path)
-    record_ok(store)
-    record_failure(store)
-    frame = store.dataframe()
-    assert list(frame["status"]) == ["ok", "failed"]
-    assert frame.loc[0, "final_accuracy"] == 0.75 and frame.loc[1, "failed_node"] == "node2"
-
-
-def test_store_accepts_the_sqlite_path_and_the_cluster_name(tmp_path, monkeypatch):
-    assert ResultStore(tmp_path / DB_FILENAME).root == tmp_path
-    monkeypatch.setattr("dtlab.results.results_dir_for", lambda name: tmp_path / name)
-    assert ResultStore.for_cluster("lab").root == tmp_path / "lab"
