@@ -216,14 +216,19 @@ def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, st
 LINTERS = ("ruff check .", "yamllint -s .", "ansible-lint --profile production --offline")
 
 
+# The inner loop: no lab, no Spark cluster, nothing marked slow (see README "Tests" for durations).
+FAST_TESTS = "-m 'not lab and not slow'"
+
+
 @task(help={"lint": "run ruff, yamllint and ansible-lint first (default: yes)",
+            "fast": "the inner loop: skip the lab, the Spark cluster and every slow test (a few minutes)",
             "pytest_args": "extra pytest arguments, e.g. '-k report -x'"})
-def test(c, lint=True, pytest_args=""):
-    """Lint, then run the whole test suite (this is what CI runs)."""
+def test(c, lint=True, fast=False, pytest_args=""):
+    """Lint, then run the whole test suite (this is what CI runs); --fast for the inner loop."""
     if lint:
         for command in LINTERS:
             c.run(command, echo=True)
-    c.run(f"pytest {pytest_args}", echo=True, pty=False)
+    c.run(f"pytest {FAST_TESTS if fast else ''} {pytest_args}".strip(), echo=True, pty=False)
 
 
 def _demo(name):

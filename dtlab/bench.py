@@ -29,9 +29,10 @@ from typing import Any
 from dtlab import launch as launching
 from dtlab import matrix as matrix_module
 from dtlab import paths, remote
+from dtlab.cell import Cell, config_hash
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
-from dtlab.results import Cell, ResultStore
+from dtlab.results import ResultStore
 
 LOG_TAIL_LINES = 30
 # Fabric waits this much longer than the unit's own RuntimeMaxSec, so systemd ends a stuck run first.
@@ -391,7 +392,7 @@ class Bench:
         )
         with display:
             for cell in selected.cells:
-                if not self.options.force and self.store.is_done(cell, matrix_module.config_hash(cell)):
+                if not self.options.force and self.store.is_done(cell, config_hash(cell)):
                     display.pending.remove(cell)
                     outcome = CellOutcome(cell, "skipped")
                     display.note(f"[dim]· {cell.key}: recorded (same config hash), skipped[/]")
@@ -462,7 +463,7 @@ class Bench:
         if self.display:
             self.display.start_cell(cell, number_in_run)
         record = {
-            "config_hash": matrix_module.config_hash(cell),
+            "config_hash": config_hash(cell),
             "git_rev": self.git_rev,
             "inventory": self.cluster.name,
             "log_dir": attempt.log_dir,

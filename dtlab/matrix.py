@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
-import hashlib
 import itertools
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +18,8 @@ from typing import Any
 import yaml
 
 from dtlab import paths
+from dtlab.cell import Cell
 from dtlab.errors import DtlabError
-from dtlab.results import Cell
 
 MATRIX_FILE = paths.EXPERIMENTS_DIR / "matrix.yml"
 FRAMEWORKS = ("ddp", "spark", "determined")
@@ -67,38 +65,6 @@ class Matrix:
                 f"cells are e.g. {', '.join(c.key for c in self.cells[:4])}"
             )
         return dataclasses.replace(self, cells=chosen)
-
-
-def trainer_config(cell: Cell) -> dict[str, Any]:
-    """The trainer options of one cell (TrainConfig keys), without the per-node paths bench adds."""
-    return {
-        **dict(cell.trainer_config),
-        "epochs": cell.epochs,
-        "seed": cell.seed,
-        "framework": cell.framework,
-    }
-
-
-def config_hash(cell: Cell) -> str:
-    """Everything that changes a cell's outcome; the same hash recorded ok means bench.all skips it.
-
-    For generated data or a generated model that includes the generator's and the generated
-    tokenizer's versions: the same options with another tokenizer are other tokens. (A hub model's
-    tokenizer and a hub dataset are named by their ids; the trainer records the exact tokens'
-    fingerprint in each result and checkpoint.)"""
-    from trainer.config import (
-        GENERATED_DATA_VERSION,
-        GENERATED_DATASET,
-        GENERATED_MODEL_PREFIX,
-        GENERATED_TOKENIZER_VERSION,
-    )
-
-    identity = {"gpus": cell.gpus, **trainer_config(cell)}
-    if identity.get("dataset") == GENERATED_DATASET:
-        identity["generated_data_version"] = GENERATED_DATA_VERSION
-    if str(identity.get("model", "")).startswith(GENERATED_MODEL_PREFIX):
-        identity["generated_tokenizer_version"] = GENERATED_TOKENIZER_VERSION
-    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _matches(cell: Cell, pattern: str) -> bool:

@@ -11,7 +11,8 @@ Layout, one folder per cluster (``dtlab.paths.results_dir_for(cluster_name)``)::
 
 API (the harness, ``dtlab.bench``, is the writer; ``dtlab.report`` only reads)::
 
-    from dtlab.results import Cell, ResultStore
+    from dtlab.cell import Cell
+    from dtlab.results import ResultStore
     store = ResultStore.for_cluster("lab")            # or ResultStore(<results dir or .sqlite path>)
     cell = Cell("ddp", gpus=2, epochs=20, seed=3, profile="study", trainer_config={...})
     cell.key                                          # "ddp-g2-e20-s3": stable, file-name safe
@@ -49,13 +50,14 @@ import os
 import shutil
 import sqlite3
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.files import atomic_copy, atomic_write_text
 from dtlab.paths import results_dir_for
@@ -102,33 +104,6 @@ BEGIN SELECT RAISE(ABORT, 'dtlab results are append-only: recorded runs are neve
     """CREATE TRIGGER IF NOT EXISTS runs_are_append_only_delete BEFORE DELETE ON runs
 BEGIN SELECT RAISE(ABORT, 'dtlab results are append-only: use ResultStore.delete_all(confirm=True)'); END""",
 )
-
-
-@dataclass(frozen=True, order=True)
-class Cell:
-    """One point of the benchmark matrix. ``gpus`` is the GPU count, or the worker count on CPU."""
-
-    framework: str
-    gpus: int
-    epochs: int
-    seed: int
-    profile: str = "custom"
-    # The trainer settings the cell runs with (hyperparameters, model, dataset); not part of identity.
-    trainer_config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
-
-    @property
-    def key(self) -> str:
-        return f"{self.framework}-g{self.gpus}-e{self.epochs}-s{self.seed}"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "framework": self.framework,
-            "gpus": self.gpus,
-            "epochs": self.epochs,
-            "seed": self.seed,
-            "profile": self.profile,
-            "trainer_config": dict(self.trainer_config),
-        }
 
 
 @dataclass(frozen=True)

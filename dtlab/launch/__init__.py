@@ -12,11 +12,10 @@ from typing import Any
 
 import yaml
 
-from dtlab import matrix
+from dtlab.cell import Cell, trainer_options
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
 from dtlab.remote import UnitSpec, unit_name
-from dtlab.results import Cell
 
 
 @dataclass(frozen=True)
@@ -137,7 +136,7 @@ class Launch:
 
 def trainer_config(cluster: Cluster, placement: Placement, paths: CellPaths, label: str) -> dict[str, Any]:
     """The YAML the trainer reads: the cell's options plus device, threads and this attempt's paths."""
-    config = matrix.trainer_config(placement.cell)
+    config = trainer_options(placement.cell)
     config.update(
         device=placement.device,
         threads=int(cluster.var("dtlab_threads_per_worker", 1)),

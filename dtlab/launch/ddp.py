@@ -6,10 +6,10 @@ code mounted at /app) when the inventory sets dtlab_trainer_runtime: docker.
 
 from __future__ import annotations
 
+from dtlab.cell import Cell
 from dtlab.inventory import Cluster, Node
 from dtlab.launch import CellPaths, Launch, Slot, place, trainer_config, trainer_env, unit
 from dtlab.remote import UnitSpec
-from dtlab.results import Cell
 
 LABEL = "ddp (torchrun)"
 TRAINER_MODULE = "trainer.launchers.torchrun"

@@ -15,10 +15,10 @@ from typing import Any
 
 from dtlab import detmaster
 from dtlab import paths as dtlab_paths
+from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
 from dtlab.launch import CellPaths, Launch, ddp, place, trainer_config
-from dtlab.results import Cell
 
 OFF_CLUSTER_LABEL = "determined (Core API, off-cluster)"
 CLUSTER_LABEL = "determined (Core API, cluster)"

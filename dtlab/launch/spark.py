@@ -6,11 +6,11 @@ driver's output_dir, so the result is fetched from the master.
 
 from __future__ import annotations
 
+from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
 from dtlab.launch import CellPaths, Launch, place, trainer_config, trainer_env, unit
 from dtlab.remote import UnitSpec
-from dtlab.results import Cell
 
 LABEL = "spark (TorchDistributor, standalone)"
 TRAINER_MODULE = "trainer.launchers.spark"

@@ -153,7 +153,8 @@ def _other_schema(db):
 def _read_only(db):
     from result_factory import made_up_result
 
-    from dtlab.results import Cell, ResultStore
+    from dtlab.cell import Cell
+    from dtlab.results import ResultStore
 
     result = made_up_result("ddp", 1, 2, 0, time_total_s=30.0, final_accuracy=0.9, device="cpu")
     ResultStore(db.parent).record_ok(Cell("ddp", 1, 2, 0, "smoke"), result, config_hash="0123456789abcdef",

@@ -3,6 +3,7 @@
 import pytest
 
 from dtlab import matrix
+from dtlab.cell import config_hash, trainer_options
 from dtlab.errors import DtlabError
 
 
@@ -48,7 +49,7 @@ def test_the_trainer_accepts_every_profiles_options():
 
     for name in matrix.profiles():
         for cell in matrix.load(name):
-            TrainConfig(**{**matrix.trainer_config(cell), "output_dir": "/tmp"})  # unknown keys would raise
+            TrainConfig(**{**trainer_options(cell), "output_dir": "/tmp"})  # unknown keys would raise
 
 
 @pytest.mark.parametrize(
@@ -174,11 +175,11 @@ def test_only_filters_by_framework_gpus_and_globs():
 
 def test_config_hash_is_stable_and_changes_with_what_changes_the_run():
     first, again = matrix.load("study").cells[0], matrix.load("study").cells[0]
-    assert matrix.config_hash(first) == matrix.config_hash(again)
-    hashes = {matrix.config_hash(c) for c in matrix.load("study")}
+    assert config_hash(first) == config_hash(again)
+    hashes = {config_hash(c) for c in matrix.load("study")}
     assert len(hashes) == len(matrix.load("study"))  # seed, epochs, GPUs and framework all count
     smoke_ddp = matrix.load("smoke").cells[0]
-    assert matrix.config_hash(smoke_ddp) != matrix.config_hash(matrix.load("study").cells[0])
+    assert config_hash(smoke_ddp) != config_hash(matrix.load("study").cells[0])
 
 
 def test_config_hash_changes_with_the_generated_tokenizer(monkeypatch):
@@ -186,8 +187,8 @@ def test_config_hash_changes_with_the_generated_tokenizer(monkeypatch):
     import trainer.config
 
     smoke_ddp, study_ddp = matrix.load("smoke").cells[0], matrix.load("study").cells[0]
-    before = matrix.config_hash(smoke_ddp), matrix.config_hash(study_ddp)
+    before = config_hash(smoke_ddp), config_hash(study_ddp)
     next_version = trainer.config.GENERATED_TOKENIZER_VERSION + 1
     monkeypatch.setattr(trainer.config, "GENERATED_TOKENIZER_VERSION", next_version)
-    assert matrix.config_hash(smoke_ddp) != before[0]
-    assert matrix.config_hash(study_ddp) == before[1]  # IMDB and the hub's bert-tiny: named by their ids
+    assert config_hash(smoke_ddp) != before[0]
+    assert config_hash(study_ddp) == before[1]  # IMDB and the hub's bert-tiny: named by their ids

@@ -4,8 +4,8 @@ import pytest
 from harness_helpers import write_inventory
 
 from dtlab import launch, matrix
+from dtlab.cell import Cell
 from dtlab.errors import DtlabError
-from dtlab.results import Cell
 
 
 def cell(framework="ddp", gpus=1, epochs=2, seed=0):

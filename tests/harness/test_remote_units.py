@@ -7,8 +7,8 @@ import time
 import pytest
 
 from dtlab import bench, remote
+from dtlab.cell import Cell
 from dtlab.errors import DtlabError
-from dtlab.results import Cell
 
 
 def test_a_cell_unit_is_named_and_bounded_and_its_script_is_valid_shell(tmp_path):

@@ -3,8 +3,9 @@
 from matplotlib.container import BarContainer
 from result_factory import made_up_result
 
+from dtlab.cell import Cell
 from dtlab.report.study import published
-from dtlab.results import Cell, ResultStore
+from dtlab.results import ResultStore
 
 STUDY_SEEDS = (1, 2, 3, 4, 5)
 # The study's 20-epoch figures are means of 5 seeds: spread the seeds symmetrically around the

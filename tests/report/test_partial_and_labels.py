@@ -4,10 +4,11 @@ import pytest
 from report_helpers import figure_panels, fill_with_study_runs, record, record_failure
 from result_factory import made_up_result
 
+from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.report import EmptyStoreError, build_report, generate_report
 from dtlab.report.render import figure_5_1
-from dtlab.results import Cell, ResultStore
+from dtlab.results import ResultStore
 
 DDP, DET, SPARK = "PyTorch DDP", "Determined AI", "Apache Spark"
 OFF_CLUSTER = "determined (Core API, off-cluster)"

@@ -8,8 +8,9 @@ import pytest
 from PIL import Image
 from report_helpers import fill_with_study_runs, record_failure
 
+from dtlab.cell import Cell
 from dtlab.report import build_study_report, generate_report, write_report
-from dtlab.results import Cell, ResultStore
+from dtlab.results import ResultStore
 
 CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 LAPTOP = (1280, 800)

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from report_helpers import record
 
+from dtlab.cell import Cell
 from dtlab.paths import REPO_ROOT
-from dtlab.results import Cell, ResultStore
+from dtlab.results import ResultStore
 
 INVOKE = Path(sys.executable).parent / "invoke"
 

@@ -7,8 +7,9 @@ import threading
 import pytest
 from result_factory import made_up_result
 
+from dtlab.cell import Cell
 from dtlab.errors import DtlabError
-from dtlab.results import DB_FILENAME, Cell, ResultStore
+from dtlab.results import DB_FILENAME, ResultStore
 
 HASH = "0123456789abcdef"
 OTHER_HASH = "fedcba9876543210"
