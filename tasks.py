@@ -213,7 +213,8 @@ def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, st
 
 # --- top level ---------------------------------------------------------------
 
-LINTERS = ("ruff check .", "yamllint -s .", "ansible-lint --profile production --offline")
+# lint-imports: the layer contracts in pyproject.toml ([tool.importlinter]), no import cycles.
+LINTERS = ("ruff check .", "lint-imports", "yamllint -s .", "ansible-lint --profile production --offline")
 
 
 # The inner loop: no lab, no Spark cluster, nothing marked slow (see README "Tests" for durations).

@@ -28,7 +28,7 @@ from typing import Any
 
 from dtlab import launch as launching
 from dtlab import matrix as matrix_module
-from dtlab import paths, remote
+from dtlab import paths, probes, remote
 from dtlab.cell import Cell, config_hash
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
@@ -406,9 +406,7 @@ class Bench:
 
     def node_versions(self) -> dict[str, Any]:
         if self._node_versions is None:
-            from dtlab.cluster import node_versions
-
-            self._node_versions = node_versions(self.cluster)
+            self._node_versions = probes.node_versions(self.cluster)
         return self._node_versions
 
     def run_cell(self, cell: Cell, timeout_s: int) -> CellOutcome:
@@ -566,9 +564,7 @@ class Bench:
         if planned.cell.framework == "spark":
             needed = min(planned.cell.gpus, len(cluster.workers))
             # Workers re-register for a while after a restart (cluster.reset, a node reboot): wait, bounded.
-            deadline = time.monotonic() + SPARK_REGISTER_WAIT_S
-            while (alive := spark_alive_workers(cluster)) < needed and time.monotonic() < deadline:
-                time.sleep(3)
+            alive = probes.wait_for_spark(cluster, needed, SPARK_REGISTER_WAIT_S)
             if alive < needed:
                 raise PreflightError(
                     f"preflight: Spark master {cluster.master.name if cluster.master else '?'} "
@@ -747,28 +743,6 @@ def _log_tail(log_dir: Path | None, node: str) -> list[str]:
         return path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
     except OSError:
         return []
-
-
-def spark_alive_worker_info(cluster: Cluster) -> list[dict]:
-    """The alive workers from the Spark master's JSON endpoint, asked on the master itself ([] if none)."""
-    master = cluster.master
-    if master is None:
-        return []
-    url = f"http://{master.address}:{cluster.spark_master_webui_port}/json/"
-    probe = (
-        f'{cluster.python} -c "import json,urllib.request;'
-        f"w=json.load(urllib.request.urlopen('{url}', timeout=5)).get('workers', []);"
-        "print(json.dumps([x for x in w if x.get('state') == 'ALIVE']))\""
-    )
-    answer = remote.run(master, probe, timeout=30)
-    try:
-        return json.loads(answer.stdout.strip().splitlines()[-1]) if answer.ok else []
-    except (ValueError, IndexError):
-        return []
-
-
-def spark_alive_workers(cluster: Cluster) -> int:
-    return len(spark_alive_worker_info(cluster))
 
 
 # --- the commands tasks.py calls --------------------------------------------------

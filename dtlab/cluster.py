@@ -12,31 +12,18 @@ then run check. Recorded results (on the controller) are never touched.
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from dtlab import remote
+from dtlab import probes, remote
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
 
 MAX_CLOCK_SKEW_S = 1.0
 MIN_FREE_DISK_GB_DEFAULT = 2.0
 SPARK_READY_TIMEOUT_S = 90
-# The trainer's packages whose versions must match on every node (the full freeze is hashed too).
-KEY_PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "pyspark", "determined", "numpy")
-
-VERSIONS_PROBE = (
-    "import hashlib, importlib.metadata as m, json, platform;"
-    "dists = sorted({f'{d.metadata[\"Name\"].lower()}=={d.version}' for d in m.distributions()});"
-    "pkgs = {d.split('==')[0]: d.split('==')[1] for d in dists};"
-    f"print(json.dumps({{'python': platform.python_version(), **{{k: pkgs.get(k) for k in {KEY_PACKAGES!r}}},"
-    "'freeze_sha': hashlib.sha256('\\n'.join(dists).encode()).hexdigest()[:16]}))"
-)
-
-
 @dataclass(frozen=True)
 class CheckRow:
     check: str
@@ -44,25 +31,6 @@ class CheckRow:
     ok: bool
     detail: str
     required: bool = True  # informational rows never fail the check
-
-
-def node_versions(cluster: Cluster, nodes: tuple[Node, ...] | None = None) -> dict[str, Any]:
-    """Per node: python and key package versions of the trainer venv, plus a hash of its full freeze."""
-    command = f"{shlex.quote(cluster.python)} -c {shlex.quote(VERSIONS_PROBE)}"
-    versions: dict[str, Any] = {}
-    for name, answer in remote.run_all(nodes or cluster.nodes, command, timeout=60).items():
-        if isinstance(answer, BaseException):
-            versions[name] = {"error": str(answer)}
-        elif not answer.ok:
-            versions[name] = {
-                "error": (answer.stderr or answer.stdout).strip()[-200:] or f"exit {answer.exit_code}"
-            }
-        else:
-            try:
-                versions[name] = json.loads(answer.stdout.strip().splitlines()[-1])
-            except (json.JSONDecodeError, IndexError):
-                versions[name] = {"error": f"unreadable: {answer.stdout.strip()[:100]}"}
-    return versions
 
 
 def _probe_script(cluster: Cluster, node: Node) -> str:
@@ -172,7 +140,7 @@ def check(cluster: Cluster) -> list[CheckRow]:
 def _check_environment(cluster: Cluster, reachable: list[Node]) -> list[CheckRow]:
     if not reachable:
         return []
-    versions = node_versions(cluster, tuple(reachable))
+    versions = probes.node_versions(cluster, tuple(reachable))
     rows = []
     reference = None
     for node in reachable:
@@ -207,15 +175,13 @@ def _service_state(probes: dict[str, dict[str, str]], node: str, service: str) -
 
 
 def _check_services(cluster: Cluster, probes: dict[str, dict[str, str]]) -> list[CheckRow]:
-    from dtlab.bench import spark_alive_workers
-
     rows: list[CheckRow] = []
     master = cluster.master
     if master is None or master.name not in probes:
         return rows
     spark_units = _service_state(probes, master.name, "spark-master")
     if spark_units:
-        alive = spark_alive_workers(cluster)
+        alive = probes.spark_alive_workers(cluster)
         expected = len(cluster.workers)
         detail = f"{', '.join(f'{u} {s}' for u, s in spark_units.items())}; {alive}/{expected} workers alive"
         if cluster.device == "cuda":
@@ -287,10 +253,9 @@ def _check_services(cluster: Cluster, probes: dict[str, dict[str, str]]) -> list
 
 def spark_worker_gpus(cluster: Cluster) -> int:
     """GPUs the Spark master sees on its alive workers (the study's Listings 4.2/4.3 make them visible)."""
-    from dtlab.bench import spark_alive_worker_info
 
     return sum(len((worker.get("resources") or {}).get("gpu", {}).get("addresses", []))
-               for worker in spark_alive_worker_info(cluster))
+               for worker in probes.spark_alive_worker_info(cluster))
 
 
 def failed(rows: list[CheckRow]) -> list[CheckRow]:
@@ -367,7 +332,7 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
 
     say("[bold]5/5[/] waiting for Spark workers to register, then cluster.check")
     if on(masters):
-        _wait_for_spark(cluster, len(on(cluster.workers)))
+        probes.wait_for_spark(cluster, len(on(cluster.workers)), SPARK_READY_TIMEOUT_S)
     return determined_rows + check(cluster)
 
 
@@ -426,22 +391,6 @@ def _cancel_determined_experiments(cluster: Cluster, say) -> list[CheckRow]:
     return [CheckRow("determined login", cluster.master.name, True,
                      f"{detmaster.ADMIN_USER} at {detmaster.master_url(cluster)};"
                      f" {len(killed)} experiment(s) killed")]
-
-
-def _wait_for_spark(cluster: Cluster, expected: int) -> None:
-    """Until `expected` Spark workers are alive, at most SPARK_READY_TIMEOUT_S (the check says the rest)."""
-    from dtlab.bench import spark_alive_workers
-
-    if cluster.master is None:
-        return
-    deadline = time.monotonic() + SPARK_READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        try:
-            if spark_alive_workers(cluster) >= expected:
-                return
-        except DtlabError:  # the master stopped answering: the check's table shows it
-            return
-        time.sleep(2)
 
 
 def check_or_raise(cluster: Cluster, console=None) -> list[CheckRow]:

@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 
 from dtlab import paths, remote
-from dtlab.cluster import node_versions
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
+from dtlab.probes import node_versions
 
 PACKAGES = ("trainer",)
 EXTRA_FILES = ("constraints.txt",)

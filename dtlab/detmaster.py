@@ -52,7 +52,7 @@ def connect(cluster: Cluster) -> Any:
     login() may be called only once per process, and bench runs one experiment per cell."""
     from determined.experimental import client
 
-    from dtlab.remote import assert_safe_target
+    from dtlab.guard import assert_safe_target
 
     url = master_url(cluster)
     assert cluster.master is not None

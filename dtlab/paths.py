@@ -14,6 +14,7 @@ WHEELHOUSE_DIR = STATE_DIR / "wheelhouse"
 RESULTS_DIR = Path(os.environ.get("DTLAB_RESULTS_DIR", REPO_ROOT / "results"))
 
 INVENTORY_DIR = REPO_ROOT / "inventory"
+LAB_VARS_FILE = INVENTORY_DIR / "group_vars" / "lab.yml"  # the lab's shape and its guarded range
 EXPERIMENTS_DIR = REPO_ROOT / "experiments"
 TEMPLATES_DIR = REPO_ROOT / "templates"
 CONSTRAINTS_FILE = REPO_ROOT / "constraints.txt"

@@ -9,7 +9,6 @@ which is followed live over SSH: each line reaches the controller prefixed by it
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dtlab.errors import DtlabError
+from dtlab.guard import assert_safe_target
 from dtlab.inventory import Node
 
 UNIT_PREFIX = "dtlab-"
@@ -55,27 +55,6 @@ class RemoteError(DtlabError):
 def unit_name(cell_key: str, node_name: str) -> str:
     """systemd unit of one cell on one node; systemd allows [A-Za-z0-9:_.-] in names."""
     return f"{UNIT_PREFIX}{cell_key}-{node_name}"
-
-
-# --- the lab guard -------------------------------------------------------------
-
-
-def assert_safe_target(address: str) -> None:
-    """Refuse to send a packet to a lab address unless the lab's guard route is in place.
-
-    Without the guard, traffic to a lab address while the lab is down would leave through the default
-    route; that is forbidden. Other addresses (loopback, a real cluster) pass through unchecked.
-    """
-    from dtlab.lab.config import load_config
-    from dtlab.lab.network import assert_guard
-
-    try:
-        target = ipaddress.ip_address(address)
-    except ValueError:
-        return  # a DNS name: the user's real cluster
-    lab = load_config()
-    if target in lab.address_range:
-        assert_guard(lab)
 
 
 # --- connections -----------------------------------------------------------------

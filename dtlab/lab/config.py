@@ -15,7 +15,7 @@ import yaml
 from dtlab import paths
 from dtlab.errors import DtlabError
 
-LAB_VARS_FILE = paths.INVENTORY_DIR / "group_vars" / "lab.yml"
+LAB_VARS_FILE = paths.LAB_VARS_FILE
 DEFAULT_LAB_NAME = "dtlab"
 # Host-side state: the image cache survives `lab.down --wipe`; node state lives per instance.
 IMAGE_CACHE_DIR = Path(os.environ.get("DTLAB_IMAGE_CACHE", "/var/cache/dtlab/images"))

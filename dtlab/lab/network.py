@@ -6,19 +6,13 @@ import ipaddress
 import json
 
 from dtlab.errors import DtlabError
+from dtlab.guard import guard_present
 from dtlab.lab.config import NETNS_DIR, LabConfig
 from dtlab.lab.host import run
 from dtlab.lab.state import LabState
 
 
 # --- the guard ----------------------------------------------------------------
-def guard_present(address_range: ipaddress.IPv4Network) -> bool:
-    """True if the host blackholes the whole lab range (packets to a lab address never leave the host)."""
-    routes = json.loads(run(["ip", "-j", "route", "show", "type", "blackhole", "exact", str(address_range)])
-                        .stdout or "[]")
-    return any(route.get("type") == "blackhole" for route in routes)
-
-
 def ensure_guard(address_range: ipaddress.IPv4Network) -> None:
     """Install `blackhole <range>` (shared by all labs, never removed: harmless when idle)."""
     if not guard_present(address_range):

@@ -1,195 +1,23 @@
-"""How one cell starts: which nodes and GPUs it gets (placement) and what runs where (ddp, spark, determined).
-
-A launcher turns (cluster, cell, attempt) into a list of Jobs: one named unit per node. bench starts them
-all at once through dtlab.remote, follows their logs, and fetches the result from `result_node`.
+"""How one cell starts: which nodes and GPUs it gets (placement, in common) and what runs where
+(one module per framework: ddp, spark, determined). bench calls `build` and reads the Launch.
 """
 
 from __future__ import annotations
 
-import shlex
-from dataclasses import dataclass, field
-from typing import Any
-
-import yaml
-
-from dtlab.cell import Cell, trainer_options
+from dtlab.cell import Cell
 from dtlab.errors import DtlabError
-from dtlab.inventory import Cluster, Node
-from dtlab.remote import UnitSpec, unit_name
+from dtlab.inventory import Cluster
+from dtlab.launch import ddp, determined, spark
+from dtlab.launch.common import CellPaths, Launch, Placement, place, prepare_command
 
-
-@dataclass(frozen=True)
-class Slot:
-    """What one worker contributes to a cell: nproc_per_node processes on these GPUs (none on CPU)."""
-
-    node: Node
-    nproc: int
-    gpu_indices: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
-class Placement:
-    cell: Cell
-    device: str
-    slots: tuple[Slot, ...]
-
-    @property
-    def nodes(self) -> tuple[Node, ...]:
-        return tuple(slot.node for slot in self.slots)
-
-    @property
-    def world_size(self) -> int:
-        return sum(slot.nproc for slot in self.slots)
-
-
-def place(cluster: Cluster, cell: Cell) -> Placement:
-    """The cell's N GPUs from the workers in inventory order, each giving its visible GPUs.
-
-    On a CPU-only inventory, N GPUs means N workers with one process (one thread) each.
-    """
-    wanted = cell.gpus
-    slots: list[Slot] = []
-    if cluster.device == "cuda":
-        for worker in cluster.workers:
-            if wanted == 0:
-                break
-            if not worker.uses_gpu:
-                continue
-            taken = worker.gpu_indices[:wanted]
-            slots.append(Slot(worker, len(taken), tuple(taken)))
-            wanted -= len(taken)
-    else:
-        for worker in cluster.workers[:wanted]:
-            slots.append(Slot(worker, 1))
-            wanted -= 1
-    if wanted > 0:
-        raise DtlabError(
-            f"cell {cell.key}: needs {cell.gpus} {'GPUs' if cluster.device == 'cuda' else 'workers'} "
-            f"but inventory {cluster.inventory_path.name} offers {cluster.max_gpus}; lower gpus in "
-            "experiments/matrix.yml or add workers"
-        )
-    return Placement(cell, cluster.device, tuple(slots))
-
-
-@dataclass(frozen=True)
-class CellPaths:
-    """Where one cell's files live on the nodes; the checkpoint dir is shared by attempts (resume)."""
-
-    cluster: Cluster
-    cell: Cell
-    attempt: int
-
-    @property
-    def cell_dir(self) -> str:
-        return f"{self.cluster.runs_dir}/{self.cell.key}"
-
-    @property
-    def attempt_dir(self) -> str:
-        return f"{self.cell_dir}/attempt-{self.attempt}"
-
-    @property
-    def output_dir(self) -> str:
-        return f"{self.attempt_dir}/out"
-
-    @property
-    def result_path(self) -> str:
-        return f"{self.output_dir}/result.json"
-
-    @property
-    def checkpoint_dir(self) -> str:
-        return f"{self.cell_dir}/checkpoints"
-
-    @property
-    def config_path(self) -> str:
-        return f"{self.attempt_dir}/trainer.yml"
-
-    def log_path(self, node: Node) -> str:
-        return f"{self.attempt_dir}/{node.name}.log"
-
-    @property
-    def cache_dir(self) -> str:
-        return f"{self.cluster.data_dir}/token-cache"
-
-
-@dataclass
-class Launch:
-    """Everything bench needs to run one attempt of one cell."""
-
-    cell: Cell
-    placement: Placement
-    paths: CellPaths
-    jobs: list[tuple[Node, UnitSpec]]
-    prepare_nodes: tuple[Node, ...]  # nodes that get the trainer config and output dirs
-    result_node: Node  # where rank 0's (or the driver's) result.json lands
-    trainer_config: dict[str, Any] = field(default_factory=dict)
-    label: str = ""
-    # For launchers that run elsewhere (Determined with a master): called instead of starting jobs.
-    external: Any = None
-
-    @property
-    def all_nodes(self) -> tuple[Node, ...]:
-        seen: dict[str, Node] = {}
-        for node in (*self.prepare_nodes, *(n for n, _ in self.jobs), self.result_node):
-            seen.setdefault(node.name, node)
-        return tuple(seen.values())
-
-
-def trainer_config(cluster: Cluster, placement: Placement, paths: CellPaths, label: str) -> dict[str, Any]:
-    """The YAML the trainer reads: the cell's options plus device, threads and this attempt's paths."""
-    config = trainer_options(placement.cell)
-    config.update(
-        device=placement.device,
-        threads=int(cluster.var("dtlab_threads_per_worker", 1)),
-        output_dir=paths.output_dir,
-        checkpoint_dir=paths.checkpoint_dir,
-        cache_dir=paths.cache_dir,
-        framework_label=label,
-    )
-    return config
-
-
-def trainer_env(cluster: Cluster, node: Node, slot: Slot | None = None) -> dict[str, str]:
-    """Environment of a trainer process: code on the path, socket interface, threads, visible GPUs."""
-    env = {
-        "PYTHONPATH": cluster.code_dir,
-        "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "1",
-        "GLOO_SOCKET_IFNAME": node.socket_ifname,
-        "NCCL_SOCKET_IFNAME": node.socket_ifname,
-        "HF_HOME": f"{cluster.data_dir}/huggingface",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
-    if slot is not None and slot.gpu_indices:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in slot.gpu_indices)
-    env.update({str(k): str(v) for k, v in (cluster.var("dtlab_trainer_env") or {}).items()})
-    return env
-
-
-def prepare_command(launch: Launch, owner: str, fresh: bool) -> str:
-    """Shell run on each prepared node: attempt dirs owned by the trainer user, the config file.
-
-    fresh: drop the cell's old checkpoints (a new run); a retry keeps them and the trainer resumes.
-    """
-    p = launch.paths
-    config_text = yaml.safe_dump(launch.trainer_config, sort_keys=True)
-    dirs = " ".join(shlex.quote(d) for d in (p.output_dir, p.checkpoint_dir, p.cache_dir))
-    drop = f"rm -rf {shlex.quote(p.checkpoint_dir)} && " if fresh else ""
-    return (
-        f"{drop}rm -rf {shlex.quote(p.attempt_dir)} && mkdir -p {dirs} && "
-        f"printf %s {shlex.quote(config_text)} > {shlex.quote(p.config_path)} && "
-        f"chown -R {shlex.quote(owner)} {shlex.quote(p.cell_dir)} {shlex.quote(p.cache_dir)}"
-    )
+BUILDERS = {"ddp": ddp.build, "spark": spark.build, "determined": determined.build}
 
 
 def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     """Dispatch to the cell's framework."""
-    from dtlab.launch import ddp, determined, spark
-
-    builders = {"ddp": ddp.build, "spark": spark.build, "determined": determined.build}
-    if cell.framework not in builders:
+    if cell.framework not in BUILDERS:
         raise DtlabError(f"cell {cell.key}: no launcher for framework {cell.framework!r}")
-    return builders[cell.framework](cluster, cell, attempt, timeout_s)
+    return BUILDERS[cell.framework](cluster, cell, attempt, timeout_s)
 
 
-def unit(cell: Cell, node: Node) -> str:
-    return unit_name(cell.key, node.name)
+__all__ = ["BUILDERS", "CellPaths", "Launch", "Placement", "build", "place", "prepare_command"]

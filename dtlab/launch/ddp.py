@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dtlab.cell import Cell
 from dtlab.inventory import Cluster, Node
-from dtlab.launch import CellPaths, Launch, Slot, place, trainer_config, trainer_env, unit
+from dtlab.launch.common import CellPaths, Launch, Slot, place, trainer_config, trainer_env, unit
 from dtlab.remote import UnitSpec
 
 LABEL = "ddp (torchrun)"

@@ -18,7 +18,8 @@ from dtlab import paths as dtlab_paths
 from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
-from dtlab.launch import CellPaths, Launch, ddp, place, trainer_config
+from dtlab.launch import ddp
+from dtlab.launch.common import CellPaths, Launch, place, trainer_config
 
 OFF_CLUSTER_LABEL = "determined (Core API, off-cluster)"
 CLUSTER_LABEL = "determined (Core API, cluster)"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
-from dtlab.launch import CellPaths, Launch, place, trainer_config, trainer_env, unit
+from dtlab.launch.common import CellPaths, Launch, place, trainer_config, trainer_env, unit
 from dtlab.remote import UnitSpec
 
 LABEL = "spark (TorchDistributor, standalone)"

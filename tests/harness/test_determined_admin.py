@@ -15,7 +15,7 @@ from harness_helpers import write_inventory
 from rich.console import Console
 
 from dtlab import cluster as cluster_module
-from dtlab import detmaster, paths, remote
+from dtlab import detmaster, paths, probes, remote
 from dtlab.errors import DtlabError
 from dtlab.inventory import load_cluster
 
@@ -118,7 +118,7 @@ def test_reset_reports_a_refused_login_as_a_failed_row(tmp_path, monkeypatch):
         # Everything but the Determined login is out of scope here: the nodes answer "done".
         monkeypatch.setattr(remote, "run_all", lambda nodes, *args, **kwargs: {n.name: Done() for n in nodes})
         monkeypatch.setattr(remote, "run", lambda *args, **kwargs: Done())
-        monkeypatch.setattr(cluster_module, "_wait_for_spark", lambda cluster, expected: None)
+        monkeypatch.setattr(probes, "wait_for_spark", lambda cluster, expected, timeout_s: 0)
         monkeypatch.setattr(cluster_module, "check", lambda cluster: [
             cluster_module.CheckRow("ssh", node.name, True, "ok") for node in cluster.nodes])
         output = io.StringIO()
