@@ -20,6 +20,7 @@ from typing import Any
 
 from dtlab import paths
 from dtlab.errors import DtlabError
+from dtlab.pins import pinned
 
 # Group layout shared by the lab inventory and inventory/cluster.example.yml.
 MASTER_GROUP = "master"
@@ -519,20 +520,12 @@ def _check_cluster(where: str, cluster: Cluster) -> None:
         agents[agent_id] = worker.name
 
 
-def _pinned_version(package: str, constraints: Path | None = None) -> str | None:
-    """The version constraints.txt pins for a package (`name==version`), or None."""
-    constraints = constraints or paths.CONSTRAINTS_FILE
-    pattern = re.compile(rf"^\s*{re.escape(package)}\s*==\s*([^\s;#]+)", re.IGNORECASE | re.MULTILINE)
-    match = pattern.search(constraints.read_text()) if constraints.exists() else None
-    return match.group(1) if match else None
-
-
 def _check_spark_version(where: str, version: Any) -> None:
     """A host's spark_version (the Spark it runs) must be the pyspark pin's release: the nodes' driver."""
     if version in (None, ""):
         return  # no Spark facts in this inventory (no group_vars/all.yml); the spark role requires them
     version = str(version).strip()
-    pin = _pinned_version("pyspark")
+    pin = pinned("pyspark")
     if pin is None:
         raise DtlabError(f"{paths.CONSTRAINTS_FILE}: no pyspark==<version> pin; spark_version follows it")
     if version.split(".")[:2] != pin.split(".")[:2]:

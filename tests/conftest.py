@@ -12,6 +12,8 @@ import pytest
 # (the harness never trains in-process), so load dynamo first here.
 import torch._dynamo  # noqa: E402,F401  isort: skip
 
+from dtlab.pins import pinned  # noqa: E402
+
 # --- lab: one lab instance for the whole session (tests/lab/, provisioning, harness) ------------------
 
 # Its own instance, so running the tests never touches a user's lab ("dtlab") or another engineer's.
@@ -21,7 +23,7 @@ KEEP_TEST_LAB = os.environ.get("DTLAB_TEST_LAB_KEEP") == "1"
 # Test-only torch for the nodes before provisioning exists: a venv of /usr/bin/python3 (the nodes'
 # interpreter, Debian's 3.11), built on the controller and bind-mounted read-only into the test lab.
 LAB_TEST_VENV_MOUNT = "/opt/dtlab/testvenv"
-LAB_TEST_TORCH = "torch==2.13.0"
+LAB_TEST_TORCH = f"torch=={pinned('torch')}"
 LAB_TEST_WHEELS = "/opt/wheels"
 
 
