@@ -244,7 +244,7 @@ def _demo(name):
     from dtlab.errors import DtlabError
     from dtlab.provision import converge
 
-    converged = converge(inventory)
+    converged = converge(inventory, progress=print)
     if not converged.ok:
         raise DtlabError(f"demo: site.yml did not converge: {converged.summary()}")
     print(f"provisioned: {converged.summary()}")

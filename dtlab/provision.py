@@ -12,6 +12,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -55,13 +56,54 @@ class ConvergeResult:
         return f"{self.status} (rc {self.rc}) in {self.seconds:.0f} s; {per_host or 'no hosts'}"
 
 
+class Progress:
+    """ansible-runner's events as lines while the playbook runs: each play and task as it starts, then
+    the task's hosts by outcome when it ends, with the elapsed time ("[  42s] ...")."""
+
+    def __init__(self, say: Callable[[str], None]):
+        self.say = say
+        self.started = time.monotonic()
+        self.task: str | None = None
+        self.hosts: dict[str, list[str]] = {}
+
+    def _line(self, text: str) -> None:
+        self.say(f"[{time.monotonic() - self.started:4.0f}s] {text}")
+
+    def _end_task(self) -> None:
+        if self.task is not None and self.hosts:
+            self._line("       " + "; ".join(f"{outcome}: {' '.join(sorted(hosts))}"
+                                             for outcome, hosts in sorted(self.hosts.items())))
+        self.task, self.hosts = None, {}
+
+    def __call__(self, event: dict) -> bool:
+        kind, data = event.get("event", ""), event.get("event_data", {})
+        if kind == "playbook_on_play_start":
+            self._end_task()
+            self._line(f"PLAY {data.get('play', '')}")
+        elif kind == "playbook_on_task_start":
+            self._end_task()
+            self.task = data.get("task", "")
+            self._line(f"  TASK {self.task}")
+        elif kind.startswith("runner_on_") and kind != "runner_on_start":
+            outcome = {"runner_on_ok": "changed" if data.get("res", {}).get("changed") else "ok",
+                       "runner_on_failed": "ignored" if data.get("ignore_errors") else "FAILED",
+                       "runner_on_unreachable": "UNREACHABLE",
+                       "runner_on_skipped": "skipped"}.get(kind, kind.removeprefix("runner_on_"))
+            self.hosts.setdefault(outcome, []).append(data.get("host", "?"))
+        elif kind == "playbook_on_stats":
+            self._end_task()
+        return True  # keep the event in the runner's artifacts too
+
+
 def converge(inventory: str | Path | None = None, *, check: bool = False, diff: bool = False,
              tags: list[str] | tuple[str, ...] = (), limit: str | None = None,
-             extravars: dict | None = None, playbook: str = "site.yml") -> ConvergeResult:
+             extravars: dict | None = None, playbook: str = "site.yml",
+             progress: Callable[[str], None] | None = None) -> ConvergeResult:
     """Run a playbook from the repository root (so ansible.cfg applies) and return its recap.
 
     The inventory is checked first (dtlab.inventory.load_cluster, as site.yml's first play does): a bad
-    one raises DtlabError before anything is written.
+    one raises DtlabError before anything is written. `progress` gets a line per play, task and task
+    outcome as they happen (invoke demo prints them); without it the run is silent.
     """
     inventory_path = Path(inventory) if inventory else default_inventory_path()
     load_cluster(inventory_path)  # a bad inventory is one DtlabError line, before .dtlab/runner is written
@@ -80,6 +122,7 @@ def converge(inventory: str | Path | None = None, *, check: bool = False, diff: 
             limit=limit,
             extravars=extravars or {},
             quiet=True,
+            event_handler=Progress(progress) if progress else None,
             envvars={"ANSIBLE_CONFIG": str(paths.ANSIBLE_CFG), "ANSIBLE_NOCOLOR": "1",
                      "ANSIBLE_FORCE_COLOR": "0", "PATH": _path_with_this_venv()},
         )
