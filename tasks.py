@@ -103,37 +103,20 @@ def _harness_call(function, *args, **kwargs):
         sys.exit(130)
 
 
-def _cluster_check(inventory):
-    from dtlab import cluster
-    from dtlab.inventory import load_cluster
-
-    cluster.check_or_raise(load_cluster(inventory))
-
-
-def _cluster_reset(inventory):
-    from dtlab import cluster
-    from dtlab.inventory import load_cluster
-    from dtlab.results import ResultStore
-
-    target = load_cluster(inventory)
-    recorded = {run.cell_key for run in ResultStore.for_cluster(target.name).runs(status="ok")} \
-        if ResultStore.for_cluster(target.name).exists() else set()
-    rows = cluster.reset(target, recorded_cells=recorded)
-    cluster.render(rows, target)
-    if cluster.failed(rows):
-        raise cluster.ClusterUnhealthy(f"cluster.reset: done, but {len(cluster.failed(rows))} check(s) fail")
-
-
 @task(name="check", help={"inventory": INVENTORY_HELP})
 def cluster_check(c, inventory=None):
     """SSH, GPUs, identical trainer env, Spark, Determined, PostgreSQL, clock skew, disk: one table."""
-    _harness_call(_cluster_check, inventory)
+    from dtlab import commands
+
+    _harness_call(commands.cluster_check, inventory)
 
 
 @task(name="reset", help={"inventory": INVENTORY_HELP})
 def cluster_reset(c, inventory=None):
     """Stop every dtlab run, restart Spark/Determined, clear unfinished scratch; ends with cluster.check."""
-    _harness_call(_cluster_reset, inventory)
+    from dtlab import commands
+
+    _harness_call(commands.cluster_reset, inventory)
 
 
 # --- trainer -----------------------------------------------------------------
@@ -142,10 +125,9 @@ def cluster_reset(c, inventory=None):
 @task(name="deploy", help={"inventory": INVENTORY_HELP})
 def trainer_deploy(c, inventory=None):
     """Push the trainer code to every node, check identical envs, build the Docker image where chosen."""
-    from dtlab.deploy import deploy
-    from dtlab.inventory import load_cluster
+    from dtlab import commands
 
-    _harness_call(lambda: deploy(load_cluster(inventory)))
+    _harness_call(commands.trainer_deploy, inventory)
 
 
 # --- bench -------------------------------------------------------------------
@@ -163,26 +145,15 @@ BENCH_HELP = {
 }
 
 
-def _bench_options(profile, only, force, retries, timeout, verbose, matrix, report=True):
-    from dtlab.bench import BenchOptions
-    from dtlab.errors import DtlabError
-
-    try:
-        retries, timeout = int(retries), (int(timeout) if timeout not in (None, "") else None)
-    except ValueError:
-        raise DtlabError(f"--retries {retries} / --timeout {timeout}: must be whole numbers") from None
-    return BenchOptions(profile=profile, only=only, force=force, retries=retries, timeout_s=timeout,
-                        verbose=verbose, matrix_path=Path(matrix) if matrix else None, report=report)
-
-
 @task(name="all", help=BENCH_HELP)
 def bench_all(c, inventory=None, profile=None, only=None, force=False, retries=1, timeout=None, verbose=False,
               matrix=None, report=True):
     """Run the whole matrix over SSH in a stable order (resumable), then write the report."""
-    from dtlab.bench import all_command
+    from dtlab import commands
 
-    options = _harness_call(_bench_options, profile, only, force, retries, timeout, verbose, matrix, report)
-    outcomes = _harness_call(all_command, inventory, options)
+    options = _harness_call(commands.bench_options, profile, only, force, retries, timeout, verbose, matrix,
+                            report)
+    outcomes = _harness_call(commands.bench_all, inventory, options)
     sys.exit(1 if any(outcome.status == "failed" for outcome in outcomes) else 0)
 
 
@@ -190,10 +161,11 @@ def bench_all(c, inventory=None, profile=None, only=None, force=False, retries=1
                         **{k: v for k, v in BENCH_HELP.items() if k not in ("only", "force", "report")}})
 def bench_run(c, cell, inventory=None, profile=None, retries=1, timeout=None, verbose=False, matrix=None):
     """Run one matrix cell now (even if recorded) and record it."""
-    from dtlab.bench import run_command
+    from dtlab import commands
 
-    options = _harness_call(_bench_options, profile, None, True, retries, timeout, verbose, matrix, False)
-    outcome = _harness_call(run_command, inventory, cell, options)
+    options = _harness_call(commands.bench_options, profile, None, True, retries, timeout, verbose, matrix,
+                            False)
+    outcome = _harness_call(commands.bench_run, inventory, cell, options)
     sys.exit(0 if outcome.status == "ok" else 1)
 
 
@@ -205,9 +177,9 @@ def bench_run(c, cell, inventory=None, profile=None, retries=1, timeout=None, ve
     "study": "render the report from the study's published runs alone (default out: results/study-report)"})
 def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, study=False):
     """Regenerate the study's Tables 5.1-5.9 and Figure 5.1 from the results store, beside the study's."""
-    import dtlab.report
+    from dtlab import commands
 
-    _harness_call(dtlab.report.report_command, inventory=inventory, results_dir=results_dir, out=out,
+    _harness_call(commands.bench_report, inventory=inventory, results_dir=results_dir, out=out,
                   profile=profile, study=study)
 
 
@@ -232,32 +204,12 @@ def test(c, lint=True, fast=False, pytest_args=""):
     c.run(f"pytest {FAST_TESTS if fast else ''} {pytest_args}".strip(), echo=True, pty=False)
 
 
-def _demo(name):
-    import dtlab.lab
-    from dtlab.bench import BenchOptions, all_command
-    from dtlab.deploy import deploy
-    from dtlab.inventory import load_cluster
-
-    config = dtlab.lab.up(name)
-    inventory = str(config.inventory_path)
-    print(f"demo 1/4: lab {config.name} up ({inventory}); provisioning with ansible-playbook site.yml")
-    from dtlab.errors import DtlabError
-    from dtlab.provision import converge
-
-    converged = converge(inventory, progress=print)
-    if not converged.ok:
-        raise DtlabError(f"demo: site.yml did not converge: {converged.summary()}")
-    print(f"provisioned: {converged.summary()}")
-    print("demo 2/4: trainer.deploy")
-    deploy(load_cluster(inventory))
-    print("demo 3/4: bench.all --profile smoke (then 4/4: the report)")
-    all_command(inventory, BenchOptions(profile="smoke"))
-
-
 @task(help={"name": LAB_NAME_HELP})
 def demo(c, name=None):
     """lab.up, ansible-playbook site.yml, trainer.deploy, bench.all --profile smoke, then the report."""
-    _harness_call(_demo, name)
+    from dtlab import commands
+
+    _harness_call(commands.demo, name)
 
 
 lab = Collection("lab", lab_up, lab_down, lab_status, lab_ssh, lab_restart_node)

@@ -22,7 +22,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -743,66 +743,3 @@ def _log_tail(log_dir: Path | None, node: str) -> list[str]:
         return path.read_text(errors="replace").splitlines()[-LOG_TAIL_LINES:]
     except OSError:
         return []
-
-
-# --- the commands tasks.py calls --------------------------------------------------
-
-
-def write_report(cluster: Cluster, profile: str | None, say=print) -> Path | None:
-    """bench.report's logic after a matrix run; an empty store is a note, not an error."""
-    from dtlab.report import EmptyStoreError, generate_report
-
-    try:
-        files = generate_report(ResultStore.for_cluster(cluster.name), profile=profile)
-    except EmptyStoreError as note:
-        say(str(note))
-        return None
-    say(f"report: {files.markdown} (HTML {files.html})")
-    return Path(files.markdown)
-
-
-def all_command(inventory: str | None, options: BenchOptions) -> list[CellOutcome]:
-    """invoke bench.all: validate inventory, matrix and flags, run every cell, then write the report."""
-    from dtlab.inventory import load_cluster
-
-    cluster = load_cluster(inventory)
-    bench = Bench(cluster, options)
-    selected = bench.load_matrix()  # every bad flag or matrix fails here, before any node is touched
-    try:
-        outcomes = bench.run_matrix(selected)
-    except KeyboardInterrupt:
-        (bench.display.console.print if bench.display else print)(
-            "interrupted: the running cell's units are stopped on every node; recorded results are intact"
-        )
-        raise
-    done = sum(o.status == "ok" for o in outcomes)
-    failed_cells = [o for o in outcomes if o.status == "failed"]
-    skipped = sum(o.status == "skipped" for o in outcomes)
-    print(
-        f"bench.all {selected.profile}: {done} ran ok, {skipped} already recorded, {len(failed_cells)} failed"
-    )
-    if options.report:
-        write_report(cluster, selected.profile)
-    return outcomes
-
-
-def run_command(inventory: str | None, cell_key: str, options: BenchOptions) -> CellOutcome:
-    """invoke bench.run CELL: exactly one cell of the profile (recorded or not: it always runs)."""
-    from dtlab.inventory import load_cluster
-
-    cluster = load_cluster(inventory)
-    bench = Bench(cluster, options)
-    selected = bench.load_matrix()
-    matching = [c for c in selected.cells if c.key == cell_key]
-    if not matching:
-        raise DtlabError(
-            f"bench.run {cell_key}: no such cell in profile {selected.profile}; cells: "
-            f"{', '.join(c.key for c in selected.cells)}"
-        )
-    bench.check_before_start(replace(selected, cells=tuple(matching)))
-    bench.display = Display(1, options.verbose)
-    bench.display.pending = list(matching)
-    with bench.display:
-        outcome = bench.run_cell(matching[0], bench.timeout_for(selected))
-        bench.display.finish_cell(outcome)
-    return outcome

@@ -1,0 +1,159 @@
+"""The bodies of the `invoke` commands (tasks.py only declares them): read the inventory, call the
+harness, print what a user needs. Bad input raises DtlabError, which tasks.py prints as one line."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from dtlab import cluster as cluster_module
+from dtlab.bench import Bench, BenchOptions, CellOutcome, Display
+from dtlab.errors import DtlabError
+from dtlab.inventory import Cluster, load_cluster
+from dtlab.paths import results_dir_for
+from dtlab.report import STUDY_REPORT_DIR, EmptyStoreError, ReportFiles, generate_report, write_report
+from dtlab.report.build import build_study_report
+from dtlab.results import ResultStore
+
+# --- cluster and trainer -------------------------------------------------------------
+
+
+def cluster_check(inventory: str | None) -> None:
+    cluster_module.check_or_raise(load_cluster(inventory))
+
+
+def cluster_reset(inventory: str | None) -> None:
+    """Back to a clean, known state; the cells with recorded results keep their scratch."""
+    target = load_cluster(inventory)
+    recorded = {run.cell_key for run in ResultStore.for_cluster(target.name).runs(status="ok")}
+    rows = cluster_module.reset(target, recorded_cells=recorded)
+    cluster_module.render(rows, target)
+    if cluster_module.failed(rows):
+        raise cluster_module.ClusterUnhealthy(
+            f"cluster.reset: done, but {len(cluster_module.failed(rows))} check(s) fail")
+
+
+def trainer_deploy(inventory: str | None) -> None:
+    from dtlab.deploy import deploy
+
+    deploy(load_cluster(inventory))
+
+
+# --- bench -----------------------------------------------------------------------------
+
+
+def bench_options(profile, only, force, retries, timeout, verbose, matrix, report=True) -> BenchOptions:
+    """The bench flags as given on the command line (strings), checked."""
+    try:
+        retries, timeout = int(retries), (int(timeout) if timeout not in (None, "") else None)
+    except ValueError:
+        raise DtlabError(f"--retries {retries} / --timeout {timeout}: must be whole numbers") from None
+    return BenchOptions(profile=profile, only=only, force=force, retries=retries, timeout_s=timeout,
+                        verbose=verbose, matrix_path=Path(matrix) if matrix else None, report=report)
+
+
+def matrix_report(cluster: Cluster, profile: str | None, say=print) -> Path | None:
+    """The report after a matrix run; an empty store is a note here, not an error."""
+    try:
+        files = generate_report(ResultStore.for_cluster(cluster.name), profile=profile)
+    except EmptyStoreError as note:
+        say(str(note))
+        return None
+    say(f"report: {files.markdown} (HTML {files.html})")
+    return Path(files.markdown)
+
+
+def bench_all(inventory: str | None, options: BenchOptions) -> list[CellOutcome]:
+    """invoke bench.all: validate inventory, matrix and flags, run every cell, then write the report."""
+    cluster = load_cluster(inventory)
+    bench = Bench(cluster, options)
+    selected = bench.load_matrix()  # every bad flag or matrix fails here, before any node is touched
+    try:
+        outcomes = bench.run_matrix(selected)
+    except KeyboardInterrupt:
+        (bench.display.console.print if bench.display else print)(
+            "interrupted: the running cell's units are stopped on every node; recorded results are intact"
+        )
+        raise
+    done = sum(o.status == "ok" for o in outcomes)
+    failed_cells = [o for o in outcomes if o.status == "failed"]
+    skipped = sum(o.status == "skipped" for o in outcomes)
+    print(
+        f"bench.all {selected.profile}: {done} ran ok, {skipped} already recorded, {len(failed_cells)} failed"
+    )
+    if options.report:
+        matrix_report(cluster, selected.profile)
+    return outcomes
+
+
+def bench_run(inventory: str | None, cell_key: str, options: BenchOptions) -> CellOutcome:
+    """invoke bench.run CELL: exactly one cell of the profile (recorded or not: it always runs)."""
+    cluster = load_cluster(inventory)
+    bench = Bench(cluster, options)
+    selected = bench.load_matrix()
+    matching = [c for c in selected.cells if c.key == cell_key]
+    if not matching:
+        raise DtlabError(
+            f"bench.run {cell_key}: no such cell in profile {selected.profile}; cells: "
+            f"{', '.join(c.key for c in selected.cells)}"
+        )
+    bench.check_before_start(replace(selected, cells=tuple(matching)))
+    bench.display = Display(1, options.verbose)
+    bench.display.pending = list(matching)
+    with bench.display:
+        outcome = bench.run_cell(matching[0], bench.timeout_for(selected))
+        bench.display.finish_cell(outcome)
+    return outcome
+
+
+def bench_report(
+    *,
+    inventory: str | None = None,
+    results_dir: str | os.PathLike[str] | None = None,
+    out: str | os.PathLike[str] | None = None,
+    profile: str | None = None,
+    study: bool = False,
+) -> ReportFiles:
+    """`invoke bench.report`: resolve the results folder, write the report, print where it went.
+
+    An empty store raises EmptyStoreError (one line, exit 1: there is no report to read). Bad input
+    raises DtlabError (exit 2). With `study`, the report is rendered from the study's published runs
+    alone (default folder results/study-report).
+    """
+    if study:
+        if results_dir is not None or profile is not None or inventory is not None:
+            raise DtlabError("bench.report: --study reads only the study's published runs; "
+                             "leave out --inventory, --results-dir and --profile")
+        files = write_report(build_study_report(), Path(out) if out is not None else STUDY_REPORT_DIR)
+    else:
+        if results_dir is None:
+            # Only the cluster's name is read, no node is contacted: the example's placeholders pass.
+            results_dir = results_dir_for(load_cluster(inventory, allow_placeholders=True).name)
+        files = generate_report(results_dir, out, profile=profile)
+    print(f"report: {files.markdown}")
+    print(f"        {files.html}")
+    print(f"        {len(files.csv)} CSV tables in {files.csv[0].parent}, {len(files.figures)} figure files")
+    return files
+
+
+# --- the demo ----------------------------------------------------------------------------
+
+
+def demo(name: str | None) -> list[CellOutcome]:
+    """lab.up, site.yml (shown as it runs), trainer.deploy, bench.all --profile smoke and its report."""
+    import dtlab.lab
+    from dtlab.deploy import deploy
+    from dtlab.provision import converge
+
+    config = dtlab.lab.up(name)
+    inventory = str(config.inventory_path)
+    print(f"demo 1/4: lab {config.name} up ({inventory}); provisioning with ansible-playbook site.yml")
+    converged = converge(inventory, progress=print)
+    if not converged.ok:
+        raise DtlabError(f"demo: site.yml did not converge: {converged.summary()}")
+    print(f"provisioned: {converged.summary()}")
+    print("demo 2/4: trainer.deploy")
+    deploy(load_cluster(inventory))
+    print("demo 3/4: bench.all --profile smoke (then 4/4: the report)")
+    return bench_all(inventory, BenchOptions(profile="smoke"))
