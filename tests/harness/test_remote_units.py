@@ -9,6 +9,7 @@ import pytest
 
 from dtlab import bench, paths, remote
 from dtlab.cell import Cell
+from dtlab.display import Display
 
 
 def test_a_cell_unit_is_named_and_bounded_and_its_script_is_valid_shell(tmp_path):
@@ -88,7 +89,7 @@ def _node(address):
 
 def test_eta_comes_from_measured_cell_times_per_framework():
     cells = [Cell("ddp", 1, 2, 0), Cell("spark", 1, 2, 0), Cell("ddp", 2, 2, 0), Cell("spark", 2, 2, 0)]
-    display = bench.Display(len(cells), verbose=False)
+    display = Display(len(cells), verbose=False)
     display.pending = list(cells)
     assert display.eta_seconds() is None  # nothing measured yet
     for cell, seconds in zip(cells[:2], (10.0, 100.0), strict=True):
