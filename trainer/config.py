@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import hashlib
+import json
 import re
 import tempfile
 import typing
@@ -35,42 +37,64 @@ class ConfigError(ValueError):
     """A bad configuration value, found before training starts. The message is one line."""
 
 
+# Every option says whether it is part of the config hash (what makes two runs the same experiment):
+# hashed always; hashed only when set away from its default (options added after runs were recorded,
+# so those runs keep their hash); or not hashed (where things go, labels, per-node resources).
+HASH_ALWAYS, HASH_IF_SET, NOT_HASHED = "always", "if set", "no"
+
+
+def hashed(default):
+    return dataclasses.field(default=default, metadata={"hash": HASH_ALWAYS})
+
+
+def hashed_if_set(default):
+    return dataclasses.field(default=default, metadata={"hash": HASH_IF_SET})
+
+
+def not_hashed(default):
+    return dataclasses.field(default=default, metadata={"hash": NOT_HASHED})
+
+
 @dataclasses.dataclass
 class TrainConfig:
     # --- what to train on ---
-    model: str = "prajjwal1/bert-tiny"
-    dataset: str = "stanfordnlp/imdb"
-    generated_train_size: int = 25_000
-    generated_test_size: int = 25_000
-    generated_median_words: int = 230  # IMDB-like review length; scale down for the CPU lab
-    generated_seed: int = 0  # the data stays put when the training seed varies, as IMDB does
+    model: str = hashed("prajjwal1/bert-tiny")
+    dataset: str = hashed("stanfordnlp/imdb")
+    generated_train_size: int = hashed(25_000)
+    generated_test_size: int = hashed(25_000)
+    generated_median_words: int = hashed(230)  # IMDB-like review length; scale down for the CPU lab
+    generated_seed: int = hashed(0)  # the data stays put when the training seed varies, as IMDB does
     # --- the study's protocol ---
-    epochs: int = 1
-    seed: int = 42
-    batch_size: int = 32  # per worker
-    learning_rate: float = 5e-5
-    weight_decay: float = 0.01
-    warmup_steps: int = 500
-    max_length: int = 512
-    optimizer: str = "adamw"  # "sgd" exists only for the DDP-equivalence test: Adam hides gradient scale
-    dropout: float | None = None  # None = the model's own; 0 makes runs comparable across world sizes
+    epochs: int = hashed(1)
+    seed: int = hashed(42)
+    batch_size: int = hashed(32)  # per worker
+    learning_rate: float = hashed(5e-5)
+    weight_decay: float = hashed(0.01)
+    warmup_steps: int = hashed(500)
+    max_length: int = hashed(512)
+    # "sgd" exists only for the DDP-equivalence test: Adam hides gradient scale
+    optimizer: str = hashed("adamw")
+    dropout: float | None = hashed(None)  # None = the model's own; 0 makes runs comparable across world sizes
     # --- speed ---
-    group_by_length: bool = True
-    threads: int = 1  # CPU threads per worker
-    device: str = "auto"  # auto | cpu | cuda
-    mixed_precision: str = "auto"  # auto | no | bf16 | fp16 (CUDA only)
-    num_workers: int | None = None  # loader processes; None = auto (0 on CPU, 2 on CUDA)
-    pad_to_multiple_of: int | None = None  # batch width rounding; None = auto (1 CPU, 8 CUDA, 64 compiled)
-    compile: str = "no"  # no | default | reduce-overhead (torch.compile; reduce-overhead = CUDA graphs)
-    deterministic: bool = False  # torch.use_deterministic_algorithms: bit-exact reruns on CUDA
-    sparse_embedding_sync: bool = False  # dtlab's opt-in: all-reduce only the touched embedding rows
+    group_by_length: bool = hashed(True)
+    threads: int = not_hashed(1)  # CPU threads per worker
+    device: str = not_hashed("auto")  # auto | cpu | cuda
+    mixed_precision: str = hashed("auto")  # auto | no | bf16 | fp16 (CUDA only)
+    num_workers: int | None = hashed(None)  # loader processes; None = auto (0 on CPU, 2 on CUDA)
+    # batch width rounding; None = auto (1 CPU, 8 CUDA, 64 compiled)
+    pad_to_multiple_of: int | None = hashed_if_set(None)
+    # no | default | reduce-overhead (torch.compile; reduce-overhead = CUDA graphs)
+    compile: str = hashed_if_set("no")
+    deterministic: bool = hashed_if_set(False)  # torch.use_deterministic_algorithms: bit-exact reruns on CUDA
+    # dtlab's opt-in: all-reduce only the touched embedding rows
+    sparse_embedding_sync: bool = hashed_if_set(False)
     # --- where things go ---
-    output_dir: str = "out"
-    checkpoint_dir: str | None = None  # None = no checkpoints
-    cache_dir: str | None = None  # tokenized-split cache; None = <output_dir>/../token-cache
+    output_dir: str = not_hashed("out")
+    checkpoint_dir: str | None = not_hashed(None)  # None = no checkpoints
+    cache_dir: str | None = not_hashed(None)  # tokenized-split cache; None = <output_dir>/../token-cache
     # --- labels ---
-    framework: str = "ddp"  # ddp | spark | determined
-    framework_label: str | None = None  # overrides the launcher's label in result.json
+    framework: str = not_hashed("ddp")  # ddp | spark | determined
+    framework_label: str | None = not_hashed(None)  # overrides the launcher's label in result.json
 
     def validate(self, *, local: bool = True) -> TrainConfig:
         """Check every value; raise ConfigError naming the first bad one. Returns self.
@@ -132,6 +156,21 @@ class TrainConfig:
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+_UNMARKED = [f.name for f in dataclasses.fields(TrainConfig) if "hash" not in f.metadata]
+if _UNMARKED:  # a new option must say whether it changes the experiment
+    raise TypeError(f"TrainConfig: mark {_UNMARKED} with hashed(), hashed_if_set() or not_hashed()")
+
+
+def config_hash(cfg: TrainConfig) -> str:
+    """What makes two runs the same experiment: the hashed options, per their marks above."""
+    hashed_values = {}
+    for option in dataclasses.fields(cfg):
+        value, mark = getattr(cfg, option.name), option.metadata["hash"]
+        if mark == HASH_ALWAYS or (mark == HASH_IF_SET and value != option.default):
+            hashed_values[option.name] = value
+    return hashlib.sha256(json.dumps(hashed_values, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _at_least(key: str, value: int, minimum: int) -> None:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
-import json
 import os
 import random
 import resource
@@ -29,19 +27,12 @@ import torch
 import torch.distributed as dist
 
 from trainer import checkpoint, progress
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import ConfigError, TrainConfig, config_hash
 from trainer.data import LengthGroupedBatchSampler, PaddedBatches, tokenized_splits, validation_batches
 from trainer.model import build_model
 from trainer.result import versions, write_result
 
 # Fields that change what is trained; paths, labels and thread counts do not.
-_HASHED_FIELDS = ("model", "dataset", "generated_train_size", "generated_test_size", "generated_median_words",
-                  "generated_seed", "epochs", "seed", "batch_size", "learning_rate", "weight_decay",
-                  "warmup_steps", "max_length", "optimizer", "dropout", "group_by_length", "mixed_precision",
-                  "num_workers")
-# Options added later enter the hash only when set, so runs recorded before they existed keep theirs.
-_HASHED_IF_SET = {"pad_to_multiple_of": None, "compile": "no", "deterministic": False,
-                  "sparse_embedding_sync": False}
 _PRECISION_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 _STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
 _GPU_UTILIZATION_EVERY_STEPS = 20  # an NVML query per step would cost more than it tells
@@ -78,14 +69,6 @@ class TrainHooks:
     def should_stop(self) -> bool:
         """True to stop after this epoch's checkpoint (preemption); train() then returns None."""
         return False
-
-
-def config_hash(cfg: TrainConfig) -> str:
-    hashed = {key: getattr(cfg, key) for key in _HASHED_FIELDS}
-    hashed.update({key: getattr(cfg, key) for key, default in _HASHED_IF_SET.items()
-                   if getattr(cfg, key) != default})
-    canonical = json.dumps(hashed, sort_keys=True)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def auto_precision(capability: tuple[int, int]) -> str:
