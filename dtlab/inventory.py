@@ -43,7 +43,7 @@ class Node:
     known_hosts_file: str | None = None
     gpu_indices: tuple[int, ...] = ()
     device: str = "cuda"
-    socket_ifname: str = "eth0"
+    socket_ifname: str = ""  # dtlab_socket_ifname; empty: torch picks the interface
     # Raw host variables and a renderer for them: only the keys asked for are templated, so lookups
     # with side effects (the generated-secret password lookups) never run just because we read the inventory.
     hostvars: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
@@ -436,7 +436,7 @@ def _node(where: str, host: Any, loader: Any, variables: Any, allow_placeholders
         known_hosts_file=known_hosts,
         gpu_indices=gpu_indices,
         device=device,
-        socket_ifname=str(get("dtlab_socket_ifname", "eth0")),
+        socket_ifname=str(get("dtlab_socket_ifname") or ""),
         hostvars=dict(raw),
         render=render,
     )

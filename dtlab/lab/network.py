@@ -81,7 +81,8 @@ def ensure_bridge(config: LabConfig, state: LabState) -> None:
 
 # --- per node -----------------------------------------------------------------
 def ensure_node_network(config: LabConfig, state: LabState, node: str) -> None:
-    """netns `dtlab-<lab>-<node>` holding eth0 (the node's address, no default route) on the bridge."""
+    """netns `dtlab-<lab>-<node>` holding the node's interface (config.node_ifname: its address, no
+    default route) on the bridge."""
     netns = config.netns_name(node)
     veth = config.veth_host_ifname(node)
     if netns_exists(netns) and netns not in state.created("netns"):
@@ -91,14 +92,14 @@ def ensure_node_network(config: LabConfig, state: LabState, node: str) -> None:
         state.record_created("netns", netns)
         run(["ip", "netns", "add", netns])
     if not link_exists(veth):
-        if link_exists("eth0", netns):  # half of a pair whose host side is gone
-            run(["ip", "-n", netns, "link", "delete", "eth0"])
+        if link_exists(config.node_ifname, netns):  # half of a pair whose host side is gone
+            run(["ip", "-n", netns, "link", "delete", config.node_ifname])
         state.record_created("links", veth)
-        run(["ip", "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns])
+        run(["ip", "link", "add", veth, "type", "veth", "peer", "name", config.node_ifname, "netns", netns])
     run(["ip", "link", "set", veth, "master", config.bridge_ifname, "up"])
     address = f"{config.node_address(node)}/{config.subnet.prefixlen}"
-    run(["ip", "-n", netns, "addr", "replace", address, "dev", "eth0"])
-    run(["ip", "-n", netns, "link", "set", "eth0", "up"])
+    run(["ip", "-n", netns, "addr", "replace", address, "dev", config.node_ifname])
+    run(["ip", "-n", netns, "link", "set", config.node_ifname, "up"])
     run(["ip", "-n", netns, "link", "set", "lo", "up"])
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
-from dtlab.launch.common import CellPaths, Launch, place, trainer_config, trainer_env, unit
+from dtlab.launch.common import CellPaths, Launch, place, socket_env, trainer_config, trainer_env, unit
 from dtlab.remote import UnitSpec
 
 LABEL = "spark (TorchDistributor, standalone)"
@@ -32,8 +32,7 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     worker = placement.slots[0].node
     executor_env = {
         "PYTHONPATH": cluster.code_dir,
-        "GLOO_SOCKET_IFNAME": worker.socket_ifname,
-        "NCCL_SOCKET_IFNAME": worker.socket_ifname,
+        **socket_env(worker),
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HOME": f"{cluster.data_dir}/huggingface",
