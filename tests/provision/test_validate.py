@@ -18,6 +18,7 @@ import yaml
 from dtlab import paths
 from dtlab.errors import DtlabError
 from dtlab.inventory import load_cluster
+from dtlab.pins import pinned
 
 ANSIBLE_PLAYBOOK = paths.REPO_ROOT / ".venv" / "bin" / "ansible-playbook"
 INVOKE = Path(sys.executable).parent / "invoke"
@@ -215,9 +216,7 @@ BAD_INVENTORIES = {
 
 def expected_line(tmp_path, case):
     _, _, named_file, tail = BAD_INVENTORIES[case]
-    from dtlab.inventory import _pinned_version
-
-    tail = tail.replace("{pin}", _pinned_version("pyspark"))
+    tail = tail.replace("{pin}", pinned("pyspark"))
     return f"inventory {tmp_path / 'inventory' / named_file}: {tail}"
 
 
