@@ -66,7 +66,7 @@ def _parse_probe(text: str) -> dict[str, str]:
 def check(cluster: Cluster) -> list[CheckRow]:
     rows: list[CheckRow] = []
     min_free_gb = float(cluster.var("dtlab_min_free_disk_gb", MIN_FREE_DISK_GB_DEFAULT))
-    probes: dict[str, dict[str, str]] = {}
+    node_states: dict[str, dict[str, str]] = {}  # per node: the probe script's key=value answers
 
     def probe(node: Node) -> tuple[float, remote.CommandResult, float]:
         sent = time.time()
@@ -81,7 +81,7 @@ def check(cluster: Cluster) -> list[CheckRow]:
             continue
         sent, result, received = answer
         values = _parse_probe(result.stdout)
-        probes[node.name] = values
+        node_states[node.name] = values
         rows.append(CheckRow("ssh", node.name, True, f"{node.ssh_user}@{node.address}"))
         # Clock skew: the node's clock against the controller's at the middle of the round trip.
         try:
@@ -132,8 +132,8 @@ def check(cluster: Cluster) -> list[CheckRow]:
             )
         )
 
-    rows += _check_environment(cluster, [n for n in cluster.nodes if n.name in probes])
-    rows += _check_services(cluster, probes)
+    rows += _check_environment(cluster, [n for n in cluster.nodes if n.name in node_states])
+    rows += _check_services(cluster, node_states)
     return rows
 
 
@@ -165,21 +165,21 @@ def _check_environment(cluster: Cluster, reachable: list[Node]) -> list[CheckRow
     return rows
 
 
-def _service_state(probes: dict[str, dict[str, str]], node: str, service: str) -> dict[str, str]:
+def _service_state(node_states: dict[str, dict[str, str]], node: str, service: str) -> dict[str, str]:
     """{unit: active state} of the units found for one service on one node."""
     return {
         key.removeprefix(f"service.{service}."): value
-        for key, value in probes.get(node, {}).items()
+        for key, value in node_states.get(node, {}).items()
         if key.startswith(f"service.{service}.")
     }
 
 
-def _check_services(cluster: Cluster, probes: dict[str, dict[str, str]]) -> list[CheckRow]:
+def _check_services(cluster: Cluster, node_states: dict[str, dict[str, str]]) -> list[CheckRow]:
     rows: list[CheckRow] = []
     master = cluster.master
-    if master is None or master.name not in probes:
+    if master is None or master.name not in node_states:
         return rows
-    spark_units = _service_state(probes, master.name, "spark-master")
+    spark_units = _service_state(node_states, master.name, "spark-master")
     if spark_units:
         alive = probes.spark_alive_workers(cluster)
         expected = len(cluster.workers)
@@ -200,7 +200,7 @@ def _check_services(cluster: Cluster, probes: dict[str, dict[str, str]]) -> list
                 "spark master", master.name, False, "no spark-master unit; run ansible-playbook site.yml"
             )
         )
-    postgres = _service_state(probes, master.name, "postgresql")
+    postgres = _service_state(node_states, master.name, "postgresql")
     if postgres:
         ready = remote.run(master, f"pg_isready -q -h 127.0.0.1 -p {cluster.postgresql_port}", timeout=20)
         rows.append(
@@ -218,7 +218,7 @@ def _check_services(cluster: Cluster, probes: dict[str, dict[str, str]]) -> list
             CheckRow("postgresql", master.name, False, "no postgresql unit; run ansible-playbook site.yml")
         )
     if cluster.has_determined_master:
-        states = _service_state(probes, master.name, "determined-master")
+        states = _service_state(node_states, master.name, "determined-master")
         rows.append(
             CheckRow(
                 "determined master",
@@ -228,7 +228,7 @@ def _check_services(cluster: Cluster, probes: dict[str, dict[str, str]]) -> list
             )
         )
         for worker in cluster.workers:
-            agent = _service_state(probes, worker.name, "determined-agent")
+            agent = _service_state(node_states, worker.name, "determined-agent")
             rows.append(
                 CheckRow(
                     "determined agent",
