@@ -59,6 +59,7 @@ def run_check_mode(inventory, *extra_args):
          "--check", *extra_args], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.slow  # an ansible-playbook check-mode run: not in `invoke test --fast`
 def test_gpu_tasks_run_in_check_mode_with_the_gpu_fact_forced_on(controller_inventory, key_server):
     sources_before = sorted(os.listdir("/etc/apt/sources.list.d"))
     result = run_check_mode(
@@ -78,6 +79,7 @@ def test_gpu_tasks_run_in_check_mode_with_the_gpu_fact_forced_on(controller_inve
     assert sorted(os.listdir("/etc/apt/sources.list.d")) == sources_before
 
 
+@pytest.mark.slow  # an ansible-playbook check-mode run: not in `invoke test --fast`
 def test_gpu_tasks_skip_with_their_message_without_a_gpu(controller_inventory):
     result = run_check_mode(controller_inventory, "-e", "dtlab_gpu_count=0",
                             "-e", "docker_install_source=distribution")

@@ -24,6 +24,7 @@ def test_site_playbook_syntax_check_passes():
     assert result.returncode == 0, result.stdout + result.stderr
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: not in `invoke test --fast`
 def test_ansible_lint_production_profile_is_clean():
     result = run([VENV_BIN / "ansible-lint", "--nocolor", "-f", "pep8", "--profile", "production"],
                  timeout=600)

@@ -30,6 +30,7 @@ def core_api_ports(monkeypatch):
     monkeypatch.setenv("INTER_TRAIN_PROCESS_COMM_PORT_2", str(free_loopback_port()))
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: not in `invoke test --fast`
 def test_preempted_run_checkpoints_exits_cleanly_and_resumes(make_config, tmp_path, core_api_ports):
     checkpoints = tmp_path / "checkpoints"
     cfg = make_config(epochs=2, checkpoint_dir=str(checkpoints), **SMALL)

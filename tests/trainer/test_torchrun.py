@@ -36,6 +36,7 @@ def two_worker_run(tmp_path_factory, token_cache):
     return cfg, root, completed
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: not in `invoke test --fast`
 def test_two_workers_under_torchrun(two_worker_run):
     cfg, root, completed = two_worker_run
     result = json.loads((root / "out" / "result.json").read_text())
@@ -49,6 +50,7 @@ def test_two_workers_under_torchrun(two_worker_run):
     assert completed.stdout.count("final accuracy") == 1  # rank 0 alone reports
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: not in `invoke test --fast`
 def test_ddp_averages_gradients_like_one_worker_with_the_double_batch(make_config, tmp_path):
     # SGD, not AdamW: Adam's update ignores the gradient's scale and would hide summed gradients.
     shared = dict(optimizer="sgd", learning_rate=0.5, warmup_steps=0, dropout=0.0, group_by_length=False,
@@ -67,6 +69,7 @@ def test_ddp_averages_gradients_like_one_worker_with_the_double_batch(make_confi
     assert max_weight_difference(two_workers, one_worker) < 1e-5
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: not in `invoke test --fast`
 def test_sparse_embedding_sync_is_opt_in_labelled_and_matches_stock_ddp(make_config, tmp_path):
     # The opt-in all-reduces only the touched word-embedding rows; the averaged gradient must be stock DDP's.
     shared = dict(optimizer="sgd", learning_rate=0.5, warmup_steps=0, dropout=0.0, epochs=1,
@@ -91,6 +94,7 @@ def test_one_worker_runs_stock_ddp_as_torchrun_would(make_config):
         assert built.word_embeddings is None  # the touched-rows sync is off unless asked for
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: not in `invoke test --fast`
 def test_killed_run_resumes_to_the_unbroken_result(two_worker_run, tmp_path):
     cfg, unbroken_root, _ = two_worker_run
     killed_cfg = type(cfg)(**{**cfg.as_dict(), "output_dir": str(tmp_path / "out"),

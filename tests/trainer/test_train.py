@@ -42,6 +42,7 @@ def test_schema_rejects_a_broken_result(make_config):
     assert "final_accuracy" in load_schema()["required"]
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: not in `invoke test --fast`
 def test_learns_the_generated_signal(make_config):
     # ~130 steps on one core: random bert-tiny weights reach >= 0.95 accuracy. At lr 1e-3 the last epoch
     # can dip (0.92-0.96 seen across runs in one pytest session), so the best epoch is what must get there.
@@ -53,6 +54,7 @@ def test_learns_the_generated_signal(make_config):
     assert result["epoch_metrics"][-1]["val_loss"] < result["epoch_metrics"][0]["val_loss"]
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: not in `invoke test --fast`
 def test_stopped_then_resumed_run_matches_an_unbroken_run(make_config, tmp_path):
     # Dropout stays on: an exact match needs the RNG states from the checkpoint.
     unbroken_cfg = make_config(epochs=3, checkpoint_dir=str(tmp_path / "unbroken"),
@@ -91,6 +93,7 @@ def test_checkpoint_from_another_config_is_refused(make_config, tmp_path):
     assert not dist.is_initialized()
 
 
+@pytest.mark.slow  # its teardown waits ~25 s on 2 cores: not in `invoke test --fast`
 def test_checkpoint_trained_on_other_tokens_is_refused(make_config, tmp_path):
     # Same config, other tokens: e.g. a checkpoint from before the tokenizer changed, or a re-staged dataset.
     import torch
