@@ -97,9 +97,15 @@ class UnitWatch:
     a probe stuck on a dead link never holds the harness up.
     """
 
-    def __init__(self, jobs: list[tuple[Node, str]], say: Callable[[str], None]):
+    def __init__(
+        self,
+        jobs: list[tuple[Node, str]],
+        say: Callable[[str], None],
+        sessions: remote.Sessions | None = None,
+    ):
         self.jobs = jobs
         self.say = say
+        self.sessions = sessions
         now = time.monotonic()
         self.last_answer = {node.name: now for node, _ in jobs}
         self.ended_since: dict[str, float] = {}
@@ -121,15 +127,21 @@ class UnitWatch:
         self._stop.set()
 
     def _watch(self, node: Node, unit: str) -> None:
-        connection = None
+        # The cell's shared connection first; after an error, probes of its own, so a probe never
+        # closes the connection the unit's log stream runs on.
+        own = None
         while not self._stop.wait(WATCH_EVERY_S):
             try:
-                connection = connection or remote.connect(node, timeout=PROBE_TIMEOUT_S)
-                state = remote.unit_state(node, unit, timeout=PROBE_TIMEOUT_S, connection=connection)
+                if self.sessions is not None and own is None:
+                    shared = self.sessions.connection(node)
+                    state = remote.unit_state(node, unit, timeout=PROBE_TIMEOUT_S, connection=shared)
+                else:
+                    own = own or remote.connect(node, timeout=PROBE_TIMEOUT_S)
+                    state = remote.unit_state(node, unit, timeout=PROBE_TIMEOUT_S, connection=own)
             except DtlabError:
-                if connection is not None:
-                    connection.close()
-                connection = None
+                if own is not None:
+                    own.close()
+                own = remote.connect(node, timeout=PROBE_TIMEOUT_S)  # not opened yet: opens on use
                 continue
             now = time.monotonic()
             self.last_answer[node.name] = now
@@ -138,8 +150,8 @@ class UnitWatch:
                 self.seen_running.add(node.name)
             elif node.name in self.seen_running:  # before its start a unit reads inactive too
                 self.ended_since.setdefault(node.name, now)
-        if connection is not None:
-            connection.close()
+        if own is not None:
+            own.close()
 
     def fault(self, streaming: set[str]) -> AttemptFailure | None:
         """The first node that is silent, or whose unit ended while its stream (in `streaming`) is open."""
@@ -197,6 +209,8 @@ class Bench:
         self._node_versions: dict[str, Any] | None = None
         self.phases: dict[str, float] = {}
         self.marks: dict[str, float] = {}
+        # The running attempt's SSH connections, one per node (see remote.Sessions); None between attempts.
+        self.sessions: remote.Sessions | None = None
 
     # --- the matrix ----------------------------------------------------------------
 
@@ -321,6 +335,17 @@ class Bench:
     def run_attempt(
         self, cell: Cell, number_in_run: int, timeout_s: int, *, fresh: bool
     ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
+        """One attempt over one SSH connection per node, closed when the attempt ends."""
+        self.sessions = remote.Sessions()
+        try:
+            return self._run_attempt(cell, number_in_run, timeout_s, fresh=fresh)
+        finally:
+            self.sessions.close()
+            self.sessions = None
+
+    def _run_attempt(
+        self, cell: Cell, number_in_run: int, timeout_s: int, *, fresh: bool
+    ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
         attempt_started = time.monotonic()
         submitted_at = time.time()  # the whole-run clock starts when the harness takes up the attempt
         self.marks = {}
@@ -412,7 +437,7 @@ class Bench:
             + " | awk '{print $1}' | tr '\\n' ' ')"
         )
         own_prefix = remote.unit_name(planned.cell.key, "")
-        answers = remote.run_all(planned.all_nodes, check, timeout=30)
+        answers = remote.run_all(planned.all_nodes, check, timeout=30, sessions=self.sessions)
         for name, answer in answers.items():
             if isinstance(answer, BaseException):
                 raise PreflightError(f"preflight: {answer}", name)
@@ -446,7 +471,8 @@ class Bench:
             f"systemctl stop {stale} 2>/dev/null; systemctl reset-failed {stale} 2>/dev/null; "
             + launching.prepare_command(planned, self.cluster.user, fresh=fresh)
         )
-        for name, answer in remote.run_all(planned.prepare_nodes, command, timeout=60).items():
+        answers = remote.run_all(planned.prepare_nodes, command, timeout=60, sessions=self.sessions)
+        for name, answer in answers.items():
             if isinstance(answer, BaseException):
                 raise DtlabError(f"host {name}: cannot prepare the cell: {answer}")
             if not answer.ok:
@@ -465,8 +491,8 @@ class Bench:
         started = time.monotonic()
         self.marks = {"units_started": time.time()}
         pool = ThreadPoolExecutor(max_workers=len(planned.jobs), thread_name_prefix="dtlab-unit")
-        # Each stream has its own connection, so a stream that hangs can be closed from here.
-        connections = {node.name: remote.connect(node) for node, _ in planned.jobs}
+        sessions = self.sessions or remote.Sessions()
+        # Each stream is a channel of its node's connection; a stream that hangs is ended by closing it.
         futures: dict[Future, Node] = {
             pool.submit(
                 remote.run_unit,
@@ -475,11 +501,11 @@ class Bench:
                 timeout=timeout_s + TIMEOUT_MARGIN_S,
                 sink=sink,
                 log_file=log_dir / f"{node.name}.log",
-                connection=connections[node.name],
+                sessions=sessions,
             ): node
             for node, spec in planned.jobs
         }
-        watch = UnitWatch([(node, spec.unit) for node, spec in planned.jobs], say).start()
+        watch = UnitWatch([(node, spec.unit) for node, spec in planned.jobs], say, sessions).start()
         failure: AttemptFailure | None = None
         stopped_at: float | None = None
         try:
@@ -500,7 +526,7 @@ class Bench:
                 if stopped_at is not None and remaining and time.monotonic() - stopped_at > STOP_WAIT_S:
                     # Streams still open after the stop (a node cut off): close them, stop waiting.
                     for future in remaining:
-                        connections[futures[future].name].close()
+                        sessions.drop(futures[future].name)
                     say(f"[yellow]closed the log streams of {', '.join(futures[f].name for f in remaining)}"
                         " after the cell was stopped[/]")
                     break
@@ -508,15 +534,12 @@ class Bench:
             if self.display:
                 self.display.mute()
             self.stop_cell(planned.cell)
-            for connection in connections.values():
-                connection.close()
+            sessions.close()
             pool.shutdown(wait=False, cancel_futures=True)
             raise
         finally:
             watch.stop()
         pool.shutdown(wait=stopped_at is None or not remaining)
-        for connection in connections.values():
-            connection.close()
         self.marks["units_ended"] = time.time()
         if failure is not None:
             return None, failure
@@ -562,7 +585,7 @@ class Bench:
         self, planned: launching.Launch, log_dir: Path | None, search: tuple[Node, ...] | None = None
     ) -> tuple[dict[str, Any] | None, AttemptFailure | None]:
         for node in search or (planned.result_node,):
-            text = remote.fetch_text(node, planned.paths.result_path)
+            text = remote.fetch_text(node, planned.paths.result_path, sessions=self.sessions)
             if text:
                 try:
                     return json.loads(text), None
@@ -582,7 +605,8 @@ class Bench:
         """Stop this cell's units (and containers) on every node; bounded."""
         pattern = remote.unit_name(cell.key, "*")
         answers = remote.fan_out(
-            self.cluster.nodes, lambda node: remote.stop_units(node, pattern, timeout=STOP_WAIT_S)
+            self.cluster.nodes,
+            lambda node: remote.stop_units(node, pattern, timeout=STOP_WAIT_S, sessions=self.sessions),
         )
         if self.cluster.trainer_runtime == "docker":
             remote.run_all(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -29,8 +30,9 @@ COMMAND_TIMEOUT_S = 60
 # SSH keepalives on every connection: a silent peer is noticed by the transport too, not only by
 # the harness's own probes (bench.UnitWatch), and NATs and firewalls keep the session open.
 KEEPALIVE_S = 10
-# After a unit ends, give `tail -F` this long to flush its last lines before it is stopped.
-TAIL_GRACE_S = 0.5
+# The log follower checks this often whether the unit's waiter has exited; it then prints what is
+# left of the log and ends by itself (no fixed grace sleep after the unit).
+TAIL_CHECK_EVERY_S = 0.2
 
 T = TypeVar("T")
 LineSink = Callable[[str, str], None]  # (node name, line without newline)
@@ -98,10 +100,71 @@ def connect(node: Node, timeout: float = CONNECT_TIMEOUT_S):
 
 
 def _open_with_keepalive(connection) -> None:
-    connection.open()
+    connection.open()  # a no-op when already open; reconnects a connection whose transport died
     transport = connection.client.get_transport()
     if transport is not None:
         transport.set_keepalive(KEEPALIVE_S)
+        # A reused connection whose peer vanished (node down, link cut) would wait paramiko's default
+        # hour to open the next channel; give up as fast as a fresh connect would.
+        transport.channel_timeout = CONNECT_TIMEOUT_S
+
+
+def _ssh_failed(node: Node, exc: BaseException) -> RemoteError:
+    """paramiko/socket errors as one line that names the node."""
+    detail = str(exc).splitlines()[0] if str(exc) else "no detail"
+    return RemoteError(
+        f"host {node.name} ({node.address}): ssh failed: {type(exc).__name__}: {detail}; is the node up "
+        "(`invoke cluster.check`)?"
+    )
+
+
+class Sessions:
+    """One SSH connection per node, shared by everything a cell does there: preflight, prepare, the
+    log stream (a channel of its own), the result fetch and the cleanup. SSH multiplexes channels, so
+    concurrent commands share the connection; each node pays one handshake per cell, not one per call.
+
+    A connection is opened on first use (under a per-node lock, so two threads never open it twice)
+    and reopened on the next use if it dropped. `close()` ends them all; use it as a context manager.
+    """
+
+    def __init__(self) -> None:
+        self._connections: dict[str, Any] = {}
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def connection(self, node: Node):
+        """The node's open connection (RemoteError if it cannot be opened)."""
+        with self._guard:
+            lock = self._locks.setdefault(node.name, threading.Lock())
+        with lock:
+            connection = self._connections.get(node.name)
+            if connection is None:
+                connection = self._connections[node.name] = connect(node)
+            try:
+                _open_with_keepalive(connection)
+            except DtlabError:
+                raise
+            except Exception as exc:
+                self._connections.pop(node.name, None)
+                connection.close()
+                raise _ssh_failed(node, exc) from None
+            return connection
+
+    def drop(self, node_name: str) -> None:
+        """Close one node's connection (e.g. a stream hung on a cut link); the next use reconnects."""
+        connection = self._connections.pop(node_name, None)
+        if connection is not None:
+            connection.close()
+
+    def close(self) -> None:
+        for name in list(self._connections):
+            self.drop(name)
+
+    def __enter__(self) -> Sessions:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def unit_state(node: Node, unit: str, *, timeout: float, connection=None) -> str:
@@ -168,10 +231,15 @@ def run(
     sink: LineSink | None = None,
     log_file: Path | None = None,
     connection=None,
+    sessions: Sessions | None = None,
 ) -> CommandResult:
-    """Run a shell command on the node; a non-zero exit is a result, not an exception."""
+    """Run a shell command on the node; a non-zero exit is a result, not an exception.
+
+    Over `connection`, or the node's connection in `sessions`, or else a connection of its own."""
     from invoke.exceptions import CommandTimedOut
 
+    if connection is None and sessions is not None:
+        connection = sessions.connection(node)
     own_connection = connection is None
     connection = connection or connect(node)
     writer = _LineWriter(node.name, sink, log_file) if (sink or log_file) else None
@@ -190,11 +258,9 @@ def run(
     except DtlabError:
         raise
     except Exception as exc:  # paramiko/socket errors: one line that names the node
-        raise RemoteError(
-            f"host {node.name} ({node.address}): ssh failed: {type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else 'no detail'}; is the node up "
-            "(`invoke cluster.check`)?"
-        ) from None
+        if sessions is not None and not own_connection:
+            sessions.drop(node.name)  # a broken transport: the next use reconnects
+        raise _ssh_failed(node, exc) from None
     finally:
         if writer:
             writer.close()
@@ -269,10 +335,12 @@ def unit_script(spec: UnitSpec) -> str:
         f"mkdir -p {shlex.quote(log_dir)}; : > {shlex.quote(spec.log_path)}; {owner}"
         f"systemctl reset-failed {shlex.quote(spec.unit + '.service')} 2>/dev/null; "
         f"{shlex.join(start)} & waiter=$!; "
-        # --pid: the follower ends with this shell, even if something kills the shell first (an
-        # orphaned tail would hold the SSH channel open until the cell's timeout).
-        f"tail -n +1 -F --pid=$$ {shlex.quote(spec.log_path)} 2>/dev/null & tailer=$!; "
-        f"wait $waiter; status=$?; sleep {TAIL_GRACE_S}; kill $tailer 2>/dev/null; exit $status"
+        # --pid=$waiter: once systemd-run returns (the unit ended, or something killed it), tail prints
+        # what is left of the log and exits by itself; so the stream ends with the unit, with every
+        # line and no fixed grace sleep, and no orphaned follower holds the SSH channel open.
+        f"tail -n +1 -F -s {TAIL_CHECK_EVERY_S} --pid=$waiter {shlex.quote(spec.log_path)} 2>/dev/null "
+        "& tailer=$!; "
+        "wait $waiter; status=$?; wait $tailer; exit $status"
     )
 
 
@@ -284,13 +352,18 @@ def run_unit(
     sink: LineSink | None = None,
     log_file: Path | None = None,
     connection=None,
+    sessions: Sessions | None = None,
 ) -> CommandResult:
     """Start the unit on the node and stream its log until it ends (or `timeout` passes)."""
-    return run(node, unit_script(spec), timeout=timeout, sink=sink, log_file=log_file, connection=connection)
+    return run(node, unit_script(spec), timeout=timeout, sink=sink, log_file=log_file, connection=connection,
+               sessions=sessions)
 
 
 def stop_units(
-    node: Node, patterns: str | Sequence[str] = CELL_UNIT_PATTERNS, timeout: float = 60
+    node: Node,
+    patterns: str | Sequence[str] = CELL_UNIT_PATTERNS,
+    timeout: float = 60,
+    sessions: Sessions | None = None,
 ) -> CommandResult:
     """Stop every matching cell unit on the node and forget failed ones; safe when none runs."""
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
@@ -300,7 +373,7 @@ def stop_units(
         f"systemctl reset-failed {quoted} 2>/dev/null; "
         f"systemctl list-units --all --plain --no-legend {quoted} | awk '{{print $1}}'"
     )
-    return run(node, command, timeout=timeout)
+    return run(node, command, timeout=timeout, sessions=sessions)
 
 
 def running_units(node: Node, patterns: Sequence[str] = CELL_UNIT_PATTERNS) -> list[str]:
@@ -315,9 +388,11 @@ def running_units(node: Node, patterns: Sequence[str] = CELL_UNIT_PATTERNS) -> l
 # --- files -------------------------------------------------------------------------
 
 
-def fetch_text(node: Node, remote_path: str, *, timeout: float = COMMAND_TIMEOUT_S) -> str | None:
+def fetch_text(
+    node: Node, remote_path: str, *, timeout: float = COMMAND_TIMEOUT_S, sessions: Sessions | None = None
+) -> str | None:
     """The content of a file on the node, or None if it does not exist."""
-    result = run(node, f"cat {shlex.quote(remote_path)} 2>/dev/null", timeout=timeout)
+    result = run(node, f"cat {shlex.quote(remote_path)} 2>/dev/null", timeout=timeout, sessions=sessions)
     return result.stdout if result.ok else None
 
 

@@ -40,6 +40,31 @@ def test_a_cell_unit_is_named_and_bounded_and_its_script_is_valid_shell(tmp_path
     assert syntax.returncode == 0, syntax.stderr
 
 
+SYSTEMD_RUN_STAND_IN = """#!/bin/sh
+# Stand-in for systemd-run --wait (no systemd in this test): run the command after "--" with its output
+# appended to the StandardOutput= file, and exit with its status.
+log=; while [ "$1" != "--" ]; do case "$1" in --property=StandardOutput=append:*) log=${1#*append:};; esac; shift; done
+shift; "$@" >> "$log" 2>&1
+"""
+
+
+def test_a_unit_stream_ends_with_the_unit_and_carries_every_line(tmp_path):
+    """The follower stops by itself once the unit's waiter returns, after the log's last line."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    (shims / "systemd-run").write_text(SYSTEMD_RUN_STAND_IN)
+    (shims / "systemctl").write_text("#!/bin/sh\nexit 0\n")
+    for shim in shims.iterdir():
+        shim.chmod(0o755)
+    burst = "for i in $(seq 1 500); do echo line-$i; done; exit 7"
+    spec = remote.UnitSpec(unit="dtlab-ddp-g1-e2-s0-node1", argv=["sh", "-c", burst],
+                           log_path=str(tmp_path / "attempt" / "node1.log"))
+    finished = subprocess.run(["sh", "-c", remote.unit_script(spec)], capture_output=True, text=True,
+                              timeout=30, env={"PATH": f"{shims}:/usr/bin:/bin"})
+    assert finished.returncode == 7
+    assert finished.stdout.splitlines() == [f"line-{i}" for i in range(1, 501)]
+
+
 def test_cell_unit_patterns_never_match_the_provisioned_services():
     def matches(unit):
         return any(fnmatch.fnmatchcase(unit, pattern + ".service") for pattern in remote.CELL_UNIT_PATTERNS)
