@@ -13,6 +13,7 @@ from dtlab.remote import UnitSpec
 
 LABEL = "ddp (torchrun)"
 TRAINER_MODULE = "trainer.launchers.torchrun"
+AGENT_MODULE = "trainer.launchers.agent"  # torch.distributed.run, unchanged
 
 
 def torchrun_argv(
@@ -24,11 +25,14 @@ def torchrun_argv(
     module: str,
     config_path: str,
 ) -> list[str]:
-    """One node's torchrun: static rendezvous (env://) on the first worker, as in the study."""
+    """One node's torchrun: static rendezvous (env://) on the first worker, as in the study.
+
+    Through trainer.launchers.agent: torchrun itself, minus ~2 s of Python's collection at its exit.
+    """
     return [
         python,
         "-m",
-        "torch.distributed.run",
+        AGENT_MODULE,
         f"--nnodes={len(slots)}",
         f"--nproc_per_node={slots[index].nproc}",
         f"--node_rank={index}",

@@ -35,7 +35,7 @@ def test_ddp_runs_torchrun_on_each_selected_worker_with_rendezvous_on_the_first(
     assert [node.name for node, _ in planned.jobs] == ["gpu1", "gpu2"]
     for rank, (node, spec) in enumerate(planned.jobs):
         argv = spec.argv
-        assert argv[:3] == ["/opt/dtlab/venv/bin/python", "-m", "torch.distributed.run"]
+        assert argv[:3] == ["/opt/dtlab/venv/bin/python", "-m", "trainer.launchers.agent"]
         assert "--nnodes=2" in argv and f"--node_rank={rank}" in argv
         assert "--master_addr=127.0.10.11" in argv and "--master_port=29500" in argv
         assert argv[-2:] == ["--config", planned.paths.config_path]
@@ -122,7 +122,7 @@ def test_docker_runtime_wraps_torchrun_as_the_studys_listing_4_1(tmp_path):
     assert argv[argv.index("dtlab-trainer:latest") + 1 :][:4] == [
         "python",
         "-m",
-        "torch.distributed.run",
+        "trainer.launchers.agent",
         "--nnodes=1",
     ]
 

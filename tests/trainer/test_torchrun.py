@@ -127,3 +127,26 @@ def test_killed_run_resumes_to_the_unbroken_result(two_worker_run, tmp_path):
         assert [m[key] for m in resumed["epoch_metrics"]] == [m[key] for m in unbroken["epoch_metrics"]], key
     unbroken_weights = final_weights(unbroken_root / "ckpt", 3)
     assert max_weight_difference(final_weights(tmp_path / "ckpt", 3), unbroken_weights) == 0
+
+
+def test_the_harness_agent_is_torchrun_with_its_output_and_exit_status(tmp_path):
+    """dtlab starts torchrun as trainer.launchers.agent (no exit-time collection): same output, same status."""
+    import sys
+
+    def agent(*args: str) -> subprocess.CompletedProcess:
+        command = torchrun_command(1, *args)
+        assert command[1:3] == ["-m", "torch.distributed.run"]
+        command[2] = "trainer.launchers.agent"
+        return run(command, check=False)
+
+    helped = agent("--help")
+    assert helped.returncode == 0 and "--config" in helped.stdout
+    stock = run(torchrun_command(1, "--no-such-flag"), check=False)
+    wrapped = agent("--no-such-flag")
+    assert stock.returncode == wrapped.returncode != 0
+    assert "--no-such-flag" in wrapped.stderr
+    exited = subprocess.run(
+        [sys.executable, "-c", "from trainer.launchers._cli import exit_without_final_collection as leave\n"
+                               "print('done', end='')\nleave(3)"],
+        env=trainer_env(), capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    assert (exited.returncode, exited.stdout) == (3, "done")

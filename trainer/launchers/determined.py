@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import sys
 from pathlib import Path
 
 import determined as det
@@ -77,4 +76,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.exit_without_final_collection(main())

@@ -13,6 +13,7 @@ import os
 import sys
 
 from trainer.config import ConfigError, parse_args
+from trainer.launchers import _cli
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,4 +32,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    _cli.exit_without_final_collection(main())
