@@ -109,59 +109,26 @@ def _trajectory(run) -> list[tuple]:
 
 
 def test_a_trainer_killed_mid_cell_is_retried_from_its_checkpoint(harness_lab, tmp_path):
-    from dtlab.bench import Bench, BenchOptions
+    def kill_the_trainer(rank0, worker):
+        # The trainer only (torchrun's child on the second worker), by PID.
+        unit = remote.unit_name("ddp-g2-e4-s7", worker.name)
+        killed = remote.run(worker, f"pid=$(systemctl show -p MainPID --value {unit}); "
+                                    "child=$(pgrep -P $pid | head -1); kill -9 $child && echo $child")
+        assert killed.ok and killed.stdout.strip(), killed
 
     cluster, _ = harness_lab
-    matrix_file = tmp_path / "matrix.yml"
-    # Long enough that epoch 1's checkpoint exists well before the end.
-    matrix_file.write_text("""\
-profiles:
-  kill:
-    timeout_s: 600
-    trainer: {model: "generated:bert-tiny", dataset: generated, generated_train_size: 1024,
-              generated_test_size: 128, generated_median_words: 40, max_length: 64, batch_size: 16,
-              learning_rate: 5.0e-4, warmup_steps: 4}
-    runs: [{frameworks: [ddp], gpus: [2], epochs: [4], seeds: [7]}]
-""")
-    store = ResultStore.for_cluster(cluster.name)
-    recorded_before = {(r.cell_key, r.attempt, r.status) for r in store.runs(status=None)}
-    bench = Bench(cluster, BenchOptions(profile="kill", matrix_path=matrix_file, force=True, retries=1))
-    selected = bench.load_matrix()
-    outcome = {}
-    runner = threading.Thread(target=lambda: outcome.update(result=bench.run_matrix(selected)))
-    runner.start()
-    rank0, worker = cluster.workers[0], cluster.workers[1]
-    checkpoint = f"{cluster.runs_dir}/ddp-g2-e4-s7/checkpoints/epoch-0001/checkpoint.pt"
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline and not remote.run(rank0, f"test -f {checkpoint}").ok:
-        time.sleep(1)
-    assert remote.run(rank0, f"test -f {checkpoint}").ok, "epoch 1 never checkpointed"
-    unit = remote.unit_name("ddp-g2-e4-s7", worker.name)
-    # Kill the trainer (torchrun's child) on the second worker by PID.
-    killed = remote.run(
-        worker,
-        f"pid=$(systemctl show -p MainPID --value {unit}); "
-        f"child=$(pgrep -P $pid | head -1); kill -9 $child && echo $child",
-    )
-    assert killed.ok and killed.stdout.strip(), killed
-    runner.join(600)
-    assert not runner.is_alive()
-    [result] = outcome["result"]
+    seen = _fault_mid_cell(harness_lab, tmp_path, 7, kill_the_trainer)
+    result, attempts = seen["result"], seen["attempts"]
     assert result.status == "ok" and result.attempts == 2, result.failure
     assert result.result["resumed_from_epoch"] >= 1
-    attempts = [
-        r
-        for r in store.runs(status=None, cell_key="ddp-g2-e4-s7")
-        if (r.cell_key, r.attempt, r.status) not in recorded_before
-    ]
     assert [r.status for r in attempts] == ["failed", "ok"]
+    rank0, worker = cluster.workers[0], cluster.workers[1]
     assert attempts[0].failed_node in (worker.name, rank0.name) and attempts[0].log_tail
     # The report shows the resumed run's whole cost, reading the trainer's progress from the real logs.
-    [resumed_cost] = [t for t in build_report(store, profile="kill").extra_tables if t.number == "B.4"]
+    store = ResultStore.for_cluster(cluster.name)
+    [resumed_cost] = [t for t in build_report(store, profile="fault").extra_tables if t.number == "B.4"]
     [row] = [[v.text for v in row] for row in resumed_cost.rows if row[0].text == "ddp-g2-e4-s7"]
     assert row[1] == "2" and row[3].isdigit() and int(row[3]) >= 1, row
-    # Nothing recorded before was lost or changed.
-    assert recorded_before <= {(r.cell_key, r.attempt, r.status) for r in store.runs(status=None)}
 
 
 def test_sigint_to_bench_all_leaves_no_trainer_on_any_node(harness_lab):
