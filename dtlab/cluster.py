@@ -33,9 +33,24 @@ class CheckRow:
     required: bool = True  # informational rows never fail the check
 
 
+# The systemd units check and reset look for, each named by its variable in the inventory's group_vars.
+SERVICE_VARIABLES = (
+    "spark_master_service",
+    "spark_worker_service",
+    "postgresql_service",
+    "determined_master_service",
+    "determined_agent_service",
+)
+
+
+def _service_units(cluster: Cluster) -> dict[str, str]:
+    """{variable: unit name} of the provisioned services, as the inventory names them."""
+    return {variable: str(cluster.require(variable)) for variable in SERVICE_VARIABLES}
+
+
 def _probe_script(cluster: Cluster, node: Node) -> str:
     """One round trip per node: time, disk, GPUs, running dtlab units, service states."""
-    services = "spark-master spark-worker postgresql determined-master determined-agent"
+    services = " ".join(shlex.quote(unit) for unit in _service_units(cluster).values())
     cell_units = " ".join(shlex.quote(p + ".service") for p in remote.CELL_UNIT_PATTERNS)
     return "; ".join(
         [
@@ -46,10 +61,10 @@ def _probe_script(cluster: Cluster, node: Node) -> str:
             "echo gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | tr '\\n' ',')",
             f"echo units=$(systemctl list-units --plain --no-legend --state=active,activating {cell_units} "
             "| awk '{print $1}' | tr '\\n' ',')",
-            # Services are found by name whatever prefix their role gives them (dtlab-spark-master).
-            f"for s in {services}; do "
-            'for u in $(systemctl list-unit-files --plain --no-legend "*$s*.service" '
-            "| awk '{print $1}'); do echo \"service.$s.$u=$(systemctl is-active $u)\"; done; done",
+            # An installed service answers service.<unit>=<state>; one not installed, nothing.
+            f"for u in {services}; do "
+            'if [ -n "$(systemctl list-unit-files --plain --no-legend "$u.service")" ]; then '
+            'echo "service.$u=$(systemctl is-active "$u.service")"; fi; done',
         ]
     )
 
@@ -165,13 +180,9 @@ def _check_environment(cluster: Cluster, reachable: list[Node]) -> list[CheckRow
     return rows
 
 
-def _service_state(node_states: dict[str, dict[str, str]], node: str, service: str) -> dict[str, str]:
-    """{unit: active state} of the units found for one service on one node."""
-    return {
-        key.removeprefix(f"service.{service}."): value
-        for key, value in node_states.get(node, {}).items()
-        if key.startswith(f"service.{service}.")
-    }
+def _service_state(node_states: dict[str, dict[str, str]], node: str, unit: str) -> str | None:
+    """systemd's active state of one unit on one node (active, failed, ...); None where not installed."""
+    return node_states.get(node, {}).get(f"service.{unit}")
 
 
 def _check_services(cluster: Cluster, node_states: dict[str, dict[str, str]]) -> list[CheckRow]:
@@ -179,29 +190,31 @@ def _check_services(cluster: Cluster, node_states: dict[str, dict[str, str]]) ->
     master = cluster.master
     if master is None or master.name not in node_states:
         return rows
-    spark_units = _service_state(node_states, master.name, "spark-master")
-    if spark_units:
+    units = _service_units(cluster)
+    spark_unit = units["spark_master_service"]
+    spark_state = _service_state(node_states, master.name, spark_unit)
+    if spark_state:
         alive = probes.spark_alive_workers(cluster)
         expected = len(cluster.workers)
-        detail = f"{', '.join(f'{u} {s}' for u, s in spark_units.items())}; {alive}/{expected} workers alive"
+        detail = f"{spark_unit} {spark_state}; {alive}/{expected} workers alive"
         if cluster.device == "cuda":
             detail += f"; GPUs offered: {spark_worker_gpus(cluster)}"
         rows.append(
             CheckRow(
                 "spark master",
                 master.name,
-                alive == expected and all(s == "active" for s in spark_units.values()),
+                alive == expected and spark_state == "active",
                 detail,
             )
         )
     else:
         rows.append(
             CheckRow(
-                "spark master", master.name, False, "no spark-master unit; run ansible-playbook site.yml"
+                "spark master", master.name, False, f"no {spark_unit} unit; run ansible-playbook site.yml"
             )
         )
-    postgres = _service_state(node_states, master.name, "postgresql")
-    if postgres:
+    postgres_unit = units["postgresql_service"]
+    if _service_state(node_states, master.name, postgres_unit):
         ready = remote.run(master, f"pg_isready -q -h 127.0.0.1 -p {cluster.postgresql_port}", timeout=20)
         rows.append(
             CheckRow(
@@ -215,26 +228,29 @@ def _check_services(cluster: Cluster, node_states: dict[str, dict[str, str]]) ->
         )
     else:
         rows.append(
-            CheckRow("postgresql", master.name, False, "no postgresql unit; run ansible-playbook site.yml")
+            CheckRow(
+                "postgresql", master.name, False, f"no {postgres_unit} unit; run ansible-playbook site.yml"
+            )
         )
     if cluster.has_determined_master:
-        states = _service_state(node_states, master.name, "determined-master")
+        master_unit, agent_unit = units["determined_master_service"], units["determined_agent_service"]
+        state = _service_state(node_states, master.name, master_unit)
         rows.append(
             CheckRow(
                 "determined master",
                 master.name,
-                bool(states) and all(s == "active" for s in states.values()),
-                str(states or "not installed"),
+                state == "active",
+                f"{master_unit} {state or 'not installed'}",
             )
         )
         for worker in cluster.workers:
-            agent = _service_state(node_states, worker.name, "determined-agent")
+            state = _service_state(node_states, worker.name, agent_unit)
             rows.append(
                 CheckRow(
                     "determined agent",
                     worker.name,
-                    bool(agent) and all(s == "active" for s in agent.values()),
-                    str(agent or "not installed"),
+                    state == "active",
+                    f"{agent_unit} {state or 'not installed'}",
                 )
             )
     else:
@@ -307,16 +323,18 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
 
     step(cluster.nodes, stop, "stop units", 90)
     masters = [cluster.master] if cluster.master is not None else []
+    units = _service_units(cluster)
     say("[bold]2/5[/] restarting Spark (ends running applications)")
-    step(masters, _restart_command("spark-master"), "restart spark master", 120)
-    step(cluster.workers, _restart_command("spark-worker"), "restart spark workers", 120)
+    step(masters, _restart_command(units["spark_master_service"]), "restart spark master", 120)
+    step(cluster.workers, _restart_command(units["spark_worker_service"]), "restart spark workers", 120)
 
     say("[bold]3/5[/] Determined: cancel experiments, restart master and agents")
     determined_rows: list[CheckRow] = []
     if cluster.has_determined_master and on(masters):
         determined_rows = _cancel_determined_experiments(cluster, say)
-        step(masters, _restart_command("determined-master"), "restart determined master", 120)
-        step(cluster.workers, _restart_command("determined-agent"), "restart determined agents", 120)
+        step(masters, _restart_command(units["determined_master_service"]), "restart determined master", 120)
+        restart_agents = _restart_command(units["determined_agent_service"])
+        step(cluster.workers, restart_agents, "restart determined agents", 120)
     elif cluster.has_determined_master:
         say("  the master does not answer; skipped")
     else:
@@ -344,11 +362,11 @@ def _stop_units_command() -> str:
     )
 
 
-def _restart_command(service: str) -> str:
-    """Restart every installed unit named *<service>*.service (none installed: nothing, exit 0)."""
+def _restart_command(unit: str) -> str:
+    """Restart <unit>.service where it is installed (not installed: nothing, exit 0)."""
+    service = shlex.quote(unit + ".service")
     return (
-        f"units=$(systemctl list-unit-files --plain --no-legend {shlex.quote('*' + service + '*.service')} "
-        "| awk '{print $1}'); [ -z \"$units\" ] || systemctl restart $units"
+        f'[ -z "$(systemctl list-unit-files --plain --no-legend {service})" ] || systemctl restart {service}'
     )
 
 

@@ -1,13 +1,13 @@
 """The target cluster, read with Ansible's own inventory API so group_vars and host_vars apply.
 
 The inventory is the one chosen by the `inventory =` line of ansible.cfg (the same one
-`ansible-playbook site.yml` uses); ANSIBLE_INVENTORY or an explicit path (-i/--inventory)
-overrides it. Everything the harness knows about nodes, ports and paths comes from here.
+`ansible-playbook site.yml` uses, found and read by Ansible's own configuration, so ANSIBLE_CONFIG
+applies); ANSIBLE_INVENTORY or an explicit path (-i/--inventory) overrides it. Everything the
+harness knows about nodes, ports and paths comes from here.
 """
 
 from __future__ import annotations
 
-import configparser
 import contextlib
 import ipaddress
 import json
@@ -179,15 +179,38 @@ class Cluster:
 
 
 def default_inventory_path() -> Path:
-    """The inventory ansible-playbook would use: ANSIBLE_INVENTORY, else ansible.cfg's `inventory =`."""
-    from_env = os.environ.get("ANSIBLE_INVENTORY")
-    if from_env:
-        return Path(from_env.split(",")[0]).expanduser()
-    parser = configparser.ConfigParser()
-    if not parser.read(paths.ANSIBLE_CFG) or not parser.has_option("defaults", "inventory"):
-        raise DtlabError(f"{paths.ANSIBLE_CFG}: no `inventory =` line in [defaults]; add one or pass -i")
-    configured = Path(parser.get("defaults", "inventory").split(",")[0].strip()).expanduser()
-    return configured if configured.is_absolute() else paths.REPO_ROOT / configured
+    """The inventory ansible-playbook would use: ANSIBLE_INVENTORY, else the config file's `inventory =`.
+
+    Ansible's own configuration reads it (its DEFAULT_HOST_LIST setting), so its precedence and path
+    rules hold: a relative path in the file is relative to the file, one in ANSIBLE_INVENTORY to the
+    working directory. The file is Ansible's choice too (see ansible_config_file).
+    """
+    from ansible.config.manager import ConfigManager
+
+    config_file = ansible_config_file()
+    config = ConfigManager(str(config_file) if config_file else None)
+    hosts, origin = config.get_config_value_and_origin("DEFAULT_HOST_LIST")
+    if origin == "default":  # no ANSIBLE_INVENTORY, no `inventory =`: Ansible would read /etc/ansible/hosts
+        raise DtlabError(
+            f"{config_file or paths.ANSIBLE_CFG}: no `inventory =` line in [defaults]; add one or pass -i"
+        )
+    return Path(hosts[0])
+
+
+def ansible_config_file() -> Path | None:
+    """The ansible.cfg Ansible reads here (ANSIBLE_CONFIG, else ./ansible.cfg), found by Ansible itself.
+
+    Where Ansible would fall back to ~/.ansible.cfg or /etc/ansible/ansible.cfg, the repository's
+    ansible.cfg is used instead: the harness belongs to this repository, and invoke finds tasks.py from
+    any folder below it, as ansible-playbook site.yml runs from its root.
+    """
+    from ansible.config.manager import find_ini_config_file
+
+    found = find_ini_config_file()
+    fallbacks = {Path("~/.ansible.cfg").expanduser(), Path("/etc/ansible/ansible.cfg")}
+    if found and ("ANSIBLE_CONFIG" in os.environ or Path(found) not in fallbacks):
+        return Path(found)
+    return paths.ANSIBLE_CFG if paths.ANSIBLE_CFG.is_file() else (Path(found) if found else None)
 
 
 def _ssh_options(args_text: str) -> tuple[tuple[str, ...], str | None]:

@@ -1,46 +1,46 @@
 """What the harness asks the nodes about their services, shared by bench, cluster and deploy:
-the trainer venv's versions, and the Spark master's alive workers."""
+the trainer venv's fingerprint (trainer/env_fingerprint.py), and the Spark master's alive workers."""
 
 from __future__ import annotations
 
 import json
 import shlex
 import time
+from pathlib import Path
 from typing import Any
 
 from dtlab import remote
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
+from trainer import env_fingerprint
 
-# The trainer's packages whose versions must match on every node (the full freeze is hashed too).
-KEY_PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "pyspark", "determined", "numpy")
+# The fingerprint's one definition, the file itself: its text runs on each node with the venv's Python,
+# as the trainer role runs it (roles/trainer/tasks/fingerprint.yml).
+FINGERPRINT_SOURCE = Path(env_fingerprint.__file__).read_text()
 
-VERSIONS_PROBE = (
-    "import hashlib, importlib.metadata as m, json, platform;"
-    "dists = sorted({f'{d.metadata[\"Name\"].lower()}=={d.version}' for d in m.distributions()});"
-    "pkgs = {d.split('==')[0]: d.split('==')[1] for d in dists};"
-    f"print(json.dumps({{'python': platform.python_version(), **{{k: pkgs.get(k) for k in {KEY_PACKAGES!r}}},"
-    "'freeze_sha': hashlib.sha256('\\n'.join(dists).encode()).hexdigest()[:16]}))"
-)
+
+def fingerprint_command(python: str) -> str:
+    """The shell command that prints the fingerprint of the environment of `python` (one JSON line)."""
+    return f"{shlex.quote(python)} -c {shlex.quote(FINGERPRINT_SOURCE)}"
+
+
+def parse_fingerprint(answer: remote.CommandResult) -> dict[str, Any]:
+    """The fingerprint from one node's answer, or {"error": why}."""
+    if not answer.ok:
+        return {"error": (answer.stderr or answer.stdout).strip()[-200:] or f"exit {answer.exit_code}"}
+    try:
+        return json.loads(answer.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        return {"error": f"unreadable: {answer.stdout.strip()[:100]}"}
 
 
 def node_versions(cluster: Cluster, nodes: tuple[Node, ...] | None = None) -> dict[str, Any]:
-    """Per node: python and key package versions of the trainer venv, plus a hash of its full freeze."""
-    command = f"{shlex.quote(cluster.python)} -c {shlex.quote(VERSIONS_PROBE)}"
-    versions: dict[str, Any] = {}
-    for name, answer in remote.run_all(nodes or cluster.nodes, command, timeout=60).items():
-        if isinstance(answer, BaseException):
-            versions[name] = {"error": str(answer)}
-        elif not answer.ok:
-            versions[name] = {
-                "error": (answer.stderr or answer.stdout).strip()[-200:] or f"exit {answer.exit_code}"
-            }
-        else:
-            try:
-                versions[name] = json.loads(answer.stdout.strip().splitlines()[-1])
-            except (json.JSONDecodeError, IndexError):
-                versions[name] = {"error": f"unreadable: {answer.stdout.strip()[:100]}"}
-    return versions
+    """Per node: the trainer venv's fingerprint (python, key package versions, hash of its full freeze)."""
+    command = fingerprint_command(cluster.python)
+    return {
+        name: {"error": str(answer)} if isinstance(answer, BaseException) else parse_fingerprint(answer)
+        for name, answer in remote.run_all(nodes or cluster.nodes, command, timeout=60).items()
+    }
 
 
 def spark_alive_worker_info(cluster: Cluster) -> list[dict]:

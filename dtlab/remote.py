@@ -22,8 +22,8 @@ from dtlab.guard import assert_safe_target
 from dtlab.inventory import Node
 
 UNIT_PREFIX = "dtlab-"
-# Every cell's units: dtlab-<framework>-g<N>-...; narrower than dtlab-*, which would also match the
-# provisioned services (dtlab-spark-master, dtlab-spark-worker).
+# Every cell's units: dtlab-<framework>-g<N>-...; narrower than dtlab-*, which would also match
+# provisioned services (the *_service names in group_vars/all.yml, such as dtlab-spark-master).
 CELL_UNIT_PATTERNS = tuple(f"{UNIT_PREFIX}{framework}-g*" for framework in ("ddp", "spark", "determined"))
 CONNECT_TIMEOUT_S = 10
 COMMAND_TIMEOUT_S = 60

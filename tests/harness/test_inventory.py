@@ -1,5 +1,8 @@
 """dtlab.inventory: the cluster as Ansible sees it (group_vars and host_vars apply); bad ones: one line."""
 
+import json
+import subprocess
+
 import pytest
 from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, GPU_CLUSTER_4X2, write_inventory
 
@@ -86,11 +89,68 @@ def test_ssh_settings_come_from_the_inventory(tmp_path):
 
 def test_default_inventory_is_ansible_cfgs_and_ansible_inventory_overrides(monkeypatch, tmp_path):
     monkeypatch.delenv("ANSIBLE_INVENTORY", raising=False)
+    monkeypatch.delenv("ANSIBLE_CONFIG", raising=False)
     assert inventory.default_inventory_path() == paths.REPO_ROOT / "inventory" / "lab.yml"
     path = write_inventory(tmp_path, CPU_CLUSTER_3)
     monkeypatch.setenv("ANSIBLE_INVENTORY", str(path))
     assert inventory.default_inventory_path() == path
     assert load_cluster().inventory_path == path
+
+
+def _ansible_inventory_hosts(cwd) -> list[str]:
+    """What Ansible itself reads as the default inventory in this environment (its own CLI, no -i)."""
+    answer = subprocess.run([str(paths.REPO_ROOT / ".venv/bin/ansible-inventory"), "--list"], cwd=cwd,
+                            capture_output=True, text=True, timeout=120)
+    assert answer.returncode == 0, answer.stderr[-2000:]
+    return sorted(json.loads(answer.stdout)["_meta"]["hostvars"])
+
+
+def test_the_inventory_setting_is_found_as_ansible_finds_it(monkeypatch, tmp_path):
+    """ANSIBLE_CONFIG (a file, or a folder holding ansible.cfg), then ./ansible.cfg; a relative
+    `inventory =` is relative to its file, a relative ANSIBLE_INVENTORY to the working directory."""
+    monkeypatch.delenv("ANSIBLE_INVENTORY", raising=False)
+    site = tmp_path / "site"
+    path = write_inventory(site, CPU_CLUSTER_3)  # site/inventory/hosts.yml
+    (site / "ansible.cfg").write_text("[defaults]\ninventory = inventory/hosts.yml\n")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+
+    monkeypatch.setenv("ANSIBLE_CONFIG", str(site / "ansible.cfg"))
+    assert inventory.default_inventory_path() == path
+    assert load_cluster().inventory_path == path
+    assert _ansible_inventory_hosts(elsewhere) == ["n0", "n1", "n2"], "Ansible reads the same inventory"
+    monkeypatch.setenv("ANSIBLE_CONFIG", str(site))  # a folder: its ansible.cfg, as Ansible does
+    assert inventory.default_inventory_path() == path
+
+    monkeypatch.delenv("ANSIBLE_CONFIG")
+    monkeypatch.chdir(site)  # ./ansible.cfg
+    assert inventory.default_inventory_path() == path
+    monkeypatch.chdir(elsewhere)  # none here: the repository's, where `ansible-playbook site.yml` runs
+    assert inventory.default_inventory_path() == paths.REPO_ROOT / "inventory" / "lab.yml"
+
+    other = write_inventory(elsewhere, GPU_CLUSTER_4X2)
+    monkeypatch.setenv("ANSIBLE_CONFIG", str(site / "ansible.cfg"))
+    monkeypatch.setenv("ANSIBLE_INVENTORY", "inventory/hosts.yml")  # beats the file; relative to here
+    assert inventory.default_inventory_path() == other
+    assert _ansible_inventory_hosts(elsewhere) == ["gpu1", "gpu2", "gpu3", "gpu4", "head"]
+
+
+def test_a_config_without_an_inventory_or_naming_a_missing_one_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.delenv("ANSIBLE_INVENTORY", raising=False)
+    config = tmp_path / "ansible.cfg"
+    monkeypatch.setenv("ANSIBLE_CONFIG", str(config))
+    config.write_text("[defaults]\nforks = 5\n")
+    with pytest.raises(DtlabError) as refused:
+        load_cluster()
+    assert str(refused.value) == f"{config}: no `inventory =` line in [defaults]; add one or pass -i"
+    config.write_text("[defaults]\ninventory = clusters/mine.yml\n")
+    with pytest.raises(DtlabError) as refused:
+        load_cluster()
+    assert str(refused.value) == (
+        f"inventory {tmp_path}/clusters/mine.yml: no such file; check the path given to -i/--inventory"
+        " or ansible.cfg's `inventory =` line"
+    )
 
 
 # Each bad inventory, and that load_cluster and site.yml's first play refuse it with the same line:

@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+import yaml
 
 from dtlab import bench, paths, remote
 from dtlab.cell import Cell
@@ -75,7 +76,11 @@ def test_cell_unit_patterns_never_match_the_provisioned_services():
         "dtlab-determined-g8-e1-s0-w4",
     ):
         assert matches(cell_unit + ".service")
-    for service in ("dtlab-spark-master", "dtlab-spark-worker", "postgresql", "determined-agent"):
+    # Every provisioned service, as the inventory names it (group_vars/all.yml's *_service variables).
+    all_vars = yaml.safe_load((paths.INVENTORY_DIR / "group_vars" / "all.yml").read_text())
+    services = [unit for name, unit in all_vars.items() if name.endswith("_service")]
+    assert len(services) >= 5
+    for service in services:
         assert not matches(service + ".service")
 
 

@@ -1,0 +1,69 @@
+"""cluster.check and cluster.reset find the provisioned services by the names the inventory gives them."""
+
+import subprocess
+
+from harness_helpers import CPU_CLUSTER_3, write_inventory
+
+from dtlab import cluster as cluster_module
+from dtlab.inventory import load_cluster
+
+# A unit file every machine with systemd has (the controller needs systemd-container for the lab).
+INSTALLED_UNIT = "systemd-journald"
+MISSING_UNIT = "dtlab-no-such-service"
+
+
+def _cluster_naming(tmp_path, **services):
+    site = "dtlab_device: cpu\ndtlab_cluster_name: three\ndetermined_install_binaries: true\n"
+    site += "".join(f"{variable}: {unit}\n" for variable, unit in services.items())
+    return load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": site}))
+
+
+def test_every_service_name_is_read_from_the_inventory(tmp_path):
+    renamed = {name: f"site-{name.replace('_', '-')}" for name in cluster_module.SERVICE_VARIABLES}
+    cluster = _cluster_naming(tmp_path, **renamed)
+    assert cluster_module._service_units(cluster) == renamed
+    script = cluster_module._probe_script(cluster, cluster.master)
+    assert all(unit in script for unit in renamed.values())
+
+
+def test_the_probe_reports_an_installed_service_and_is_silent_about_a_missing_one(tmp_path):
+    cluster = _cluster_naming(tmp_path, spark_master_service=INSTALLED_UNIT, postgresql_service=MISSING_UNIT)
+    # The probe script itself, run here: list-unit-files reads unit files, no running systemd needed.
+    answer = subprocess.run(
+        ["sh", "-c", cluster_module._probe_script(cluster, cluster.master)],
+        capture_output=True, text=True, timeout=60,
+    )
+    values = cluster_module._parse_probe(answer.stdout)
+    assert f"service.{INSTALLED_UNIT}" in values
+    assert f"service.{MISSING_UNIT}" not in values
+
+
+def test_check_names_each_missing_service_as_the_inventory_does(tmp_path):
+    cluster = _cluster_naming(
+        tmp_path,
+        spark_master_service="site-spark",
+        postgresql_service="site-postgres",
+        determined_master_service="site-det-master",
+        determined_agent_service="site-det-agent",
+    )
+    # The nodes answered, with none of the services installed.
+    rows = cluster_module._check_services(cluster, {node.name: {} for node in cluster.nodes})
+    details = {(row.check, row.node): (row.ok, row.detail) for row in rows}
+    assert details[("spark master", "n0")] == (False, "no site-spark unit; run ansible-playbook site.yml")
+    assert details[("postgresql", "n0")] == (False, "no site-postgres unit; run ansible-playbook site.yml")
+    assert details[("determined master", "n0")] == (False, "site-det-master not installed")
+    assert details[("determined agent", "n1")] == (False, "site-det-agent not installed")
+    # Installed and active: the check passes on the inventory's name, not on a pattern.
+    states = {"n0": {"service.site-det-master": "active"}, "n1": {"service.site-det-agent": "failed"}}
+    rows = cluster_module._check_services(cluster, states)
+    details = {(row.check, row.node): (row.ok, row.detail) for row in rows}
+    assert details[("determined master", "n0")] == (True, "site-det-master active")
+    assert details[("determined agent", "n1")] == (False, "site-det-agent failed")
+
+
+def test_reset_restarts_only_an_installed_service():
+    missing = subprocess.run(["sh", "-c", cluster_module._restart_command(MISSING_UNIT)], capture_output=True,
+                             text=True, timeout=60)
+    assert missing.returncode == 0 and not missing.stderr, "a service not installed is left alone"
+    command = cluster_module._restart_command("site unit")
+    assert "systemctl restart 'site unit.service'" in command
