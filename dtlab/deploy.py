@@ -58,6 +58,10 @@ def push(cluster: Cluster, node: Node, archive: Path, revision: str) -> str:
     command = (
         f"set -e; rm -rf {shlex.quote(new)} {shlex.quote(old)}; mkdir -p {shlex.quote(new)}; "
         f"tar -xzf {shlex.quote(upload)} -C {shlex.quote(new)} --no-same-owner; rm -f {shlex.quote(upload)}; "
+        # Bytecode now, as root: the trainer user cannot write __pycache__ here, so every trainer
+        # process would compile the code again; -d names the final path in tracebacks.
+        f"{shlex.quote(cluster.python)} -m compileall -q -d {shlex.quote(code)} {shlex.quote(new)} "
+        ">/dev/null || true; "
         f"chmod -R a+rX {shlex.quote(new)}; "
         f"if [ -d {shlex.quote(code)} ]; then mv {shlex.quote(code)} {shlex.quote(old)}; fi; "
         f"mv {shlex.quote(new)} {shlex.quote(code)}; rm -rf {shlex.quote(old)}; "
