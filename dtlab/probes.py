@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import time
 from pathlib import Path
 from typing import Any
 
 from dtlab import remote
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
+from dtlab.waiting import wait_until
 from trainer import env_fingerprint
 
 # The fingerprint's one definition, the file itself: its text runs on each node with the venv's Python,
@@ -68,12 +68,13 @@ def spark_alive_workers(cluster: Cluster) -> int:
 def wait_for_spark(cluster: Cluster, expected: int, timeout_s: float) -> int:
     """Alive Spark workers once `expected` have registered, or after `timeout_s` (workers re-register
     for a while after a restart); stops early when the master does not answer."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+
+    def alive_workers() -> int | None:
         try:
-            alive = spark_alive_workers(cluster)
+            return spark_alive_workers(cluster)
         except DtlabError:  # the master does not answer: the caller reports what is alive
-            return 0
-        if alive >= expected or time.monotonic() >= deadline:
-            return alive
-        time.sleep(2)
+            return None
+
+    alive = wait_until(alive_workers, until=lambda count: count is None or count >= expected,
+                       timeout_s=timeout_s, every_s=2)
+    return alive or 0

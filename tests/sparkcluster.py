@@ -27,7 +27,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -35,6 +34,8 @@ import jinja2
 import psutil
 import pyspark
 import yaml
+
+from dtlab.waiting import wait_until
 
 SPARK_HOME = Path(pyspark.__file__).resolve().parent
 SPARK_ROLE = Path(__file__).resolve().parent.parent / "roles" / "spark"
@@ -185,10 +186,10 @@ class SparkStandaloneCluster:
         """Until the master lists every worker ALIVE, within startup_timeout_s. While the master starts,
         its /json/ may refuse or drop the connection, or answer with an empty or partial body: all are
         retried until the deadline, and the last one is named if it passes."""
-        deadline = time.monotonic() + self.startup_timeout_s
         names = ["master", *[f"worker-{index}" for index in range(self.workers)]]
-        last_error = "no answer yet"
-        while True:
+
+        def not_ready_because() -> str | None:
+            """None once every worker is ALIVE; until then, why not yet."""
             for process, name in zip(self.processes, names, strict=True):
                 if process.poll() is not None:
                     log_tail = self.log(name)[-3000:]
@@ -196,14 +197,13 @@ class SparkStandaloneCluster:
             try:
                 alive = self.alive_workers()
             except json.JSONDecodeError as error:
-                last_error = f"the master's /json/ answered with an empty or partial body ({error})"
+                return f"the master's /json/ answered with an empty or partial body ({error})"
             except (OSError, http.client.HTTPException) as error:  # refused, reset, HTTP errors, cut short
-                last_error = f"the master's /json/ did not answer ({type(error).__name__}: {error})"
-            else:
-                if alive == self.workers:
-                    return
-                last_error = f"{alive} of {self.workers} workers ALIVE"
-            if time.monotonic() >= deadline:
-                raise TimeoutError(f"spark standalone cluster not ready after {self.startup_timeout_s:.0f} s"
-                                   f" ({self.master_json_url}): {last_error}")
-            time.sleep(0.5)
+                return f"the master's /json/ did not answer ({type(error).__name__}: {error})"
+            return None if alive == self.workers else f"{alive} of {self.workers} workers ALIVE"
+
+        last_reason = wait_until(not_ready_because, until=lambda reason: reason is None,
+                                 timeout_s=self.startup_timeout_s, every_s=0.5)
+        if last_reason is not None:
+            raise TimeoutError(f"spark standalone cluster not ready after {self.startup_timeout_s:.0f} s"
+                               f" ({self.master_json_url}): {last_reason}")

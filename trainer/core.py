@@ -12,12 +12,8 @@ the end of the last validation.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import os
 import random
-import resource
-import socket
-import statistics
 import time
 from pathlib import Path
 
@@ -26,15 +22,13 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint, progress
+from trainer import checkpoint, progress, result
 from trainer.config import ConfigError, TrainConfig, config_hash
 from trainer.data import LengthGroupedBatchSampler, PaddedBatches, tokenized_splits, validation_batches
+from trainer.distributed import all_reduce_sum, gather, process_group, resolve_device
 from trainer.model import build_model
-from trainer.result import versions, write_result
 
-# Fields that change what is trained; paths, labels and thread counts do not.
-_PRECISION_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
-_STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
+_PRECISION_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # result.json's names
 _GPU_UTILIZATION_EVERY_STEPS = 20  # an NVML query per step would cost more than it tells
 _COMPILED_PAD_MULTIPLE = 64  # length buckets: at most 512/64 = 8 widths, so few graphs to compile or capture
 _RECOMPILE_LIMIT = 64  # widths x batch sizes x train/eval; torch's default (8) would fall back to eager
@@ -86,12 +80,6 @@ def auto_precision(capability: tuple[int, int]) -> str:
     return "no"
 
 
-def speed_options_label(cfg: TrainConfig) -> str:
-    """The options beyond the study's protocol, as the report shows them beside the framework."""
-    label = " + sparse embedding sync (dtlab)" if cfg.sparse_embedding_sync else ""
-    return label + (f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else "")
-
-
 def train(cfg: TrainConfig, hooks: TrainHooks | None = None) -> dict | None:
     """Run the protocol on this process's rank; rank 0 writes <output_dir>/result.json and returns it."""
     with prepared(cfg, hooks) as run:
@@ -112,82 +100,14 @@ def prepared(cfg: TrainConfig, hooks: TrainHooks | None = None):
         # cuBLAS reads this when its first handle is made; set before any CUDA work in this process.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
-    device = _resolve_device(cfg)
-    created_group = _init_process_group(device)
-    try:
-        run = _Run(cfg, hooks, device, process_started)
-        run.build()
-        yield run
-    finally:
-        torch.use_deterministic_algorithms(was_deterministic)
-        if created_group and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-# --- process group -----------------------------------------------------------------------------
-
-def _resolve_device(cfg: TrainConfig) -> torch.device:
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device: cuda requested but torch sees no GPU; use device auto or cpu")
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    if not use_cuda and cfg.mixed_precision in ("bf16", "fp16"):
-        raise ConfigError(f"mixed_precision: {cfg.mixed_precision} is CUDA-only and this run is on cpu; "
-                          "use auto or no")
-    if not use_cuda:
-        return torch.device("cpu")
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    if local_world_size > torch.cuda.device_count():  # CUDA-only: one process per GPU
-        raise ConfigError(f"world size: {local_world_size} processes on this node but only "
-                          f"{torch.cuda.device_count()} GPUs; start at most one process per GPU")
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
-
-
-def _free_loopback_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _init_process_group(device: torch.device) -> bool:
-    """Join the launcher's group (env://), or form a 1-process group; True if we created it."""
-    if dist.is_initialized():
-        return False
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    device_id = device if device.type == "cuda" else None
-    if "RANK" not in os.environ:  # a plain process: a group of one on loopback (os.environ untouched)
-        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_loopback_port()}",
-                                rank=0, world_size=1, device_id=device_id)
-        return True
-    if device.type == "cpu":
-        slots = len(os.sched_getaffinity(0))
-        local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        if local_world_size > slots:
-            raise ConfigError(f"world size: {local_world_size} processes on this node but only {slots} CPUs; "
-                              "start at most one process per CPU")
-    dist.init_process_group(backend=backend, init_method="env://", device_id=device_id)
-    return True
-
-
-def _all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
-    tensor = torch.tensor(values, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-    return tensor.tolist()
-
-
-def _gather(value) -> list:
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
-    return gathered
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def _utc_now() -> str:
-    return datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    device = resolve_device(cfg)
+    with process_group(device):
+        try:
+            run = _Run(cfg, hooks, device, process_started)
+            run.build()
+            yield run
+        finally:
+            torch.use_deterministic_algorithms(was_deterministic)
 
 
 # --- one run ---------------------------------------------------------------------------------------
@@ -335,7 +255,7 @@ class _Run:
         return state["epoch"], state["elapsed_s"], state["epoch_metrics"]
 
     def _save_checkpoint(self, epoch: int, elapsed: float, epoch_metrics: list[dict]) -> None:
-        rng = _gather(checkpoint.rng_states())  # every rank's generators, for an exact resume
+        rng = gather(checkpoint.rng_states())  # every rank's generators, for an exact resume
         if self.rank != 0:
             return
         with self.hooks.checkpoint_path(epoch) as directory:
@@ -410,7 +330,7 @@ class _Run:
                 self._sample_gpu_utilization()
             if self.first_step_done_at is None:
                 self.first_step_done_at = time.time()
-        global_loss, global_samples = _all_reduce_sum([loss_sum.item(), samples], self.device)
+        global_loss, global_samples = all_reduce_sum([loss_sum.item(), samples], self.device)
         self._synchronize()
         return {"train_time_s": time.perf_counter() - started, "train_samples": int(global_samples),
                 "train_loss": global_loss / max(global_samples, 1),
@@ -432,7 +352,7 @@ class _Run:
             loss_sum += torch.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum").double()
             correct += (logits.argmax(dim=-1) == batch["labels"]).sum()
             count += batch["labels"].shape[0]
-        total_loss, total_correct, total_count = _all_reduce_sum(
+        total_loss, total_correct, total_count = all_reduce_sum(
             [loss_sum.item(), float(correct.item()), count], self.device)
         self._synchronize()
         return {"val_time_s": time.perf_counter() - started, "val_loss": total_loss / total_count,
@@ -463,7 +383,7 @@ class _Run:
             if self.rank == 0:
                 self.hooks.on_epoch_end(epoch + 1, dict(metrics))
             self._save_checkpoint(epoch + 1, elapsed, epoch_metrics)
-            stop = _all_reduce_sum([float(self.hooks.should_stop())], self.device)[0] > 0
+            stop = all_reduce_sum([float(self.hooks.should_stop())], self.device)[0] > 0
             if stop and epoch + 1 < cfg.epochs:
                 self.log(f"stopping after epoch {epoch + 1} as asked (preemption); "
                          "a resumed run continues from here")
@@ -473,64 +393,19 @@ class _Run:
     def _result(self, time_total: float, epoch_metrics: list[dict], resumed_from: int | None,
                 training_started_at: float) -> dict | None:
         cuda_mb = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.is_cuda else None
-        per_rank = _gather({"host": socket.gethostname(), "rss_mb": _peak_rss_mb(), "cuda_mb": cuda_mb})
+        per_rank = gather(result.rank_summary(cuda_mb))  # a collective: every rank takes part
         if self.rank != 0:
             return None
-        cfg = self.cfg
-        hostnames = list(dict.fromkeys(entry["host"] for entry in per_rank))
-        train_time = sum(m["train_time_s"] for m in epoch_metrics)
-        train_samples = sum(m["train_samples"] for m in epoch_metrics)
-        steady = self.step_times[_STEADY_STATE_SKIP_STEPS:] or self.step_times
-        # The launcher's hooks name the framework unless the config names another one.
-        framework = cfg.framework if cfg.framework != "ddp" else self.hooks.framework
-        label = cfg.framework_label or (self.hooks.framework_label if self.hooks.framework == framework
-                                        else framework)
-        label += speed_options_label(cfg)
-        result = {
-            "schema_version": 1,
-            "framework": framework,
-            "framework_label": label,
-            "world_size": self.world_size,
-            "nodes": len(hostnames),
-            "gpus": self.world_size if self.is_cuda else 0,
-            "device": self.device.type,
-            "backend": dist.get_backend(),
-            "hostnames": hostnames,
-            "epochs": cfg.epochs,
-            "seed": cfg.seed,
-            "hyperparameters": {
-                "learning_rate": cfg.learning_rate, "weight_decay": cfg.weight_decay,
-                "warmup_steps": cfg.warmup_steps, "batch_size_per_worker": cfg.batch_size,
-                "max_length": cfg.max_length, "model": cfg.model, "dataset": cfg.dataset,
-                "optimizer": cfg.optimizer, "group_by_length": cfg.group_by_length,
-                "mixed_precision": _PRECISION_NAMES.get(self.autocast_dtype, "no"),
-                "threads_per_worker": cfg.threads,
-                "compile": cfg.compile,
-                "pad_to_multiple_of": self.pad_multiple,
-                "sparse_embedding_sync": cfg.sparse_embedding_sync,
-            },
-            "config_hash": self.config_hash,
-            "data_fingerprint": self.data_fingerprint,
-            "config": cfg.as_dict(),
-            "time_total_s": time_total,
-            "epoch_metrics": epoch_metrics,
-            "samples_per_s": train_samples / train_time if train_time else 0.0,
-            "steady_step_time_s": statistics.median(steady) if steady else None,
-            "timeline_unix": {"process_started": self.process_started,
-                              "training_started": training_started_at,
-                              "first_step_done": self.first_step_done_at,
-                              "training_ended": self.training_ended_at},
-            "peak_memory_mb": {"rss": max(e["rss_mb"] for e in per_rank),
-                               "rss_per_rank": [e["rss_mb"] for e in per_rank],
-                               "cuda": max(e["cuda_mb"] for e in per_rank) if self.is_cuda else None},
-            "final_accuracy": epoch_metrics[-1]["val_accuracy"],
-            "gpu_utilization_pct": statistics.mean(self.gpu_utilization) if self.gpu_utilization else None,
-            "resumed_from_epoch": resumed_from,
-            "versions": versions(),
-            "started_at": datetime.datetime.fromtimestamp(training_started_at, datetime.UTC).isoformat(
-                timespec="seconds"),
-            "finished_at": _utc_now(),
-        }
-        path = write_result(result, cfg.output_dir)
-        self.log(f"final accuracy {result['final_accuracy']:.4f} in {time_total:.2f}s; wrote {path}")
-        return result
+        run_result = result.assemble(
+            self.cfg, launcher_framework=self.hooks.framework, launcher_label=self.hooks.framework_label,
+            world_size=self.world_size, device_type=self.device.type, backend=dist.get_backend(),
+            config_hash=self.config_hash, data_fingerprint=self.data_fingerprint,
+            mixed_precision=_PRECISION_NAMES.get(self.autocast_dtype, "no"), pad_multiple=self.pad_multiple,
+            time_total=time_total, epoch_metrics=epoch_metrics, step_times=self.step_times,
+            gpu_utilization=self.gpu_utilization, per_rank=per_rank, resumed_from=resumed_from,
+            timeline_unix={"process_started": self.process_started, "training_started": training_started_at,
+                           "first_step_done": self.first_step_done_at,
+                           "training_ended": self.training_ended_at})
+        path = result.write_result(run_result, self.cfg.output_dir)
+        self.log(f"final accuracy {run_result['final_accuracy']:.4f} in {time_total:.2f}s; wrote {path}")
+        return run_result

@@ -1,16 +1,108 @@
-"""result.json: one per run, written by rank 0, shaped by trainer/result_schema.json."""
+"""result.json: one per run, assembled and written by rank 0, shaped by trainer/result_schema.json.
+
+No torch at import time: the Spark launcher's driver writes results without loading it.
+"""
 
 from __future__ import annotations
 
+import datetime
 import functools
 import json
 import os
 import platform
+import resource
+import socket
+import statistics
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from trainer.config import TrainConfig
 
 SCHEMA_PATH = Path(__file__).with_name("result_schema.json")
 RESULT_FILE_NAME = "result.json"
+_STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
+
+
+def speed_options_label(cfg: TrainConfig) -> str:
+    """The options beyond the study's protocol, as the report shows them beside the framework."""
+    label = " + sparse embedding sync (dtlab)" if cfg.sparse_embedding_sync else ""
+    return label + (f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else "")
+
+
+def rank_summary(cuda_peak_mb: float | None) -> dict:
+    """What each rank adds to the result (gathered on rank 0): its host and its peak memory."""
+    return {"host": socket.gethostname(), "rss_mb": _peak_rss_mb(), "cuda_mb": cuda_peak_mb}
+
+
+def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, world_size: int,
+             device_type: str, backend: str, config_hash: str, data_fingerprint: str, mixed_precision: str,
+             pad_multiple: int, time_total: float, epoch_metrics: list[dict], step_times: list[float],
+             gpu_utilization: list[float], per_rank: list[dict], timeline_unix: dict,
+             resumed_from: int | None) -> dict:
+    """The run's result.json content, from what the loop measured (`per_rank`: rank_summary of each)."""
+    is_cuda = device_type == "cuda"
+    hostnames = list(dict.fromkeys(entry["host"] for entry in per_rank))
+    train_time = sum(m["train_time_s"] for m in epoch_metrics)
+    train_samples = sum(m["train_samples"] for m in epoch_metrics)
+    steady = step_times[_STEADY_STATE_SKIP_STEPS:] or step_times
+    # The launcher's hooks name the framework unless the config names another one.
+    framework = cfg.framework if cfg.framework != "ddp" else launcher_framework
+    label = cfg.framework_label or (launcher_label if launcher_framework == framework else framework)
+    label += speed_options_label(cfg)
+    return {
+        "schema_version": 1,
+        "framework": framework,
+        "framework_label": label,
+        "world_size": world_size,
+        "nodes": len(hostnames),
+        "gpus": world_size if is_cuda else 0,
+        "device": device_type,
+        "backend": backend,
+        "hostnames": hostnames,
+        "epochs": cfg.epochs,
+        "seed": cfg.seed,
+        "hyperparameters": {
+            "learning_rate": cfg.learning_rate, "weight_decay": cfg.weight_decay,
+            "warmup_steps": cfg.warmup_steps, "batch_size_per_worker": cfg.batch_size,
+            "max_length": cfg.max_length, "model": cfg.model, "dataset": cfg.dataset,
+            "optimizer": cfg.optimizer, "group_by_length": cfg.group_by_length,
+            "mixed_precision": mixed_precision,
+            "threads_per_worker": cfg.threads,
+            "compile": cfg.compile,
+            "pad_to_multiple_of": pad_multiple,
+            "sparse_embedding_sync": cfg.sparse_embedding_sync,
+        },
+        "config_hash": config_hash,
+        "data_fingerprint": data_fingerprint,
+        "config": cfg.as_dict(),
+        "time_total_s": time_total,
+        "epoch_metrics": epoch_metrics,
+        "samples_per_s": train_samples / train_time if train_time else 0.0,
+        "steady_step_time_s": statistics.median(steady) if steady else None,
+        "timeline_unix": timeline_unix,
+        "peak_memory_mb": {"rss": max(e["rss_mb"] for e in per_rank),
+                           "rss_per_rank": [e["rss_mb"] for e in per_rank],
+                           "cuda": max(e["cuda_mb"] for e in per_rank) if is_cuda else None},
+        "final_accuracy": epoch_metrics[-1]["val_accuracy"],
+        "gpu_utilization_pct": statistics.mean(gpu_utilization) if gpu_utilization else None,
+        "resumed_from_epoch": resumed_from,
+        "versions": versions(),
+        "started_at": _utc(timeline_unix["training_started"]),
+        "finished_at": _utc(),
+    }
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def _utc(unix_time: float | None = None) -> str:
+    """A Unix time (default: now) as result.json's UTC ISO 8601, to the second."""
+    moment = datetime.datetime.now(datetime.UTC) if unix_time is None else (
+        datetime.datetime.fromtimestamp(unix_time, datetime.UTC))
+    return moment.isoformat(timespec="seconds")
 
 
 @functools.cache

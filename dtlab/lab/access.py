@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import subprocess
-import time
 
 from dtlab.errors import DtlabError
 from dtlab.lab import network, nodes
 from dtlab.lab.config import LabConfig
 from dtlab.lab.host import run
+from dtlab.waiting import wait_until
 
 
 def ensure_keypair(config: LabConfig) -> str:
@@ -63,9 +63,9 @@ def node_state(config: LabConfig, node: str) -> str:
 def wait_ready(config: LabConfig, node_names: list[str], timeout: float = nodes.READY_TIMEOUT_S) -> None:
     """Until sshd accepts the lab key and systemd reports running/degraded on every node (bounded)."""
     waiting = list(node_names)
-    deadline = time.monotonic() + timeout
     last_state: dict[str, str] = {}
-    while waiting:
+
+    def all_ready() -> bool:
         for node in list(waiting):
             if not nodes.running_pid(config, node):
                 console = nodes.console_tail(config, node)
@@ -74,10 +74,9 @@ def wait_ready(config: LabConfig, node_names: list[str], timeout: float = nodes.
             last_state[node] = node_state(config, node)
             if last_state[node] in ("running", "degraded"):
                 waiting.remove(node)
-        if not waiting:
-            return
-        if time.monotonic() > deadline:
-            node = waiting[0]
-            raise DtlabError(f"lab {config.name}: {node} not ready after {timeout:.0f} s (state:"
-                             f" {last_state[node]}); see {config.node_dir(node)}/console.log")
-        time.sleep(0.3)
+        return not waiting
+
+    if not wait_until(all_ready, timeout_s=timeout, every_s=0.3):
+        node = waiting[0]
+        raise DtlabError(f"lab {config.name}: {node} not ready after {timeout:.0f} s (state:"
+                         f" {last_state[node]}); see {config.node_dir(node)}/console.log")

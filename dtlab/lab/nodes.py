@@ -15,6 +15,7 @@ from dtlab.lab import mounts
 from dtlab.lab.config import NETNS_DIR, LabConfig
 from dtlab.lab.host import overlay_supported, run
 from dtlab.lab.state import LabState
+from dtlab.waiting import wait_until
 
 STOP_GRACE_S = 10
 READY_TIMEOUT_S = 120
@@ -180,13 +181,16 @@ def _state(pid: int) -> str | None:
 def kill_remnants(config: LabConfig, node: str, timeout: float = STOP_GRACE_S) -> None:
     """SIGKILL, by PID, whatever still runs in the node's cgroups. A killed nspawn leaves its node
     running (systemd, sshd on the node's address); killing the node's PID 1 ends its PID namespace."""
-    deadline = time.monotonic() + timeout
-    while (pids := cgroup_pids(config, node)) and time.monotonic() < deadline:
+
+    def none_left() -> bool:
+        pids = cgroup_pids(config, node)
         for pid in pids:
             _signal(pid, signal.SIGKILL)
             _reap(pid)
-        time.sleep(0.05)
-    if cgroup_pids(config, node):
+        return not pids
+
+    wait_until(none_left, timeout_s=timeout, every_s=0.05)
+    if cgroup_pids(config, node):  # the last SIGKILLs may have landed after the last look
         raise DtlabError(f"lab {config.name}: processes of {node} survive SIGKILL"
                          f" (pids {sorted(cgroup_pids(config, node))[:5]}); check `ps` and retry")
 
@@ -231,18 +235,18 @@ def start(config: LabConfig, node: str, root: Path, binds: dict[str, str]) -> in
 def stop(config: LabConfig, nodes: list[str]) -> None:
     """SIGTERM each node's nspawn (clean poweroff), wait a bounded time, then SIGKILL by PID."""
     pids = {node: pid for node in nodes if (pid := running_pid(config, node))}
+
+    def all_exited() -> bool:
+        return not any(running_pid(config, node) for node in pids)
+
     for pid in pids.values():
         _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and any(running_pid(config, node) for node in pids):
-        time.sleep(0.05)
+    wait_until(all_exited, timeout_s=STOP_GRACE_S, every_s=0.05)
     for node, pid in pids.items():
         if running_pid(config, node):
             print(f"lab: {node} did not power off in {STOP_GRACE_S} s; killing nspawn {pid}")
             _signal(pid, signal.SIGKILL)
-    deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline and any(running_pid(config, node) for node in pids):
-        time.sleep(0.05)
+    wait_until(all_exited, timeout_s=STOP_GRACE_S, every_s=0.05)
     for node in nodes:
         if running_pid(config, node):
             raise DtlabError(f"lab {config.name}: {node} (nspawn pid {running_pid(config, node)}) survives"

@@ -8,13 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from dtlab import paths
 from dtlab.errors import DtlabError
 from dtlab.lab import host
 from dtlab.lab.config import APT_ARCHIVE_CACHE_DIR, LabConfig
+from dtlab.waiting import wait_until
 
 START_TIMEOUT_S = 10
 STOP_GRACE_S = 3
@@ -48,33 +48,37 @@ def ensure_running(config: LabConfig) -> int:
             "--cache-dir", str(APT_ARCHIVE_CACHE_DIR)]
     argv += [option for name in allowed for option in ("--allow", name)]
     environment = {**os.environ, "PYTHONPATH": str(paths.REPO_ROOT)}
-    with open(config.run_dir / "aptproxy.log", "ab") as log:
+    log_path = config.run_dir / "aptproxy.log"
+    with open(log_path, "ab") as log:
         process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                    cwd=paths.REPO_ROOT, env=environment, start_new_session=True)
     _pid_file(config).write_text(f"{process.pid}\n")
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
+
+    def listening() -> bool:
         if process.poll() is not None:
             raise DtlabError(f"lab {config.name}: the apt proxy exited at start (port {config.apt_proxy_port}"
-                             f" in use?); see {config.run_dir / 'aptproxy.log'}")
+                             f" in use?); see {log_path}")
         try:
             with socket.create_connection((str(config.bridge_address), config.apt_proxy_port), timeout=1):
-                return process.pid
+                return True
         except OSError:
-            time.sleep(0.05)
-    raise DtlabError(f"lab {config.name}: the apt proxy did not listen within {START_TIMEOUT_S} s;"
-                     f" see {config.run_dir / 'aptproxy.log'}")
+            return False
+
+    wait_until(listening, timeout_s=START_TIMEOUT_S, every_s=0.05,
+               what=f"lab {config.name}'s apt proxy to listen on {_listen(config)}; see {log_path}")
+    return process.pid
 
 
 def stop(config: LabConfig) -> None:
     pid = running_pid(config)
     if pid:
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_GRACE_S
-        while running_pid(config) and time.monotonic() < deadline:
+
+        def exited() -> bool:
             _reap(pid)
-            time.sleep(0.05)
-        if running_pid(config):
+            return not running_pid(config)
+
+        if not wait_until(exited, timeout_s=STOP_GRACE_S, every_s=0.05):
             os.kill(pid, signal.SIGKILL)
             _reap(pid)
     _pid_file(config).unlink(missing_ok=True)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,14 @@ from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
 from dtlab.launch import ddp
 from dtlab.launch.common import CellPaths, Launch, place, trainer_config
+from dtlab.waiting import wait_until
 
 OFF_CLUSTER_LABEL = "determined (Core API, off-cluster)"
 CLUSTER_LABEL = "determined (Core API, cluster)"
 TRAINER_MODULE = "trainer.launchers.determined"
 EXPERIMENTS_DIR = dtlab_paths.EXPERIMENTS_DIR / "determined"
 POLL_S = 10
+FINAL_STATES = ("COMPLETED", "CANCELED", "ERROR", "DELETED")  # words in the state's name
 # Node paths go to the entrypoint as flags; a trial checkpoints into the master's checkpoint storage.
 NOT_HYPERPARAMETERS = ("output_dir", "checkpoint_dir", "cache_dir")
 
@@ -115,14 +116,14 @@ class ClusterExperiment:
                 config=self.config, model_dir=str(detconfig.stage_context(context))
             )
         self.experiment_id = experiment.id
-        started = time.monotonic()
-        while time.monotonic() - started < self.timeout_s:
+
+        def final_state() -> str | None:
+            experiment.reload()  # the SDK caches the state: ask the master
             state = str(experiment.get_state() if hasattr(experiment, "get_state") else experiment.state)
-            if any(word in state.upper() for word in ("COMPLETED", "CANCELED", "ERROR", "DELETED")):
-                break
-            time.sleep(POLL_S)
-            experiment.reload()
-        else:
+            return state if any(word in state.upper() for word in FINAL_STATES) else None
+
+        state = wait_until(final_state, timeout_s=self.timeout_s, every_s=POLL_S)
+        if state is None:
             experiment.kill()
             raise DtlabError(
                 f"determined experiment {experiment.id}: not done after {self.timeout_s} s; killed"
