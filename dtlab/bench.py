@@ -35,6 +35,7 @@ from dtlab.display import Display
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
 from dtlab.results import ResultStore
+from dtlab.waiting import wait_until
 
 LOG_TAIL_LINES = 30
 # Fabric waits this much longer than the unit's own RuntimeMaxSec, so systemd ends a stuck run first.
@@ -317,20 +318,23 @@ class Bench:
 
     def wait_for_nodes(self) -> None:
         """Before a retry: wait (at most NODES_BACK_WAIT_S) until every node answers SSH again."""
-        deadline = time.monotonic() + NODES_BACK_WAIT_S
         said = False
-        while True:
+
+        def silent_nodes() -> list[str]:
+            nonlocal said
             answers = remote.run_all(self.cluster.nodes, "true", timeout=PROBE_TIMEOUT_S)
             silent = sorted(name for name, answer in answers.items() if isinstance(answer, BaseException))
-            if not silent or time.monotonic() >= deadline:
-                if silent and self.display:
-                    self.display.note(f"[yellow]{', '.join(silent)} still silent: retrying anyway[/]")
-                return
-            if not said and self.display:
-                self.display.note(f"waiting up to {NODES_BACK_WAIT_S} s for {', '.join(silent)} to answer "
-                                  "before the retry")
+            if silent and not said and self.display:
+                self.display.note(
+                    f"waiting up to {NODES_BACK_WAIT_S} s for {', '.join(silent)} to answer before the retry"
+                )
                 said = True
-            time.sleep(5)
+            return silent
+
+        silent = wait_until(silent_nodes, until=lambda silent: not silent, timeout_s=NODES_BACK_WAIT_S,
+                            every_s=5)
+        if silent and self.display:
+            self.display.note(f"[yellow]{', '.join(silent)} still silent: retrying anyway[/]")
 
     def run_attempt(
         self, cell: Cell, number_in_run: int, timeout_s: int, *, fresh: bool
