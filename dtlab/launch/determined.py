@@ -105,7 +105,8 @@ def _add_torch_build(rendered: dict[str, Any], torch_build_dir: str | None) -> N
     environment = rendered.setdefault("environment", {})
     variables = environment.get("environment_variables") or []
     if isinstance(variables, dict):  # per slot type: {cpu: [...], cuda: [...]}
-        environment["environment_variables"] = {kind: [*values, setting] for kind, values in variables.items()}
+        environment["environment_variables"] = {kind: [*values, setting]
+                                                for kind, values in variables.items()}
     else:
         environment["environment_variables"] = [*variables, setting]
 

@@ -89,7 +89,8 @@ def test_a_pinned_or_pypi_build_that_cannot_run_pascal_is_refused(compat):
 
 def test_mixed_gpus_need_one_build_for_all(compat):
     mixed = [GTX_1060, NodeGpus("node2", ("B200",), ("10.0",))]
-    with pytest.raises(DtlabError, match=r"no torch 2.13 CUDA build runs every node's GPUs on driver branch 580"):
+    with pytest.raises(DtlabError,
+                       match=r"no torch 2.13 CUDA build runs every node's GPUs on driver branch 580"):
         compat.choose(mixed, 580)
     assert compat.choose([GTX_1060, NodeGpus("node2", ("A100",), ("8.0",))], 580).name == "cu126"
 

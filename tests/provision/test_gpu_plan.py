@@ -23,9 +23,11 @@ def inventory_with(tmp_path, gpus):
     lines = ["all:", "  children:"]
     for group, host in (("master", "node0"), ("workers", "node1")):
         names, capabilities = gpus.get(host, ([], []))
-        lines += [f"    {group}:", "      hosts:", f"        {host}:", "          ansible_connection: local",
+        lines += [f"    {group}:", "      hosts:", f"        {host}:",
+                  "          ansible_connection: local",
                   "          ansible_python_interpreter: /usr/bin/python3",
-                  f"          dtlab_gpu_count: {len(names)}", f"          dtlab_gpu_names: {json.dumps(names)}",
+                  f"          dtlab_gpu_count: {len(names)}",
+                  f"          dtlab_gpu_names: {json.dumps(names)}",
                   f"          dtlab_gpu_compute_capabilities: {json.dumps(capabilities)}"]
     (inventory_dir / "hosts.yml").write_text("\n".join(lines) + "\n")
     return inventory_dir / "hosts.yml"
@@ -51,7 +53,8 @@ def test_a_gpu_no_build_runs_fails_the_play_with_one_line(tmp_path):
     inventory = inventory_with(tmp_path, {"node1": (["Tesla K80"], ["3.7"])})
     result = playbook(tmp_path, inventory, "torch_build.yml", "-e", "nvidia_driver_branch=470")
     assert result.returncode != 0
-    assert re.search(r'"msg": "trainer: node1: GPU \'Tesla K80\' \(compute capability 3.7, Kepler\) is run by '
+    assert re.search(r'"msg": "trainer: node1: GPU \'Tesla K80\' \(compute capability 3.7, Kepler\) '
+                     r'is run by '
                      r'no torch 2.13 CUDA build; options: cu130 .*cu126 .*cu132 [^"]*"', result.stdout)
 
 
@@ -59,12 +62,14 @@ def test_check_mode_before_the_driver_plans_without_a_capability(tmp_path):
     inventory = inventory_with(tmp_path, {})
     result = playbook(tmp_path, inventory, "torch_build.yml", "-e", "dtlab_gpu_count=1")
     assert result.returncode == 0, result.stdout[-3000:]
-    assert "trainer: check mode, node0, node1: GPU capability not known until the driver answers" in result.stdout
+    assert ("trainer: check mode, node0, node1: GPU capability not known until the driver answers"
+            in result.stdout)
 
 
 def test_a_pinned_build_overrides_the_choice(tmp_path):
     turing = (["Tesla T4"], ["7.5"])
-    result = playbook(tmp_path, inventory_with(tmp_path, {"node0": turing, "node1": turing}), "torch_build.yml",
+    inventory = inventory_with(tmp_path, {"node0": turing, "node1": turing})
+    result = playbook(tmp_path, inventory, "torch_build.yml",
                       "-e", "dtlab_torch_build=cu132", "-e", "nvidia_driver_branch=580")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "trainer: torch 2.13 cu132 (CUDA 13.2.1" in result.stdout
@@ -84,5 +89,6 @@ def test_nvidia_package_names_for_ubuntu_24_04(tmp_path, branch):
         "cuda_repo": [f"cuda-drivers-{branch}"],
         "headers_meta": "linux-headers-generic",
         "toolkit": ["nvidia-cuda-toolkit"], "cudnn": ["nvidia-cudnn"],
-        "toolkit_cuda_repo": ["cuda-toolkit-12-6", "cudnn9-cuda-12"],  # both in NVIDIA's ubuntu2404 repository
+        # Both in NVIDIA's ubuntu2404 repository.
+        "toolkit_cuda_repo": ["cuda-toolkit-12-6", "cudnn9-cuda-12"],
     }
