@@ -110,6 +110,26 @@ def test_startup_hook_installs_the_requirements_with_pip(tmp_path):
     assert "pip install failed" in failed.stderr
 
 
+def test_startup_hook_installs_the_torch_build_the_trainer_role_chose(tmp_path):
+    """DTLAB_TORCH_REQUIREMENTS (set by the harness, file mounted from the agent) joins the pip install;
+    a missing file is refused in one line."""
+    context = detconfig.stage_context(tmp_path / "ctx")
+    venv_bin = str(Path(sys.executable).parent)
+    torch_build = tmp_path / "torch-build.txt"
+    torch_build.write_text("dtlab-no-such-torch-build==1.0\n")  # proves the file reaches pip
+    env = dict(os.environ, PATH=f"{venv_bin}:{os.environ['PATH']}", DTLAB_PIP_OPTIONS="--dry-run --no-index",
+               DTLAB_TORCH_REQUIREMENTS=str(torch_build))
+    hook = subprocess.run(["bash", "-c", "source ./startup-hook.sh; echo NOT-REACHED"], cwd=context, env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert hook.returncode != 0 and "dtlab-no-such-torch-build" in hook.stdout + hook.stderr
+
+    missing = dict(env, DTLAB_TORCH_REQUIREMENTS=str(tmp_path / "absent.txt"))
+    refused = subprocess.run(["bash", "-c", "source ./startup-hook.sh; echo NOT-REACHED"], cwd=context,
+                             env=missing, capture_output=True, text=True, timeout=60)
+    assert refused.returncode != 0 and "NOT-REACHED" not in refused.stdout
+    assert f"no torch build file {tmp_path / 'absent.txt'} on this agent" in refused.stderr
+
+
 def test_launcher_hyperparameters_are_trainer_options():
     fields = {field.name for field in dataclasses.fields(TrainConfig)}
     for path in CONFIGS:

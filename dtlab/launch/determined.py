@@ -90,7 +90,26 @@ def render_experiment(cluster: Cluster, cell: Cell, config: dict[str, Any]) -> d
     # The trial's container sees the node's runs dir, so rank 0's result.json lands where bench looks.
     mounts = [m for m in rendered.get("bind_mounts") or [] if m.get("container_path") != cluster.runs_dir]
     rendered["bind_mounts"] = [*mounts, {"host_path": cluster.runs_dir, "container_path": cluster.runs_dir}]
+    _add_torch_build(rendered, cluster.var("dtlab_torch_build_dir"))
     return detconfig.validate_experiment(rendered, f"experiment for {cell.key}")
+
+
+def _add_torch_build(rendered: dict[str, Any], torch_build_dir: str | None) -> None:
+    """The trial installs the torch build the trainer role chose (the nodes' venvs have the same one):
+    its requirements file on the agent, mounted read-only and named by DTLAB_TORCH_REQUIREMENTS for
+    startup-hook.sh."""
+    if not torch_build_dir:
+        return
+    rendered["bind_mounts"].append({"host_path": torch_build_dir, "container_path": torch_build_dir,
+                                    "read_only": True})
+    setting = f"DTLAB_TORCH_REQUIREMENTS={torch_build_dir}/requirements.txt"
+    environment = rendered.setdefault("environment", {})
+    variables = environment.get("environment_variables") or []
+    if isinstance(variables, dict):  # per slot type: {cpu: [...], cuda: [...]}
+        environment["environment_variables"] = {kind: [*values, setting]
+                                                for kind, values in variables.items()}
+    else:
+        environment["environment_variables"] = [*variables, setting]
 
 
 @dataclass

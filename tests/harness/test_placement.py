@@ -153,5 +153,10 @@ def test_determined_with_a_master_renders_a_valid_experiment_for_the_cell(gpu_cl
     assert {"host_path": "/var/lib/dtlab/runs", "container_path": "/var/lib/dtlab/runs"} in experiment[
         "bind_mounts"
     ]
+    # The trial installs the torch build the trainer role chose, from its file on the agent.
+    assert {"host_path": "/opt/dtlab/torch-build", "container_path": "/opt/dtlab/torch-build",
+            "read_only": True} in experiment["bind_mounts"]
+    assert ("DTLAB_TORCH_REQUIREMENTS=/opt/dtlab/torch-build/requirements.txt"
+            in experiment["environment"]["environment_variables"])
     assert planned.label == "determined (Core API, cluster)"
     assert planned.external.master_url == "http://127.0.10.1:8080"

@@ -1,6 +1,7 @@
-"""GPU roles at unit level: with the GPU fact forced on, the nvidia and docker GPU tasks render and run
-in check mode (against the controller itself, changing nothing). Every download URL points at a
-loopback HTTP server that serves stand-in keys: no traffic leaves the machine."""
+"""GPU roles at unit level: with the GPU facts forced on, the nvidia and docker GPU tasks render and run
+in check mode (against the controller itself, changing nothing) and say what they would do. Every
+download URL points at a loopback HTTP server that serves stand-in keys and a stand-in cuda-keyring
+package: no traffic leaves the machine."""
 
 import http.server
 import os
@@ -16,14 +17,27 @@ STAND_IN_KEY = ("-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nstand-in key for a chec
                 "-----END PGP PUBLIC KEY BLOCK-----\n")
 
 
+def stand_in_keyring_deb(destination):
+    """A tiny package named cuda-keyring, enough for apt's check mode to read; never installed."""
+    package = destination.parent / "cuda-keyring-pkg"
+    (package / "DEBIAN").mkdir(parents=True)
+    (package / "DEBIAN" / "control").write_text(
+        "Package: cuda-keyring\nVersion: 1.1-1\nArchitecture: all\nMaintainer: dtlab tests <tests@dtlab>\n"
+        "Description: stand-in for a check-mode test\n")
+    subprocess.run(["dpkg-deb", "--build", "--root-owner-group", str(package), str(destination)], check=True,
+                   capture_output=True)
+
+
 @pytest.fixture
 def key_server(tmp_path):
-    """A loopback HTTP server with a stand-in signing key at every path the roles fetch."""
+    """A loopback HTTP server with a stand-in signing key (or cuda-keyring) at every path the roles fetch."""
     root = tmp_path / "www"
-    for key_path in ("cuda/debian12/x86_64/3bf863cc.pub", "cuda/ubuntu2404/x86_64/3bf863cc.pub",
-                     "docker/debian/gpg", "docker/ubuntu/gpg", "libnvidia-container/gpgkey"):
+    for key_path in ("docker/debian/gpg", "docker/ubuntu/gpg", "libnvidia-container/gpgkey"):
         (root / key_path).parent.mkdir(parents=True, exist_ok=True)
         (root / key_path).write_text(STAND_IN_KEY)
+    for distribution in ("debian12", "ubuntu2404"):
+        (root / "cuda" / distribution / "x86_64").mkdir(parents=True)
+        stand_in_keyring_deb(root / "cuda" / distribution / "x86_64" / "cuda-keyring_1.1-1_all.deb")
 
     class QuietHandler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *args, **kwargs):
@@ -62,21 +76,52 @@ def run_check_mode(inventory, *extra_args):
 @pytest.mark.slow  # an ansible-playbook check-mode run: not in `invoke test --fast`
 def test_gpu_tasks_run_in_check_mode_with_the_gpu_fact_forced_on(controller_inventory, key_server):
     sources_before = sorted(os.listdir("/etc/apt/sources.list.d"))
+    preferences_before = sorted(os.listdir("/etc/apt/preferences.d"))
     result = run_check_mode(
         controller_inventory, "-e", "dtlab_gpu_count=1",
+        "-e", "nvidia_install_source=cuda_repo",  # the distribution source asks Ubuntu's archive, not here
+        # The controller's running kernel may not be Debian's: ask for the flavour's headers only.
+        "-e", '{"nvidia_kernel_header_packages": ["linux-headers-amd64"]}',
         "-e", f"nvidia_cuda_repo_base_url={key_server}/cuda",
         "-e", f"docker_repo_base_url={key_server}/docker",
         "-e", f"docker_nvidia_toolkit_key_url={key_server}/libnvidia-container/gpgkey",
         "-e", f"docker_nvidia_toolkit_repo_url={key_server}/libnvidia-container/stable/deb/amd64")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     out = result.stdout
-    assert "TASK [nvidia : Add NVIDIA's CUDA apt repository with its signing key]" in out
-    assert "nvidia: check mode, CUDA repository not configured yet" in out
+    # The GPU plan, step by step: what each GPU-only step would do on a fresh node.
+    for task in ("Ask whether Secure Boot is on (read-only)", "Blacklist nouveau",
+                 "Install NVIDIA's cuda-keyring (the CUDA repository's signing key and source list)",
+                 "Prefer NVIDIA's repository for NVIDIA's packages (apt pin)",
+                 "Install the kernel headers (DKMS builds the module against them)"):
+        assert f"TASK [nvidia : {task}]" in out, task
+    assert ("nvidia: check mode, CUDA repository not configured yet; would install now: "
+            "linux-headers-amd64, cuda-drivers-535, and hold the driver") in out
+    assert "nvidia: check mode, controller would reboot to load driver 535; persistence mode and the " \
+           "nvidia-smi checks run after that reboot" in out
     assert "TASK [docker : Add NVIDIA's container toolkit repository with its signing key]" in out
     assert "TASK [docker : Register the nvidia runtime with Docker (nvidia-ctk)]" in out
     assert "no NVIDIA GPU" not in out
     # Check mode changed nothing on the controller.
     assert sorted(os.listdir("/etc/apt/sources.list.d")) == sources_before
+    assert sorted(os.listdir("/etc/apt/preferences.d")) == preferences_before
+    assert not os.path.exists("/etc/modprobe.d/dtlab-blacklist-nouveau.conf")
+
+
+@pytest.mark.slow  # an ansible-playbook check-mode run: not in `invoke test --fast`
+def test_a_deferred_reboot_skips_the_checks_saying_so(controller_inventory):
+    """The distribution source, the driver "installed" but not loaded, the reboot left to the operator."""
+    result = run_check_mode(
+        controller_inventory, "-e", "dtlab_gpu_count=1", "-e", '{"nvidia_reboot_skip": true}',
+        "-e", '{"nvidia_driver_packages_distribution": ["pciutils"], '
+              '"nvidia_kernel_header_packages": ["linux-headers-amd64"]}',
+        "--tags", "nvidia")
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    out = result.stdout
+    assert "TASK [nvidia : Hold the driver against unattended upgrades (apt-mark hold)]" in out
+    assert ("nvidia: controller must reboot to load driver 535, and nvidia_reboot_skip is set: persistence "
+            "mode and the nvidia-smi checks are skipped") in out
+    assert "TASK [nvidia : Reboot to load the NVIDIA driver]" in out  # listed, skipped
+    assert "TASK [nvidia : Query the GPUs with nvidia-smi (read-only)]" not in out
 
 
 @pytest.mark.slow  # an ansible-playbook check-mode run: not in `invoke test --fast`
