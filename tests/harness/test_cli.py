@@ -70,8 +70,8 @@ def test_a_bad_matrix_file_fails_with_one_line(loopback_inventory, tmp_path):
     answer = invoke("bench.all", "-i", str(loopback_inventory), "--matrix", str(bad))
     assert answer.returncode == 2
     assert answer.stderr.strip() == (
-        f"error: {bad}: profiles.smoke.runs[0].frameworks: unknown framework 'mpi'; "
-        "choose from ddp, spark, determined"
+        f"error: {bad}: profiles.smoke.runs[0].frameworks[1]: "
+        "must be one of ddp, spark, determined; got 'mpi'"
     )
 
 
