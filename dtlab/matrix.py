@@ -1,8 +1,11 @@
 """experiments/matrix.yml -> validated matrix cells, in a stable order.
 
-A profile expands each `runs:` entry to frameworks x gpus x epochs x seeds. Everything wrong with the
-file (unknown framework or profile, epochs <= 0, more GPUs than the inventory has, duplicate cells,
-unknown trainer options) is one DtlabError line, raised before anything starts.
+A profile expands each `runs:` entry to frameworks x gpus x epochs x seeds. The file's shape (keys,
+types, ranges, frameworks) is SCHEMA below, whose profiles' `trainer:` sections are the trainer's own
+schema (trainer.config.SCHEMA, referred to by its $id, not copied); what a schema cannot say (more GPUs
+than the inventory has, duplicate cells, the trainer's rules for the inventory's device) is checked in
+code after it. Everything wrong is one DtlabError line naming the file and the key, raised before
+anything starts.
 """
 
 from __future__ import annotations
@@ -15,14 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import yaml
+from referencing import Registry, Resource
 
 from dtlab import paths
 from dtlab.cell import Cell
 from dtlab.errors import DtlabError
+from trainer import config as trainer_config
+from trainer.schema import first_error
 
 MATRIX_FILE = paths.EXPERIMENTS_DIR / "matrix.yml"
-FRAMEWORKS = ("ddp", "spark", "determined")
 DEFAULT_TIMEOUT_S = 3600
 # Trainer options the harness sets per cell and per node; a profile must not fix them.
 HARNESS_OWNED_OPTIONS = (
@@ -36,7 +42,73 @@ HARNESS_OWNED_OPTIONS = (
     "device",
     "threads",
 )
-RUN_KEYS = {"frameworks": "framework", "gpus": "gpus", "epochs": "epochs", "seeds": "seed"}
+RUN_KEYS = ("frameworks", "gpus", "epochs", "seeds")
+
+
+def _one_or_more(item: dict[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [item, {"type": "array", "minItems": 1, "items": item}]}
+
+
+_POSITIVE_INTEGER = {"type": "integer", "minimum": 1}
+SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "urn:dtlab:matrix",
+    "title": "experiments/matrix.yml",
+    "type": "object",
+    "required": ["profiles"],
+    "additionalProperties": False,
+    "properties": {
+        "default_profile": {"type": "string"},
+        "profiles": {
+            "type": "object",
+            "minProperties": 1,
+            "additionalProperties": {"$ref": "#/$defs/profile"},
+        },
+    },
+    "$defs": {
+        "profile": {
+            "type": "object",
+            "required": ["runs"],
+            "additionalProperties": False,
+            "properties": {
+                "description": {"type": "string"},
+                "timeout_s": {
+                    **_POSITIVE_INTEGER,
+                    "x-message": "must be a positive number of seconds (per cell), got {value!r}",
+                },
+                "trainer": {
+                    "$ref": trainer_config.SCHEMA["$id"],
+                    "properties": {
+                        option: {
+                            "not": {},
+                            "x-message": "set per cell by the harness; use runs: (epochs, seeds) "
+                            "or the inventory (device) instead",
+                        }
+                        for option in HARNESS_OWNED_OPTIONS
+                    },
+                },
+                "runs": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/run"}},
+            },
+        },
+        "run": {
+            "type": "object",
+            "required": list(RUN_KEYS),
+            "additionalProperties": False,
+            "properties": {
+                "frameworks": _one_or_more({"$ref": trainer_config.SCHEMA["$id"] + "#/properties/framework"}),
+                "gpus": _one_or_more(_POSITIVE_INTEGER),
+                "epochs": _one_or_more(_POSITIVE_INTEGER),
+                "seeds": _one_or_more({"type": "integer"}),
+            },
+        },
+    },
+}
+_VALIDATOR = jsonschema.Draft202012Validator(
+    SCHEMA,
+    registry=Registry().with_resource(
+        trainer_config.SCHEMA["$id"], Resource.from_contents(trainer_config.SCHEMA)
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -85,8 +157,8 @@ def load(
     max_gpus: int | None = None,
     device: str | None = None,
 ) -> Matrix:
-    """Read and validate one profile. max_gpus and device: what the target inventory offers and
-    trains on (None = don't check)."""
+    """Read the file (all of it is checked) and expand one profile. max_gpus and device: what the
+    target inventory offers and trains on (None = don't check)."""
     path = Path(path) if path else MATRIX_FILE
     document = _read(path)
     available = document["profiles"]
@@ -101,27 +173,13 @@ def load(
         raise DtlabError(f"{path}: no profile {profile!r}; choose one of {', '.join(available)}")
     spec = available[profile]
     where = f"{path}: profiles.{profile}"
-    if not isinstance(spec, dict):
-        raise DtlabError(f"{where}: must be a mapping with trainer: and runs:")
-    unknown = set(spec) - {"description", "timeout_s", "trainer", "runs"}
-    if unknown:
-        raise DtlabError(
-            f"{where}: unknown key {sorted(unknown)[0]!r}; allowed: description, timeout_s, trainer, runs"
-        )
-
-    trainer_options = _trainer_options(where, spec.get("trainer") or {}, device)
-    timeout_s = spec.get("timeout_s", DEFAULT_TIMEOUT_S)
-    if not isinstance(timeout_s, int) or isinstance(timeout_s, bool) or timeout_s <= 0:
-        raise DtlabError(f"{where}.timeout_s: must be a positive number of seconds, got {timeout_s!r}")
-
-    runs = spec.get("runs")
-    if not isinstance(runs, list) or not runs:
-        raise DtlabError(f"{where}.runs: must be a non-empty list of {{frameworks, gpus, epochs, seeds}}")
+    trainer_options = dict(sorted((spec.get("trainer") or {}).items()))
+    _check_trainer_rules(where, trainer_options, device)
     cells: list[Cell] = []
     first_seen: dict[Cell, str] = {}
-    for index, run in enumerate(runs):
+    for index, run in enumerate(spec["runs"]):
         run_where = f"{where}.runs[{index}]"
-        for cell in _expand(run_where, run, profile, trainer_options):
+        for cell in _expand(run, profile, trainer_options):
             if max_gpus is not None and cell.gpus > max_gpus:
                 raise DtlabError(
                     f"{run_where}.gpus: {cell.gpus} GPUs but the inventory offers {max_gpus}; "
@@ -136,90 +194,59 @@ def load(
             cells.append(cell)
     return Matrix(
         profile=profile,
-        description=str(spec.get("description", "")),
-        timeout_s=timeout_s,
+        description=spec.get("description", ""),
+        timeout_s=spec.get("timeout_s", DEFAULT_TIMEOUT_S),
         cells=tuple(cells),
         source=path,
     )
 
 
 def _read(path: Path) -> dict[str, Any]:
+    """The whole file, checked against SCHEMA (every profile, not only the one that runs)."""
     try:
         document = yaml.safe_load(path.read_text())
     except OSError as exc:
         raise DtlabError(f"{path}: cannot read ({exc.strerror}); pass an existing --matrix file") from None
     except yaml.YAMLError as exc:
         raise DtlabError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    if (
-        not isinstance(document, dict)
-        or not isinstance(document.get("profiles"), dict)
-        or not document["profiles"]
-    ):
-        raise DtlabError(f"{path}: needs a top-level 'profiles:' mapping of named profiles")
+    problem = first_error(_VALIDATOR, _typed(path, document))
+    if problem is not None:
+        raise DtlabError(f"{path}: {problem}")
     return document
 
 
-def _trainer_options(where: str, options: Any, device: str | None) -> dict[str, Any]:
-    from trainer.config import ConfigError, TrainConfig, from_dict
+def _typed(path: Path, document: Any) -> Any:
+    """The document with each profile's trainer options parsed as the trainer parses them (YAML reads
+    1e-3 as a string; the trainer takes it), so the schema checks what the trainer will get."""
+    if not isinstance(document, dict) or not isinstance(document.get("profiles"), dict):
+        return document
+    profiles = {}
+    for name, spec in document["profiles"].items():
+        if isinstance(spec, dict) and isinstance(spec.get("trainer") or {}, dict):
+            try:
+                spec = {**spec, "trainer": trainer_config.convert(spec.get("trainer") or {})}
+            except trainer_config.ConfigError as error:
+                raise DtlabError(f"{path}: profiles.{name}.trainer.{error}") from None
+        profiles[name] = spec
+    return {**document, "profiles": profiles}
 
-    if not isinstance(options, dict):
-        raise DtlabError(f"{where}.trainer: must be a mapping of trainer options")
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    for key in options:
-        if key in HARNESS_OWNED_OPTIONS:
-            raise DtlabError(
-                f"{where}.trainer.{key}: set per cell by the harness; use runs: (epochs, seeds) "
-                "or the inventory (device) instead"
-            )
-        if key not in known:
-            raise DtlabError(
-                f"{where}.trainer.{key}: unknown trainer option; see "
-                "`python -m trainer.launchers.torchrun --help`"
-            )
-    # The trainer's own rules, here on the controller: a bad value stops the matrix before any cell
-    # starts or any attempt is recorded. Paths are the nodes' business (bench checks them there).
+
+def _check_trainer_rules(where: str, options: dict[str, Any], device: str | None) -> None:
+    """The trainer's own rules for the whole config, here on the controller with the inventory's device:
+    a bad value stops the matrix before any cell starts or any attempt is recorded. Paths are the nodes'
+    business (bench checks them there)."""
     try:
-        from_dict({**options, **({"device": device} if device else {})}, local=False)
-    except ConfigError as error:
+        trainer_config.from_dict({**options, **({"device": device} if device else {})}, local=False)
+    except trainer_config.ConfigError as error:
         raise DtlabError(f"{where}.trainer.{error}") from None
-    return dict(sorted(options.items()))
 
 
-def _as_list(where: str, value: Any) -> list[Any]:
-    values = value if isinstance(value, list) else [value]
-    if not values:
-        raise DtlabError(f"{where}: is empty; give at least one value")
-    return values
+def _as_list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
 
 
-def _positive_int(where: str, value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise DtlabError(f"{where}: {what} must be an integer >= 1, got {value!r}")
-    return value
-
-
-def _expand(where: str, run: Any, profile: str, trainer_options: dict[str, Any]) -> Iterator[Cell]:
-    if not isinstance(run, dict):
-        raise DtlabError(f"{where}: must be a mapping with frameworks, gpus, epochs, seeds")
-    missing = [k for k in RUN_KEYS if k not in run]
-    extra = sorted(set(run) - set(RUN_KEYS))
-    if missing or extra:
-        problem = f"missing {missing[0]!r}" if missing else f"unknown key {extra[0]!r}"
-        raise DtlabError(f"{where}: {problem}; each run needs exactly frameworks, gpus, epochs, seeds")
-    frameworks = _as_list(f"{where}.frameworks", run["frameworks"])
-    for framework in frameworks:
-        if framework not in FRAMEWORKS:
-            raise DtlabError(
-                f"{where}.frameworks: unknown framework {framework!r}; choose from {', '.join(FRAMEWORKS)}"
-            )
-    gpus = [_positive_int(f"{where}.gpus", g, "gpus") for g in _as_list(f"{where}.gpus", run["gpus"])]
-    epochs = [
-        _positive_int(f"{where}.epochs", e, "epochs") for e in _as_list(f"{where}.epochs", run["epochs"])
-    ]
-    seeds = _as_list(f"{where}.seeds", run["seeds"])
-    for seed in seeds:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise DtlabError(f"{where}.seeds: seed must be an integer, got {seed!r}")
+def _expand(run: dict[str, Any], profile: str, trainer_options: dict[str, Any]) -> Iterator[Cell]:
+    frameworks, gpus, epochs, seeds = (_as_list(run[key]) for key in RUN_KEYS)
     # Stable order: epochs, then seeds, then GPUs, then framework, so frameworks interleave in time.
     for epoch_count, seed, gpu_count, framework in itertools.product(epochs, seeds, gpus, frameworks):
         yield Cell(

@@ -18,7 +18,10 @@ import tempfile
 import typing
 from pathlib import Path
 
+import jsonschema
 import yaml
+
+from trainer.schema import first_error
 
 GENERATED_MODEL_PREFIX = "generated:"
 GENERATED_MODEL_SHAPES = ("bert-tiny",)
@@ -29,8 +32,13 @@ GENERATED_MAX_SPLIT_SIZE = 25_000  # IMDB's split size
 GENERATED_DATA_VERSION = 1
 GENERATED_TOKENIZER_VERSION = 2  # 1: WordPiece trained per process; 2: built from the sorted word list
 COMPILE_MODES = ("no", "default", "reduce-overhead")
+OPTIMIZERS = ("adamw", "sgd")  # sgd exists only for the DDP-equivalence test: Adam hides gradient scale
+DEVICES = ("auto", "cpu", "cuda")
+MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
+FRAMEWORKS = ("ddp", "spark", "determined")
 # A hub id is "name" or "owner/name"; anything else is treated as a local path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_SOURCE = {"minLength": 1, "message": "is empty; give a hub id or a local path"}
 
 
 class ConfigError(ValueError):
@@ -40,51 +48,63 @@ class ConfigError(ValueError):
 # Every option says whether it is part of the config hash (what makes two runs the same experiment):
 # hashed always; hashed only when set away from its default (options added after runs were recorded,
 # so those runs keep their hash); or not hashed (where things go, labels, per-node resources).
+# The keyword arguments are the option's JSON Schema rules (minimum, enum, ...; see SCHEMA below);
+# message= replaces the generic error wording for them.
 HASH_ALWAYS, HASH_IF_SET, NOT_HASHED = "always", "if set", "no"
 
 
-def hashed(default):
-    return dataclasses.field(default=default, metadata={"hash": HASH_ALWAYS})
+def hashed(default, **rules):
+    return _option(default, HASH_ALWAYS, rules)
 
 
-def hashed_if_set(default):
-    return dataclasses.field(default=default, metadata={"hash": HASH_IF_SET})
+def hashed_if_set(default, **rules):
+    return _option(default, HASH_IF_SET, rules)
 
 
-def not_hashed(default):
-    return dataclasses.field(default=default, metadata={"hash": NOT_HASHED})
+def not_hashed(default, **rules):
+    return _option(default, NOT_HASHED, rules)
+
+
+def _option(default, mark: str, rules: dict):
+    if "message" in rules:
+        rules["x-message"] = rules.pop("message")
+    return dataclasses.field(default=default, metadata={"hash": mark, "schema": rules})
 
 
 @dataclasses.dataclass
 class TrainConfig:
     # --- what to train on ---
-    model: str = hashed("prajjwal1/bert-tiny")
-    dataset: str = hashed("stanfordnlp/imdb")
+    model: str = hashed("prajjwal1/bert-tiny", **_SOURCE)
+    dataset: str = hashed("stanfordnlp/imdb", **_SOURCE)
+    # The generated data's sizes are checked only when it is the dataset (SCHEMA's allOf).
     generated_train_size: int = hashed(25_000)
     generated_test_size: int = hashed(25_000)
     generated_median_words: int = hashed(230)  # IMDB-like review length; scale down for the CPU lab
     generated_seed: int = hashed(0)  # the data stays put when the training seed varies, as IMDB does
     # --- the study's protocol ---
-    epochs: int = hashed(1)
+    epochs: int = hashed(1, minimum=1)
     seed: int = hashed(42)
-    batch_size: int = hashed(32)  # per worker
-    learning_rate: float = hashed(5e-5)
-    weight_decay: float = hashed(0.01)
-    warmup_steps: int = hashed(500)
-    max_length: int = hashed(512)
-    # "sgd" exists only for the DDP-equivalence test: Adam hides gradient scale
-    optimizer: str = hashed("adamw")
-    dropout: float | None = hashed(None)  # None = the model's own; 0 makes runs comparable across world sizes
+    batch_size: int = hashed(32, minimum=1)  # per worker
+    learning_rate: float = hashed(5e-5, exclusiveMinimum=0)
+    weight_decay: float = hashed(0.01, minimum=0)
+    warmup_steps: int = hashed(500, minimum=0)
+    max_length: int = hashed(512, minimum=8, maximum=512,
+                             message="must be between 8 and 512 (BERT's limit), got {value!r}")
+    optimizer: str = hashed("adamw", enum=OPTIMIZERS)
+    # None = the model's own; 0 makes runs comparable across world sizes
+    dropout: float | None = hashed(None, minimum=0, exclusiveMaximum=1,
+                                   message="must be in [0, 1) or null (the model's own), got {value!r}")
     # --- speed ---
     group_by_length: bool = hashed(True)
-    threads: int = not_hashed(1)  # CPU threads per worker
-    device: str = not_hashed("auto")  # auto | cpu | cuda
-    mixed_precision: str = hashed("auto")  # auto | no | bf16 | fp16 (CUDA only)
-    num_workers: int | None = hashed(None)  # loader processes; None = auto (0 on CPU, 2 on CUDA)
+    threads: int = not_hashed(1, minimum=1)  # CPU threads per worker
+    device: str = not_hashed("auto", enum=DEVICES)
+    mixed_precision: str = hashed("auto", enum=MIXED_PRECISIONS)  # bf16, fp16: CUDA only
+    # loader processes; None = auto (0 on CPU, 2 on CUDA)
+    num_workers: int | None = hashed(None, minimum=0)
     # batch width rounding; None = auto (1 CPU, 8 CUDA, 64 compiled)
-    pad_to_multiple_of: int | None = hashed_if_set(None)
-    # no | default | reduce-overhead (torch.compile; reduce-overhead = CUDA graphs)
-    compile: str = hashed_if_set("no")
+    pad_to_multiple_of: int | None = hashed_if_set(None, minimum=1)
+    # torch.compile; reduce-overhead = CUDA graphs
+    compile: str = hashed_if_set("no", enum=COMPILE_MODES)
     deterministic: bool = hashed_if_set(False)  # torch.use_deterministic_algorithms: bit-exact reruns on CUDA
     # dtlab's opt-in: all-reduce only the touched embedding rows
     sparse_embedding_sync: bool = hashed_if_set(False)
@@ -93,7 +113,7 @@ class TrainConfig:
     checkpoint_dir: str | None = not_hashed(None)  # None = no checkpoints
     cache_dir: str | None = not_hashed(None)  # tokenized-split cache; None = <output_dir>/../token-cache
     # --- labels ---
-    framework: str = not_hashed("ddp")  # ddp | spark | determined
+    framework: str = not_hashed("ddp", enum=FRAMEWORKS)
     framework_label: str | None = not_hashed(None)  # overrides the launcher's label in result.json
 
     def validate(self, *, local: bool = True) -> TrainConfig:
@@ -102,51 +122,22 @@ class TrainConfig:
         local=False checks the values alone (the harness, on the controller, before any cell
         starts): no directory is created and local model or dataset paths are not looked up.
         """
-        _at_least("epochs", self.epochs, 1)
-        _at_least("batch_size", self.batch_size, 1)
-        _at_least("threads", self.threads, 1)
-        _at_least("warmup_steps", self.warmup_steps, 0)
-        if not (8 <= self.max_length <= 512):
-            raise ConfigError(f"max_length: must be between 8 and 512 (BERT's limit), got {self.max_length}")
-        if not self.learning_rate > 0:
-            raise ConfigError(f"learning_rate: must be > 0, got {self.learning_rate}")
-        if self.weight_decay < 0:
-            raise ConfigError(f"weight_decay: must be >= 0, got {self.weight_decay}")
-        if self.dropout is not None and not (0 <= self.dropout < 1):
-            raise ConfigError(f"dropout: must be in [0, 1) or null, got {self.dropout}")
-        if self.num_workers is not None:
-            _at_least("num_workers", self.num_workers, 0)
-        if self.pad_to_multiple_of is not None:
-            _at_least("pad_to_multiple_of", self.pad_to_multiple_of, 1)
-        _one_of("compile", self.compile, COMPILE_MODES)
-        _one_of("optimizer", self.optimizer, ("adamw", "sgd"))
-        _one_of("device", self.device, ("auto", "cpu", "cuda"))
-        _one_of("mixed_precision", self.mixed_precision, ("auto", "no", "bf16", "fp16"))
-        _one_of("framework", self.framework, ("ddp", "spark", "determined"))
+        check(self.as_dict())
+        # What a schema cannot say: the device rules out some options, and paths exist or not.
         if self.device == "cpu" and self.mixed_precision in ("bf16", "fp16"):
             raise ConfigError(f"mixed_precision: {self.mixed_precision} is CUDA-only; use auto or no on cpu")
         if self.device == "cpu" and self.compile == "reduce-overhead":
             raise ConfigError("compile: reduce-overhead captures CUDA graphs and is CUDA-only; "
                               "use default or no on cpu")
-        self._validate_sources(local)
-        for key in ("output_dir", "checkpoint_dir", "cache_dir"):
-            if local and getattr(self, key) is not None:
-                _check_writable(key, Path(getattr(self, key)))
+        if local:
+            if not self.model.startswith(GENERATED_MODEL_PREFIX):
+                _check_source("model", self.model)
+            if self.dataset != GENERATED_DATASET:
+                _check_source("dataset", self.dataset)
+            for key in ("output_dir", "checkpoint_dir", "cache_dir"):
+                if getattr(self, key) is not None:
+                    _check_writable(key, Path(getattr(self, key)))
         return self
-
-    def _validate_sources(self, local: bool) -> None:
-        if self.model.startswith(GENERATED_MODEL_PREFIX):
-            _one_of("model", self.model, tuple(GENERATED_MODEL_PREFIX + s for s in GENERATED_MODEL_SHAPES))
-        else:
-            _check_source("model", self.model, local)
-        if self.dataset == GENERATED_DATASET:
-            for key in ("generated_train_size", "generated_test_size"):
-                size = getattr(self, key)
-                if not (2 <= size <= GENERATED_MAX_SPLIT_SIZE):
-                    raise ConfigError(f"{key}: must be between 2 and {GENERATED_MAX_SPLIT_SIZE}, got {size}")
-            _at_least("generated_median_words", self.generated_median_words, 4)
-        else:
-            _check_source("dataset", self.dataset, local)
 
     @property
     def token_cache_dir(self) -> Path:
@@ -173,27 +164,15 @@ def config_hash(cfg: TrainConfig) -> str:
     return hashlib.sha256(json.dumps(hashed_values, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _at_least(key: str, value: int, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{key}: must be an integer >= {minimum}, got {value!r}")
-
-
-def _one_of(key: str, value: str, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"{key}: must be one of {', '.join(choices)}; got {value!r}")
-
-
 def is_local_path(source: str) -> bool:
     """True for a path on this machine; False for a hub id such as prajjwal1/bert-tiny."""
     return (source.startswith(("/", ".", "~")) or not _HUB_ID.match(source)
             or Path(source).expanduser().exists())
 
 
-def _check_source(key: str, source: str, local: bool = True) -> None:
-    """A local path must exist; a hub id must look like one (the download itself happens later)."""
-    if not source:
-        raise ConfigError(f"{key}: is empty; give a hub id or a local path")
-    if local and is_local_path(source) and not Path(source).expanduser().exists():
+def _check_source(key: str, source: str) -> None:
+    """A local path must exist here; a hub id is downloaded later."""
+    if is_local_path(source) and not Path(source).expanduser().exists():
         raise ConfigError(f"{key}: local path {source} does not exist; stage it there or give a hub id")
 
 
@@ -207,10 +186,65 @@ def _check_writable(key: str, directory: Path) -> None:
                           "choose a directory this user can write") from None
 
 
-# --- YAML and CLI ----------------------------------------------------------------
+# --- the schema: every option's type and its rules, as JSON Schema ------------------
 
 _FIELDS = {field.name: field for field in dataclasses.fields(TrainConfig)}
 _TYPE_HINTS = typing.get_type_hints(TrainConfig)
+_JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string", type(None): "null"}
+
+
+def _property(name: str) -> dict:
+    types = [_JSON_TYPES[t] for t in (typing.get_args(_TYPE_HINTS[name]) or (_TYPE_HINTS[name],))]
+    return {"type": types[0] if len(types) == 1 else types, **_FIELDS[name].metadata["schema"]}
+
+
+_GENERATED_MODEL_PATTERN = "^" + re.escape(GENERATED_MODEL_PREFIX)
+
+
+def _split_size() -> dict:
+    return {"type": "integer", "minimum": 2, "maximum": GENERATED_MAX_SPLIT_SIZE}
+
+
+# The options as plain data (a YAML file, a matrix profile, Determined hyperparameters; all of them or
+# some): the trainer's own schema, which the harness's matrix schema refers to by its $id.
+SCHEMA = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "urn:trainer:config",
+    "title": "trainer options (trainer.config.TrainConfig)",
+    "type": "object",
+    "additionalProperties": False,
+    "x-key-noun": "trainer option",
+    "x-key-help": "`python -m trainer.launchers.torchrun --help` lists them",
+    "properties": {name: _property(name) for name in _FIELDS},
+    "allOf": [
+        {   # the generated data's sizes matter only when it is the dataset
+            "if": {"required": ["dataset"], "properties": {"dataset": {"const": GENERATED_DATASET}}},
+            "then": {"properties": {
+                "generated_train_size": _split_size(),
+                "generated_test_size": _split_size(),
+                "generated_median_words": {"type": "integer", "minimum": 4},
+            }},
+        },
+        {   # a generated model is one of the shapes the trainer can build
+            "if": {"required": ["model"], "properties": {"model": {"pattern": _GENERATED_MODEL_PATTERN}}},
+            "then": {"properties": {"model": {"enum": [GENERATED_MODEL_PREFIX + shape
+                                                       for shape in GENERATED_MODEL_SHAPES]}}},
+        },
+    ],
+}
+_VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+
+def check(options: dict) -> dict:
+    """Raise ConfigError with the first of SCHEMA's complaints about these (typed) options; return them."""
+    problem = first_error(_VALIDATOR, options)
+    if problem is not None:
+        raise ConfigError(problem)
+    return options
+
+
+# --- YAML and CLI ----------------------------------------------------------------
+
 _HELP = {
     "model": "hub id, local model directory, or generated:bert-tiny (built from config, nothing downloaded)",
     "dataset": "stanfordnlp/imdb, a local path or saved dataset, or 'generated' (IMDB-like, from the seed)",
@@ -291,15 +325,10 @@ def load_yaml(path: str | Path) -> dict:
         raise ConfigError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: must be a mapping of trainer options")
-    values = {}
-    for key, raw in data.items():
-        if key not in _FIELDS:
-            raise ConfigError(f"{path}: {key}: unknown option; see --help for the valid ones")
-        try:
-            values[key] = _convert(key, raw)
-        except ConfigError as error:
-            raise ConfigError(f"{path}: {error}") from None
-    return values
+    try:
+        return check(convert(data))
+    except ConfigError as error:
+        raise ConfigError(f"{path}: {error}") from None
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -346,7 +375,10 @@ def from_dict(values: dict, *, local: bool = True) -> TrainConfig:
     """Build and validate a config from plain data (Determined hyperparameters, a matrix profile).
 
     local=False: values only, as the harness checks a profile on the controller (see validate)."""
-    for key in values:
-        if key not in _FIELDS:
-            raise ConfigError(f"{key}: unknown trainer option")
-    return TrainConfig(**{key: _convert(key, raw) for key, raw in values.items()}).validate(local=local)
+    return TrainConfig(**check(convert(values))).validate(local=local)
+
+
+def convert(values: dict) -> dict:
+    """Plain data -> typed options: each known option's value as its field's type (YAML's 1e-3 is a
+    string, a flag's every value is); unknown keys are left for check() to name."""
+    return {key: _convert(key, raw) if key in _FIELDS else raw for key, raw in values.items()}

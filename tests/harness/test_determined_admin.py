@@ -2,11 +2,13 @@
 Ansible renders into master.yaml (initial_user_password) is the file dtlab.detmaster reads; a login the
 master refuses is a failed row of cluster.reset, never a silent skip."""
 
-import http.server
 import io
-import json
+import shlex
+import shutil
+import socket
 import subprocess
-import threading
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,9 +17,10 @@ from harness_helpers import write_inventory
 from rich.console import Console
 
 from dtlab import cluster as cluster_module
-from dtlab import detmaster, paths, probes, remote
+from dtlab import detmaster, paths, remote
 from dtlab.errors import DtlabError
 from dtlab.inventory import load_cluster
+from tests.trainer.conftest import free_loopback_port
 
 ANSIBLE_PLAYBOOK = paths.REPO_ROOT / ".venv" / "bin" / "ansible-playbook"
 MASTER_ROLE = paths.REPO_ROOT / "roles" / "determined_master"
@@ -83,13 +86,16 @@ def test_a_missing_password_file_is_one_clear_error(tmp_path):
         detmaster.admin_password(cluster)
 
 
-class RefusingMaster(http.server.BaseHTTPRequestHandler):
-    """A Determined master that refuses every login, as the real one does for a wrong password (403)."""
+# A Determined master that refuses every login, as the real one does for a wrong password (403), and
+# appends each POST's path to a file. Run as `python3 -c REFUSING_MASTER PORT LOG_FILE`: here on loopback,
+# on the lab's master node in the lab test.
+REFUSING_MASTER = """
+import http.server, json, sys
 
-    requests: list[str] = []
-
-    def do_POST(self):  # noqa: N802 (http.server's name)
-        type(self).requests.append(self.path)
+class Master(http.server.BaseHTTPRequestHandler):
+    def do_POST(self):
+        with open(sys.argv[2], "a") as log:
+            log.write(self.path + "\\n")
         body = json.dumps({"code": 7, "message": "invalid credentials", "details": []}).encode()
         self.send_response(403)
         self.send_header("Content-Type", "application/json")
@@ -97,39 +103,93 @@ class RefusingMaster(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def log_message(self, *args):
-        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), Master).serve_forever()
+"""
+LOGIN_PATH = "/api/v1/auth/login"
+REFUSED = "ForbiddenException: Forbidden(invalid credentials); experiments not cancelled"
 
 
-class Done:
-    ok, exit_code, stdout, stderr = True, 0, "", ""
+def wait_for_port(address: str, port: int, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((address, port), timeout=2).close()
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
-def test_reset_reports_a_refused_login_as_a_failed_row(tmp_path, monkeypatch):
-    monkeypatch.setenv("HOME", str(tmp_path))  # the SDK's token cache
+@pytest.fixture
+def sdk_home(tmp_path, monkeypatch):
+    """The Determined SDK caches login tokens under HOME: a fresh one per test."""
+    monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / ".config"))
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), RefusingMaster)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+
+def write_wrong_password(cluster) -> None:
+    secret_file = detmaster.admin_password_file(cluster)
+    secret_file.parent.mkdir(parents=True, exist_ok=True)
+    secret_file.write_text("NotTheMastersPassword123\n")
+
+
+def test_a_refused_login_is_a_failed_row_of_reset_not_a_skip(tmp_path, sdk_home):
+    """reset's Determined step against a real HTTP master on loopback (the nodes' steps: the lab test)."""
+    port, log = free_loopback_port(), tmp_path / "logins"
+    master = subprocess.Popen([sys.executable, "-c", REFUSING_MASTER, str(port), str(log)])
     try:
-        cluster = load_cluster(write_cluster(tmp_path, master_port=server.server_address[1]))
-        secret_file = detmaster.admin_password_file(cluster)
-        secret_file.parent.mkdir(parents=True)
-        secret_file.write_text("NotTheMastersPassword123\n")
-        # Everything but the Determined login is out of scope here: the nodes answer "done".
-        monkeypatch.setattr(remote, "run_all", lambda nodes, *args, **kwargs: {n.name: Done() for n in nodes})
-        monkeypatch.setattr(remote, "run", lambda *args, **kwargs: Done())
-        monkeypatch.setattr(probes, "wait_for_spark", lambda cluster, expected, timeout_s: 0)
-        monkeypatch.setattr(cluster_module, "check", lambda cluster: [
-            cluster_module.CheckRow("ssh", node.name, True, "ok") for node in cluster.nodes])
+        wait_for_port("127.0.0.1", port)
+        cluster = load_cluster(write_cluster(tmp_path, master_port=port))
+        write_wrong_password(cluster)
+        said: list[str] = []
+        rows = cluster_module._cancel_determined_experiments(cluster, said.append)
+    finally:
+        master.terminate()
+        master.wait(timeout=30)
+    assert log.read_text().splitlines() == [LOGIN_PATH]
+    detail = f"determined: cannot log in as admin at http://127.0.0.1:{port}: {REFUSED}"
+    assert rows == [cluster_module.CheckRow("determined login", "m", False, detail)]
+    assert len(said) == 1 and "cannot log in as admin" in said[0]
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+def test_reset_on_the_lab_reports_a_refused_login_as_a_failed_row(harness_lab, sdk_home):
+    """The whole cluster.reset on the lab's nodes, with Determined switched on for this one inventory and a
+    master on node0 that refuses the login: the login is reset's first row, failed, and the rest still ran."""
+    lab_cluster, _ = harness_lab
+    source = Path(lab_cluster.inventory_path)
+    document = yaml.safe_load(source.read_text())
+    for group in document.values():  # host vars beat group_vars/lab.yml's determined_install_binaries
+        for host_vars in (group.get("hosts") or {}).values():
+            if isinstance(host_vars, dict):
+                host_vars.update(determined_install_binaries=True,
+                                 dtlab_cluster_name=f"{host_vars['dtlab_cluster_name']}-refused-login")
+    variant = source.with_name(f"{source.stem}-refused-login.yml")  # beside it: the same group_vars
+    variant.write_text(yaml.safe_dump(document))
+    cluster = load_cluster(variant)
+    master, port, log = cluster.master, cluster.determined_master_port, "/tmp/dtlab-test-refused-logins"
+    unit = "dtlab-test-refusing-login"  # outside reset's unit patterns: reset neither stops nor restarts it
+    try:
+        write_wrong_password(cluster)
+        started = remote.run(master, f"rm -f {log}; systemd-run --unit={unit} --collect /usr/bin/python3 -c "
+                                     f"{shlex.quote(REFUSING_MASTER)} {port} {log}")
+        assert started.ok, started.stderr
+        wait_for_port(master.address, port)
         output = io.StringIO()
         rows = cluster_module.reset(cluster, console=Console(file=output, width=200))
+        logins = remote.run(master, f"cat {log}").stdout.splitlines()
     finally:
-        server.shutdown()
-        server.server_close()
-    assert RefusingMaster.requests == ["/api/v1/auth/login"]
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    assert cluster_module.failed(rows) == [rows[0]]
-    assert rows[0].check == "determined login" and rows[0].node == "m"
-    assert rows[0].detail == (f"determined: cannot log in as admin at {url}: ForbiddenException:"
-                              " Forbidden(invalid credentials); experiments not cancelled")
+        remote.run(master, f"systemctl stop {unit}; rm -f {log}")
+        variant.unlink()
+        shutil.rmtree(detmaster.admin_password_file(cluster).parent, ignore_errors=True)
+    assert logins == [LOGIN_PATH]
+    url = f"http://{master.address}:{port}"
+    assert rows[0] == cluster_module.CheckRow(
+        "determined login", master.name, False, f"determined: cannot log in as admin at {url}: {REFUSED}")
     assert "cannot log in as admin" in output.getvalue()
+    # The other steps ran on every node: only Determined's rows fail (no binaries on the lab).
+    assert [row.check for row in cluster_module.failed(rows) if not row.check.startswith("determined")] == []
+    answered = {row.node for row in rows if row.check == "ssh" and row.ok}
+    assert answered == {node.name for node in cluster.nodes}

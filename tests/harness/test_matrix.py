@@ -1,10 +1,14 @@
 """experiments/matrix.yml: the profiles the issue asks for, and one clear line for each bad matrix."""
 
 import pytest
+import yaml
 
 from dtlab import matrix
 from dtlab.cell import config_hash, trainer_options
 from dtlab.errors import DtlabError
+from trainer.config import parse_args
+
+RUN = "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]"
 
 
 def test_study_profile_is_the_reference_studys_matrix():
@@ -44,12 +48,31 @@ def test_default_profile_is_smoke():
     assert matrix.load().profile == "smoke"
 
 
-def test_the_trainer_accepts_every_profiles_options():
-    from trainer.config import TrainConfig
+@pytest.mark.parametrize("profile", matrix.profiles())
+def test_every_cell_is_a_config_file_the_trainer_accepts(profile, tmp_path):
+    # The trainer's own parsing and validation, of the options a node gets for each cell.
+    for cell in matrix.load(profile):
+        options = {**trainer_options(cell), "output_dir": str(tmp_path / "out")}
+        config_file = tmp_path / f"{cell.key}.yml"
+        config_file.write_text(yaml.safe_dump(options))
+        config = parse_args(["--config", str(config_file)])
+        assert {key: getattr(config, key) for key in options} == options
 
-    for name in matrix.profiles():
-        for cell in matrix.load(name):
-            TrainConfig(**{**trainer_options(cell), "output_dir": "/tmp"})  # unknown keys would raise
+
+def test_a_bad_value_in_any_profile_stops_the_file(tmp_path):
+    # The whole file is one document: a broken profile is found whichever one runs.
+    path = tmp_path / "matrix.yml"
+    path.write_text(f"profiles:\n  p: {{{RUN}}}\n  other: {{trainer: {{batch_size: 0}}, {RUN}}}\n")
+    with pytest.raises(DtlabError) as failure:
+        matrix.load("p", path)
+    assert str(failure.value) == f"{path}: profiles.other.trainer.batch_size: must be an integer >= 1, got 0"
+
+
+def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
+    # YAML reads 1e-3 (no dot) as a string; the trainer takes it, so the matrix does too, and hands it on as
+    # written (the cell's hash is of what the file says).
+    [cell] = matrix.load("p", matrix_file(f"trainer: {{learning_rate: 1e-3}}\n{RUN}")).cells
+    assert cell.trainer_config == {"learning_rate": "1e-3"}
 
 
 @pytest.mark.parametrize(
@@ -57,17 +80,36 @@ def test_the_trainer_accepts_every_profiles_options():
     [
         (
             "runs: [{frameworks: [ddp, horovod], gpus: 1, epochs: 1, seeds: 0}]",
-            "p.runs[0].frameworks: unknown framework 'horovod'; choose from ddp, spark, determined",
+            "p.runs[0].frameworks[1]: must be one of ddp, spark, determined; got 'horovod'",
         ),
         (
             "runs: [{frameworks: ddp, gpus: 1, epochs: 0, seeds: 0}]",
-            "p.runs[0].epochs: epochs must be an integer >= 1, got 0",
+            "p.runs[0].epochs: must be an integer >= 1, got 0",
         ),
         (
             "runs: [{frameworks: ddp, gpus: 1, epochs: -3, seeds: 0}]",
-            "epochs must be an integer >= 1, got -3",
+            "p.runs[0].epochs: must be an integer >= 1, got -3",
         ),
-        ("runs: [{frameworks: ddp, gpus: 0, epochs: 1, seeds: 0}]", "gpus must be an integer >= 1, got 0"),
+        (
+            "runs: [{frameworks: ddp, gpus: 0, epochs: 1, seeds: 0}]",
+            "p.runs[0].gpus: must be an integer >= 1, got 0",
+        ),
+        (
+            "runs: [{frameworks: ddp, gpus: [1, 0], epochs: 1, seeds: 0}]",
+            "p.runs[0].gpus[1]: must be an integer >= 1, got 0",
+        ),
+        (
+            "runs: [{frameworks: horovod, gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[0].frameworks: must be one of ddp, spark, determined; got 'horovod'",
+        ),
+        (
+            "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: x}]",
+            "p.runs[0].seeds: expected int or list, got 'x'",
+        ),
+        (
+            "runs: [{frameworks: ddp, gpus: 1, epochs: [], seeds: 0}]",
+            "p.runs[0].epochs: must be a non-empty list, got []",
+        ),
         (
             "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}, "
             "{frameworks: [spark, ddp], gpus: 1, epochs: 1, seeds: 0}]",
@@ -79,10 +121,25 @@ def test_the_trainer_accepts_every_profiles_options():
             "p.runs[0].gpus: 3 GPUs but the inventory offers 2",
         ),
         ("runs: [{frameworks: ddp, gpus: 1, epochs: 1}]", "p.runs[0]: missing 'seeds'"),
-        ("runs: [{frameworks: ddp, gpu: 1, gpus: 1, epochs: 1, seeds: 0}]", "unknown key 'gpu'"),
+        (
+            "runs: [{frameworks: ddp, gpu: 1, gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[0].gpu: unknown key; did you mean gpus?",
+        ),
+        (
+            "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0, nodes: 2}]",
+            "p.runs[0].nodes: unknown key; allowed: frameworks, gpus, epochs, seeds",
+        ),
+        (
+            "timeout: 60\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
+            "p.timeout: unknown key; did you mean timeout_s?",
+        ),
+        (
+            "trainer: [lr]\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
+            "p.trainer: expected mapping, got ['lr']",
+        ),
         (
             "trainer: {learning_rat: 0.1}\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
-            "p.trainer.learning_rat: unknown trainer option",
+            "p.trainer.learning_rat: unknown trainer option; did you mean learning_rate?",
         ),
         (
             "trainer: {epochs: 3}\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
@@ -90,9 +147,10 @@ def test_the_trainer_accepts_every_profiles_options():
         ),
         (
             "timeout_s: 0\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
-            "p.timeout_s: must be a positive",
+            "p.timeout_s: must be a positive number of seconds (per cell), got 0",
         ),
         ("runs: []", "p.runs: must be a non-empty list"),
+        ("description: smoke", "p: missing 'runs'"),
     ],
 )
 def test_a_bad_matrix_fails_with_one_line_naming_the_key(matrix_file, body, message):
@@ -102,9 +160,6 @@ def test_a_bad_matrix_fails_with_one_line_naming_the_key(matrix_file, body, mess
     text = str(failure.value)
     assert message in text
     assert "\n" not in text and text.startswith(str(path))
-
-
-RUN = "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]"
 
 
 @pytest.mark.parametrize(

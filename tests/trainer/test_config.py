@@ -24,6 +24,16 @@ from trainer.core import auto_precision, train
     ({"compile": "max"}, "compile: must be one of no, default, reduce-overhead"),
     ({"compile": "reduce-overhead"}, "compile: reduce-overhead captures CUDA graphs and is CUDA-only"),
     ({"pad_to_multiple_of": 0}, "pad_to_multiple_of: must be an integer >= 1, got 0"),
+    ({"dropout": 1.0}, "dropout: must be in [0, 1) or null (the model's own), got 1.0"),
+    ({"learning_rate": 0.0}, "learning_rate: must be > 0, got 0.0"),
+    ({"dataset": ""}, "dataset: is empty; give a hub id or a local path"),
+    ({"model": "generated:bert-huge"}, "model: must be one of generated:bert-tiny; got 'generated:bert-hu"),
+    ({"generated_median_words": 3}, "generated_median_words: must be an integer >= 4, got 3"),
+    ({"framework": "horovod"}, "framework: must be one of ddp, spark, determined; got 'horovod'"),
+    # Built in code, not parsed: the schema checks the types too.
+    ({"batch_size": "32"}, "batch_size: expected int, got '32'"),
+    ({"group_by_length": "yes"}, "group_by_length: expected bool, got 'yes'"),
+    ({"num_workers": 1.5}, "num_workers: expected int or null, got 1.5"),
 ])
 def test_invalid_values_fail_with_one_line(tmp_path, overrides, message):
     with pytest.raises(ConfigError) as error:
@@ -67,11 +77,16 @@ def test_shipped_trainer_configs_are_valid(config_file, tmp_path):
     assert cfg.batch_size == 32 and cfg.weight_decay == 0.01  # the study's protocol
 
 
-def test_unknown_yaml_key_names_the_key(tmp_path):
+@pytest.mark.parametrize(("key", "hint"), [
+    ("batch_sise", "did you mean batch_size?"),
+    ("frobnicate", "`python -m trainer.launchers.torchrun --help` lists them"),
+])
+def test_unknown_yaml_key_names_the_key_and_the_closest_option(tmp_path, key, hint):
     config_file = tmp_path / "run.yml"
-    config_file.write_text("epochs: 2\nbatch_sise: 16\n")
-    with pytest.raises(ConfigError, match=r"run.yml: batch_sise: unknown option"):
+    config_file.write_text(f"epochs: 2\n{key}: 16\n")
+    with pytest.raises(ConfigError) as error:
         parse_args(["--config", str(config_file)])
+    assert str(error.value) == f"{config_file}: {key}: unknown trainer option; {hint}"
 
 
 def test_bad_yaml_type_names_the_key(tmp_path):
@@ -143,3 +158,10 @@ def test_later_speed_options_keep_the_hash_of_runs_recorded_before_them(tmp_path
     assert config_hash(cfg) == hashlib.sha256(before.encode()).hexdigest()[:16]
     compiled = TrainConfig(**{**TINY, "output_dir": str(tmp_path / "out"), "compile": "default"}).validate()
     assert config_hash(compiled) != config_hash(cfg)
+
+
+def test_generated_data_sizes_count_only_when_it_is_the_dataset():
+    hub = {"model": "prajjwal1/bert-tiny", "dataset": "stanfordnlp/imdb", "generated_train_size": 1}
+    assert TrainConfig(**hub).validate(local=False).generated_train_size == 1
+    with pytest.raises(ConfigError, match=r"^generated_train_size: must be between 2 and 25000, got 1$"):
+        TrainConfig(**{**hub, "dataset": "generated"}).validate(local=False)

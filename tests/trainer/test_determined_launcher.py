@@ -2,13 +2,15 @@
 Determined's own dummy contexts. 2 CPU workers under torchrun are preempted after epoch 1 (the test
 hook), checkpoint through the Core API, exit 0, and a second run resumes and completes."""
 
+import http.server
 import json
-import logging
 import subprocess
 import sys
+import threading
 
 import pytest
 from determined import core
+from determined.common import api
 
 from tests.trainer.conftest import free_loopback_port, run, trainer_env, write_config
 from trainer.launchers.determined import OFF_CLUSTER_LABEL, PREEMPT_ENV, DeterminedHooks
@@ -63,14 +65,49 @@ def test_label_cannot_claim_a_cluster_run(make_config, tmp_path, core_api_ports)
     assert (result["framework_label"], result["world_size"]) == (OFF_CLUSTER_LABEL, 1)
 
 
-def test_metrics_go_to_the_core_api_train_context(tmp_path, caplog):
-    with core.init(checkpoint_storage=str(tmp_path)) as context:
-        hooks = DeterminedHooks(context, info=None, local_dir=str(tmp_path), preempt_after_epoch=None)
-        with caplog.at_level(logging.DEBUG, logger="determined.core"):
+@pytest.fixture
+def metrics_master():
+    """A loopback HTTP endpoint in the master's place: it records what Determined's own client posts
+    (Determined's REST API: the requests a real master would receive) and answers 200."""
+    received: list[tuple[str, dict]] = []
+
+    class Master(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            received.append((self.path, json.loads(body)))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):  # keep the test's output clean
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Master)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", received
+    server.shutdown()
+
+
+def test_metrics_go_to_the_master_through_the_core_api(tmp_path, metrics_master):
+    """Each epoch's train and validation metrics reach the master as Determined's client sends them."""
+    url, received = metrics_master
+    trial_id = 7
+    session = api.Session(url, "determined", "token", None)
+    shipper = core._MetricsContext(session, trial_id=trial_id, run_id=1)  # what core.init builds on a cluster
+    train = core.TrainContext(session, trial_id, 1, shipper, core.DummyDistributedContext(),
+                              core.TensorboardMode.MANUAL, None, None)
+    with core.init(checkpoint_storage=str(tmp_path)) as off_cluster:
+        context = core.Context(checkpoint=off_cluster.checkpoint, train=train, _metrics=shipper)
+        with context:  # leaving it waits until every report has been posted
+            hooks = DeterminedHooks(context, info=None, local_dir=str(tmp_path), preempt_after_epoch=None)
             hooks.on_epoch_end(1, {"epoch": 1, "train_loss": 0.5, "val_loss": 0.4, "val_accuracy": 0.9})
-        assert not hooks.should_stop()
-    reported = caplog.text
-    assert "'val_accuracy': 0.9" in reported and "'train_loss': 0.5" in reported
+            assert not hooks.should_stop()
+    reports = {body["group"]: body["metrics"] for path, body in received
+               if path == f"/api/v1/trials/{trial_id}/metrics"}
+    assert reports["training"]["metrics"]["avgMetrics"] == {"train_loss": 0.5}
+    assert reports["validation"]["metrics"]["avgMetrics"] == {"val_loss": 0.4, "val_accuracy": 0.9}
+    assert [(report["trialId"], report["stepsCompleted"]) for report in reports.values()] == [(7, 1), (7, 1)]
 
 
 def test_bad_value_fails_with_one_line_before_training(tmp_path):
