@@ -44,7 +44,10 @@ def test_a_cell_unit_is_named_and_bounded_and_its_script_is_valid_shell(tmp_path
 SYSTEMD_RUN_STAND_IN = """#!/bin/sh
 # Stand-in for systemd-run --wait (no systemd in this test): run the command after "--" with its output
 # appended to the StandardOutput= file, and exit with its status.
-log=; while [ "$1" != "--" ]; do case "$1" in --property=StandardOutput=append:*) log=${1#*append:};; esac; shift; done
+log=
+while [ "$1" != "--" ]; do
+  case "$1" in --property=StandardOutput=append:*) log=${1#*append:};; esac; shift
+done
 shift; "$@" >> "$log" 2>&1
 """
 

@@ -130,7 +130,7 @@ def test_killed_run_resumes_to_the_unbroken_result(two_worker_run, tmp_path):
 
 
 def test_the_harness_agent_is_torchrun_with_its_output_and_exit_status(tmp_path):
-    """dtlab starts torchrun as trainer.launchers.agent (no exit-time collection): same output, same status."""
+    """dtlab starts torchrun as trainer.launchers.agent (no collection at exit): same output and status."""
     import sys
 
     def agent(*args: str) -> subprocess.CompletedProcess:
