@@ -25,7 +25,9 @@ def _addresses(interface: dict[str, Any]) -> list[str]:
     for entry in [primary] if isinstance(primary, dict) else []:
         found.append(str(entry.get("address", "")))
     for key in ("ipv4_secondaries", "ipv6"):
-        found += [str(entry.get("address", "")) for entry in interface.get(key) or [] if isinstance(entry, dict)]
+        found += [
+            str(entry.get("address", "")) for entry in interface.get(key) or [] if isinstance(entry, dict)
+        ]
     return [address for address in found if address]
 
 
@@ -49,8 +51,11 @@ def dtlab_interface_holding(facts: dict[str, Any], address: str) -> str:
     """The name of the interface that holds `address`; one clear error when none (or several) do."""
     address = str(address)
     interfaces = interfaces_with_addresses(facts)
-    holding = sorted(name for name, addresses in interfaces.items()
-                     if any(_same_address(address, held) for held in addresses))
+    holding = sorted(
+        name
+        for name, addresses in interfaces.items()
+        if any(_same_address(address, held) for held in addresses)
+    )
     if len(holding) == 1:
         return holding[0]
     host = facts.get("hostname") or facts.get("ansible_hostname") or "this node"
@@ -60,13 +65,19 @@ def dtlab_interface_holding(facts: dict[str, Any], address: str) -> str:
         except ValueError:
             reason = f"ansible_host {address} is a name, not an address"
         else:
-            listed = "; ".join(f"{name} {', '.join(addresses) or '(no address)'}"
-                               for name, addresses in sorted(interfaces.items()))
-            reason = f"no interface holds ansible_host {address} (interfaces: {listed or 'none in the facts'})"
+            listed = "; ".join(
+                f"{name} {', '.join(addresses) or '(no address)'}"
+                for name, addresses in sorted(interfaces.items())
+            )
+            reason = (
+                f"no interface holds ansible_host {address} (interfaces: {listed or 'none in the facts'})"
+            )
     else:
         reason = f"ansible_host {address} is on several interfaces ({', '.join(holding)})"
-    raise AnsibleFilterError(f"{host}: {reason}; set dtlab_socket_ifname for this host to the interface"
-                             " the nodes talk to each other over")
+    raise AnsibleFilterError(
+        f"{host}: {reason}; set dtlab_socket_ifname for this host to the interface"
+        " the nodes talk to each other over"
+    )
 
 
 class FilterModule:

@@ -122,7 +122,7 @@ def test_docker_runtime_wraps_torchrun_as_the_studys_listing_4_1(tmp_path):
     argv = spec.argv
     assert argv[:3] == ["docker", "run", "--rm"] and "--network=host" in argv
     assert argv[argv.index("--gpus") + 1] == "device=0" and "/opt/dtlab/src:/app:ro" in argv
-    assert "--env-file=/etc/dtlab/socket.env" in argv[: argv.index("dtlab-trainer:latest")]  # in the container
+    assert "--env-file=/etc/dtlab/socket.env" in argv[: argv.index("dtlab-trainer:latest")]  # container env
     assert argv[argv.index("dtlab-trainer:latest") + 1 :][:4] == [
         "python",
         "-m",

@@ -18,8 +18,10 @@ from dtlab import provision
 
 NVIDIA_RUNTIME = {"runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}}
 
-pytestmark = [pytest.mark.skipif(os.geteuid() != 0, reason="the role writes a root-owned file"),
-              pytest.mark.slow]  # ansible-playbook runs
+pytestmark = [
+    pytest.mark.skipif(os.geteuid() != 0, reason="the role writes a root-owned file"),
+    pytest.mark.slow,
+]  # ansible-playbook runs
 
 
 def nvidia_ctk_layout(data: dict) -> str:
@@ -35,15 +37,21 @@ def converge_daemon_json(tmp_path):
         "all:\n  children:\n    master:\n      hosts:\n        controller:\n"
         "          ansible_host: 127.0.0.1\n          ansible_connection: local\n"
         "          ansible_python_interpreter: /usr/bin/python3\n"
-        "    workers:\n      hosts:\n        controller:\n")
+        "    workers:\n      hosts:\n        controller:\n"
+    )
     playbook = tmp_path / "daemon-json.yml"
-    playbook.write_text("- hosts: controller\n  gather_facts: false\n  tasks:\n"
-                        "    - ansible.builtin.include_role: {name: docker, tasks_from: daemon_json}\n")
+    playbook.write_text(
+        "- hosts: controller\n  gather_facts: false\n  tasks:\n"
+        "    - ansible.builtin.include_role: {name: docker, tasks_from: daemon_json}\n"
+    )
     daemon_json = tmp_path / "docker" / "daemon.json"
 
     def converge():
-        result = provision.converge(inventory, playbook=str(playbook), extravars={
-            "docker_daemon_json_path": str(daemon_json), "docker_service_manage": False})
+        result = provision.converge(
+            inventory,
+            playbook=str(playbook),
+            extravars={"docker_daemon_json_path": str(daemon_json), "docker_service_manage": False},
+        )
         assert result.ok, result.summary() + result.output[-3000:]
         return result
 
@@ -51,7 +59,8 @@ def converge_daemon_json(tmp_path):
 
 
 def test_a_file_nvidia_ctk_wrote_gets_our_keys_once_then_a_second_converge_changes_nothing(
-        converge_daemon_json):
+    converge_daemon_json,
+):
     daemon_json, converge = converge_daemon_json
     daemon_json.parent.mkdir()
     daemon_json.write_text(nvidia_ctk_layout(NVIDIA_RUNTIME))  # a GPU node after nvidia-ctk

@@ -15,14 +15,20 @@ from dtlab import paths
 
 ANSIBLE = paths.REPO_ROOT / ".venv" / "bin" / "ansible"
 ANSIBLE_PLAYBOOK = paths.REPO_ROOT / ".venv" / "bin" / "ansible-playbook"
-ENV = {**os.environ, "ANSIBLE_CONFIG": str(paths.ANSIBLE_CFG), "ANSIBLE_CACHE_PLUGIN": "memory",
-       "ANSIBLE_NOCOLOR": "1"}
+ENV = {
+    **os.environ,
+    "ANSIBLE_CONFIG": str(paths.ANSIBLE_CFG),
+    "ANSIBLE_CACHE_PLUGIN": "memory",
+    "ANSIBLE_NOCOLOR": "1",
+}
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the role's tasks write root-owned files")
 
 
 def load_filter():
-    spec = importlib.util.spec_from_file_location("dtlab_net", paths.REPO_ROOT / "plugins/filter/dtlab_net.py")
+    spec = importlib.util.spec_from_file_location(
+        "dtlab_net", paths.REPO_ROOT / "plugins/filter/dtlab_net.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.dtlab_interface_holding
@@ -31,17 +37,23 @@ def load_filter():
 @pytest.fixture(scope="module")
 def real_facts():
     """This machine's network facts, as the setup module gathers them on a node."""
-    answer = subprocess.run([str(ANSIBLE), "localhost", "-c", "local", "-m", "setup",
-                             "-a", "gather_subset=!all,!min,network"], capture_output=True, text=True,
-                            timeout=120, env=ENV, cwd=paths.REPO_ROOT)
+    answer = subprocess.run(
+        [str(ANSIBLE), "localhost", "-c", "local", "-m", "setup", "-a", "gather_subset=!all,!min,network"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=ENV,
+        cwd=paths.REPO_ROOT,
+    )
     assert answer.returncode == 0, answer.stdout[-2000:] + answer.stderr[-2000:]
     return json.loads("{" + answer.stdout.split("=>", 1)[1].split("{", 1)[1])["ansible_facts"]
 
 
 def ipv4_by_interface() -> dict[str, list[str]]:
     """The same machine's IPv4 addresses as iproute2 lists them: the independent answer."""
-    links = json.loads(subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True,
-                                      check=True).stdout)
+    links = json.loads(
+        subprocess.run(["ip", "-j", "-4", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    )
     return {link["ifname"]: [a["local"] for a in link.get("addr_info", [])] for link in links}
 
 
@@ -78,14 +90,28 @@ def converge_socket_tasks(tmp_path, host_vars: str) -> subprocess.CompletedProce
     (inventory_dir / "hosts.yml").write_text(
         "all:\n  children:\n    master:\n      hosts:\n        controller:\n"
         "          ansible_host: 127.0.0.1\n          ansible_connection: local\n"
-        "          ansible_python_interpreter: /usr/bin/python3\n" + host_vars)
+        "          ansible_python_interpreter: /usr/bin/python3\n" + host_vars
+    )
     playbook = tmp_path / "socket.yml"
     playbook.write_text(
         "- hosts: controller\n  gather_subset: [network]\n  tasks:\n"
-        "    - ansible.builtin.include_role: {name: common, tasks_from: socket_interface}\n")
-    return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(inventory_dir / "hosts.yml"), str(playbook),
-                           "-e", f"dtlab_socket_env_file={tmp_path}/etc/socket.env"],
-                          capture_output=True, text=True, timeout=300, env=ENV, cwd=paths.REPO_ROOT)
+        "    - ansible.builtin.include_role: {name: common, tasks_from: socket_interface}\n"
+    )
+    return subprocess.run(
+        [
+            str(ANSIBLE_PLAYBOOK),
+            "-i",
+            str(inventory_dir / "hosts.yml"),
+            str(playbook),
+            "-e",
+            f"dtlab_socket_env_file={tmp_path}/etc/socket.env",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=ENV,
+        cwd=paths.REPO_ROOT,
+    )
 
 
 @pytest.mark.slow  # three ansible-playbook runs
@@ -101,5 +127,7 @@ def test_the_common_role_writes_the_discovered_interface_or_the_inventorys(tmp_p
 
     missing = converge_socket_tasks(tmp_path / "c", "          dtlab_socket_ifname: ib7\n")
     assert missing.returncode != 0
-    assert "common: controller has no interface ib7 (dtlab_socket_ifname); its interfaces are" in missing.stdout
+    assert (
+        "common: controller has no interface ib7 (dtlab_socket_ifname); its interfaces are" in missing.stdout
+    )
     assert not (tmp_path / "c" / "etc" / "socket.env").exists()
