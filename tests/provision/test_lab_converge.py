@@ -84,7 +84,8 @@ def test_second_run_reloads_no_systemd_units(provisioned_lab, second_converge, b
         journal = on(lab, node, f"journalctl _PID=1 --since=@{since} --no-pager -o cat")
         assert journal.returncode == 0, journal.stderr
         reloads = [line for line in journal.stdout.splitlines()
-                   if line.strip() in ("Reloading.", "Reloading...") or line.startswith("Reloading requested")]
+                   if line.strip() in ("Reloading.", "Reloading...")
+                   or line.startswith("Reloading requested")]
         assert reloads == [], f"{node}: {journal.stdout[-1500:]}"
 
 
