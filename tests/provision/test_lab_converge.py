@@ -110,7 +110,7 @@ def test_docker_keeps_a_daemon_json_that_nvidia_ctk_rewrote(provisioned_lab, sec
     assert on(lab, "node1", f"printf %s {shlex.quote(rewritten)} > {path}").returncode == 0
     try:
         again = provision.converge(lab.inventory_path, tags=["docker"], limit="node1")
-        assert again.ok, again.summary()
+        assert again.ok, again.summary() + again.output[-3000:]
         assert again.count("changed", "node1") == 0, again.summary()
         assert on(lab, "node1", f"cat {path}").stdout == rewritten
     finally:

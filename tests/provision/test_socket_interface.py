@@ -131,3 +131,24 @@ def test_the_common_role_writes_the_discovered_interface_or_the_inventorys(tmp_p
         "common: controller has no interface ib7 (dtlab_socket_ifname); its interfaces are" in missing.stdout
     )
     assert not (tmp_path / "c" / "etc" / "socket.env").exists()
+
+
+def test_a_run_with_tags_that_skip_fact_gathering_does_not_need_the_interface(tmp_path):
+    """`site.yml --tags spark` skips the common play's facts but not its argument validation (tagged
+    always): nothing that validation renders may need the facts, or every tagged run fails there."""
+    inventory_dir = tmp_path / "inventory"
+    inventory_dir.mkdir()
+    os.symlink(paths.INVENTORY_DIR / "group_vars", inventory_dir / "group_vars")
+    (inventory_dir / "hosts.yml").write_text(
+        "all:\n  children:\n    master:\n      hosts:\n        controller:\n"
+        "          ansible_host: 127.0.0.1\n          ansible_connection: local\n"
+        "          ansible_python_interpreter: /usr/bin/python3\n"
+    )
+    result = subprocess.run(
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory_dir / "hosts.yml"), "ansible/common.yml", "--check",
+         "--tags", "no-such-component"],
+        capture_output=True, text=True, timeout=300, env=ENV, cwd=paths.REPO_ROOT,
+    )
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "TASK [common : Validating arguments against arg spec 'main'" in result.stdout
+    assert "Gathering Facts" not in result.stdout
