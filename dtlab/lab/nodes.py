@@ -120,7 +120,8 @@ def _is_node_process(pid: int, root: Path) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return _state(pid) not in ("Z", None) and b"systemd-nspawn" in argv[0] and str(root).encode() in argv
+    # Until `ip netns exec` and sh exec it, nspawn's PID still runs them, with nspawn's argv as arguments.
+    return _state(pid) not in ("Z", None) and b"systemd-nspawn" in argv and str(root).encode() in argv
 
 
 def _reap(pid: int) -> None:
