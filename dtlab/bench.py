@@ -435,6 +435,9 @@ class Bench:
             f"test -f {cluster.code_dir}/trainer/core.py || "
             f"{{ echo 'no trainer code in {cluster.code_dir} (run invoke trainer.deploy)'; exit 3; }}; "
             "command -v systemd-run >/dev/null || { echo 'no systemd-run'; exit 3; }; "
+            # The units read gloo's and NCCL's interface from it; without it they would not start.
+            f"test -s {shlex.quote(cluster.socket_env_file)} || {{ echo 'no {cluster.socket_env_file} (the "
+            "interface for gloo and NCCL): run ansible-playbook site.yml'; exit 3; }; "
             # Another cell still running here would share the node and skew both measurements.
             "echo running=$(systemctl list-units --plain --no-legend --state=active,activating "
             + " ".join(shlex.quote(p + ".service") for p in remote.CELL_UNIT_PATTERNS)

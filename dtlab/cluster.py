@@ -2,7 +2,9 @@
 
 check: SSH to every node; GPUs seen by nvidia-smi where the inventory expects them; one identical trainer
 environment on every node; the Spark master alive with all its workers (and their GPUs); the Determined
-master and agents where installed; PostgreSQL on the master; clock skew; free disk. One table.
+master and agents where installed; PostgreSQL on the master; clock skew; free disk; each node's socket
+interface; on a cuda inventory each GPU usable from the trainer's venv (CUDA, arch list, a matmul), each
+Determined agent's CUDA slots and each Spark worker's GPU amount. One table.
 
 reset: stop every dtlab unit and container on every node, restart Spark (which ends its applications),
 cancel Determined experiments (as admin, with the master's own password: a failed login is a failed row)
@@ -12,6 +14,8 @@ then run check. Recorded results (on the controller) are never touched.
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 import time
 from dataclasses import dataclass
@@ -149,6 +153,8 @@ def check(cluster: Cluster) -> list[CheckRow]:
 
     rows += _check_environment(cluster, [n for n in cluster.nodes if n.name in node_states])
     rows += _check_services(cluster, node_states)
+    rows += check_socket_interfaces(cluster, [n for n in cluster.nodes if n.name in node_states])
+    rows += check_gpus(cluster, [n for n in cluster.workers if n.name in node_states])
     return rows
 
 
@@ -272,6 +278,204 @@ def spark_worker_gpus(cluster: Cluster) -> int:
 
     return sum(len((worker.get("resources") or {}).get("gpu", {}).get("addresses", []))
                for worker in probes.spark_alive_worker_info(cluster))
+
+
+# --- the socket interface: the file the common role wrote, naming an interface the node has ------------
+
+def check_socket_interfaces(cluster: Cluster, reachable: list[Node]) -> list[CheckRow]:
+    """One row per node: the interface its trainer units get (cluster.socket_env_file), and its addresses."""
+    path = shlex.quote(cluster.socket_env_file)
+    command = (f"i=$(sed -n 's/^GLOO_SOCKET_IFNAME=//p' {path} 2>/dev/null); echo \"ifname=$i\"; "
+               '[ -n "$i" ] && echo "addresses=$(ip -o addr show dev "$i" 2>/dev/null '
+               "| awk '{print $4}' | tr '\\n' ' ')\"")
+    rows = []
+    for name, answer in remote.run_all(reachable, command, timeout=30).items():
+        if isinstance(answer, BaseException):
+            rows.append(CheckRow("socket interface", name, False, str(answer)))
+            continue
+        rows.append(socket_interface_row(cluster, cluster.node(name), _parse_probe(answer.stdout)))
+    return rows
+
+
+def socket_interface_row(cluster: Cluster, node: Node, values: dict[str, str]) -> CheckRow:
+    ifname, addresses = values.get("ifname", ""), values.get("addresses", "").split()
+    if not ifname:
+        return CheckRow("socket interface", node.name, False,
+                        f"no interface in {cluster.socket_env_file}; run ansible-playbook site.yml")
+    if not addresses:
+        return CheckRow("socket interface", node.name, False,
+                        f"{ifname} (from {cluster.socket_env_file}) has no address on the node")
+    holds = any(a.split("/")[0] == node.address for a in addresses)
+    source = "" if holds else f" (the inventory's dtlab_socket_ifname; {node.address} is elsewhere)"
+    return CheckRow("socket interface", node.name, True, f"{ifname} {' '.join(addresses)}{source}")
+
+
+# --- GPUs: usable from the trainer's venv, offered by Determined's agents and Spark's workers ---------
+# Only on a cuda inventory; on a cpu one each row says so instead (nothing to prove there).
+NO_GPU_CPU_INVENTORY = "no GPU (cpu inventory)"
+
+# Run by the trainer venv's python on a GPU node, with CUDA_VISIBLE_DEVICES = the node's gpu_indices
+# (as the trainer runs): one JSON line.
+GPU_PROBE = """
+import json, torch
+out = {"torch": torch.__version__, "cuda": torch.version.cuda, "available": torch.cuda.is_available(),
+       "arch_list": [], "devices": []}
+if out["available"]:
+    out["arch_list"] = torch.cuda.get_arch_list()
+    a = torch.arange(64 * 64, dtype=torch.float32).reshape(64, 64) / 4096
+    expected = a @ a
+    for i in range(torch.cuda.device_count()):
+        device = {"index": i, "name": torch.cuda.get_device_name(i),
+                  "capability": list(torch.cuda.get_device_capability(i))}
+        try:
+            on_gpu = (a.to(f"cuda:{i}") @ a.to(f"cuda:{i}")).cpu()
+            device["matmul_max_error"] = float((on_gpu - expected).abs().max())
+        except Exception as error:
+            lines = str(error).strip().splitlines()
+            device["error"] = type(error).__name__ + (": " + lines[0] if lines else "")
+        out["devices"].append(device)
+print(json.dumps(out))
+"""
+MATMUL_TOLERANCE = 1e-3  # |GPU - CPU| of a 64x64 float32 product of values in [0, 1)
+
+
+def check_gpus(cluster: Cluster, workers: list[Node]) -> list[CheckRow]:
+    """Per worker: every GPU usable by the trainer's torch, Determined's slots, Spark's GPU amount."""
+    if cluster.device != "cuda":
+        return [CheckRow(check, worker.name, True, NO_GPU_CPU_INVENTORY, required=False)
+                for worker in workers for check in ("gpu usable", "determined slots", "spark GPUs")]
+    gpu_workers = [w for w in workers if w.uses_gpu]
+    rows = [CheckRow("gpu usable", w.name, True, "no GPU (gpu_indices empty)", required=False)
+            for w in workers if not w.uses_gpu]
+
+    def probe(node: Node) -> remote.CommandResult:
+        visible = ",".join(str(i) for i in node.gpu_indices)
+        command = f"CUDA_VISIBLE_DEVICES={visible} {shlex.quote(cluster.python)} -c {shlex.quote(GPU_PROBE)}"
+        return remote.run(node, command, timeout=180)
+
+    answers = remote.fan_out(gpu_workers, probe)
+    for worker in gpu_workers:
+        answer = answers[worker.name]
+        if isinstance(answer, BaseException):
+            rows.append(CheckRow("gpu usable", worker.name, False, str(answer)))
+            continue
+        try:
+            report = json.loads(answer.stdout.strip().splitlines()[-1]) if answer.ok else None
+        except (ValueError, IndexError):
+            report = None
+        if report is None:
+            error = (answer.stderr or answer.stdout).strip()[-200:] or f"exit {answer.exit_code}"
+            rows.append(CheckRow("gpu usable", worker.name, False, f"{cluster.python}: {error}"))
+            continue
+        rows += gpu_usable_rows(worker, report)
+
+    if cluster.has_determined_master:
+        from dtlab import detmaster
+
+        try:
+            rows += determined_slot_rows(gpu_workers, detmaster.agents(cluster))
+        except DtlabError as error:
+            rows += [CheckRow("determined slots", w.name, False, str(error)) for w in gpu_workers]
+    else:
+        rows += [CheckRow("determined slots", w.name, True, "Determined not installed here", required=False)
+                 for w in gpu_workers]
+    rows += spark_gpu_rows(gpu_workers, probes.spark_alive_worker_info(cluster))
+    return rows
+
+
+def arch_runs_on(capability: tuple[int, int], arch_list: list[str]) -> str | None:
+    """The entry of torch.cuda.get_arch_list() whose code runs on a device of this compute capability:
+    sm_XY (a cubin) on X.Y' with Y' >= Y; compute_XY (PTX, compiled by the driver) on any X.Y and newer;
+    sm_XYa only on X.Y itself. None: torch has no kernel for the device."""
+    major, minor = capability
+    for entry in arch_list:
+        match = re.fullmatch(r"(sm|compute)_(\d+)([a-z]?)", entry)
+        if not match:
+            continue
+        number = int(match.group(2))
+        arch = (number // 10, number % 10)
+        if match.group(1) == "compute" and arch <= (major, minor):
+            return entry
+        if match.group(1) == "sm" and arch[0] == major and (
+            arch[1] == minor if match.group(3) == "a" else arch[1] <= minor):
+            return entry
+    return None
+
+
+def gpu_usable_rows(node: Node, report: dict[str, Any]) -> list[CheckRow]:
+    """Rows from GPU_PROBE's JSON on one node: CUDA available, each expected device present, torch built
+    for its capability, and a matmul on it that matches the CPU's."""
+    torch_build = f"torch {report.get('torch')}" + (f", CUDA {report['cuda']}" if report.get("cuda") else "")
+    if not report.get("available"):
+        reason = ("a CPU-only build" if not report.get("cuda")
+                  else "the driver or the device is not usable (nvidia-smi on the node says why)")
+        return [CheckRow("gpu usable", node.name, False, f"CUDA not available to {torch_build}: {reason}")]
+    devices = report.get("devices") or []
+    rows = []
+    if len(devices) != len(node.gpu_indices):
+        rows.append(CheckRow("gpu usable", node.name, False,
+                             f"{len(devices)} GPU(s) visible to torch; inventory expects gpu_indices "
+                             f"{list(node.gpu_indices)}"))
+    arch_list = list(report.get("arch_list") or [])
+    for device, index in zip(devices, node.gpu_indices, strict=False):
+        major, minor = device.get("capability") or (0, 0)
+        where = f"GPU {index} ({device.get('name')}, sm_{major}{minor})"
+        runs = arch_runs_on((major, minor), arch_list)
+        if runs is None:
+            rows.append(CheckRow("gpu usable", node.name, False,
+                                 f"{where}: {torch_build} has no kernels for it (arch list "
+                                 f"{' '.join(arch_list) or 'empty'}); install a torch build that covers "
+                                 f"sm_{major}{minor}"))
+        elif "error" in device:
+            rows.append(CheckRow("gpu usable", node.name, False,
+                                 f"{where}: matmul failed: {device['error']}"))
+        elif not device.get("matmul_max_error", 1.0) <= MATMUL_TOLERANCE:
+            rows.append(CheckRow("gpu usable", node.name, False, f"{where}: matmul differs from the "
+                                 f"CPU's by {device.get('matmul_max_error')}"))
+        else:
+            rows.append(CheckRow("gpu usable", node.name, True,
+                                 f"{where}: {torch_build} runs it ({runs}); matmul matches the CPU's"))
+    return rows
+
+
+def determined_slot_rows(workers: list[Node], agents: list[dict[str, Any]]) -> list[CheckRow]:
+    """Each GPU worker's agent (determined_agent_id, default its name) registered with one CUDA slot per
+    GPU in gpu_indices: an agent whose driver is broken registers with none and only logs a warning."""
+    by_id = {str(agent.get("id")): agent for agent in agents}
+    rows = []
+    for worker in workers:
+        agent_id = str(worker.var("determined_agent_id") or worker.name)
+        expected = len(worker.gpu_indices)
+        agent = by_id.get(agent_id)
+        if agent is None:
+            known = ", ".join(sorted(by_id)) or "none"
+            rows.append(CheckRow("determined slots", worker.name, False,
+                                 f"agent {agent_id} is not registered with the master (agents: {known})"))
+            continue
+        slots = list((agent.get("slots") or {}).values())
+        cuda = [s for s in slots
+                if (s.get("device") or {}).get("type") == "TYPE_CUDA" and s.get("enabled", True)]
+        rows.append(CheckRow("determined slots", worker.name, len(cuda) == expected,
+                             f"agent {agent_id}: {len(cuda)} CUDA slot(s) of {len(slots)},"
+                             f" expected {expected}"))
+    return rows
+
+
+def spark_gpu_rows(workers: list[Node], alive: list[dict[str, Any]]) -> list[CheckRow]:
+    """Each GPU worker alive on the Spark master (its /json/ "workers") with one GPU address per GPU."""
+    rows = []
+    for worker in workers:
+        entries = [w for w in alive if w.get("host") == worker.address]
+        expected = len(worker.gpu_indices)
+        if not entries:
+            rows.append(CheckRow("spark GPUs", worker.name, False,
+                                 f"no alive Spark worker on {worker.address} at the master"))
+            continue
+        addresses = (entries[0].get("resources") or {}).get("gpu", {}).get("addresses", [])
+        rows.append(CheckRow("spark GPUs", worker.name, len(addresses) == expected,
+                             f"gpu amount {len(addresses)} (addresses {','.join(addresses) or 'none'}),"
+                             f" expected {expected}"))
+    return rows
 
 
 def failed(rows: list[CheckRow]) -> list[CheckRow]:

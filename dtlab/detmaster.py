@@ -64,3 +64,17 @@ def connect(cluster: Cluster) -> Any:
         detail = str(error).strip().splitlines()[0] if str(error).strip() else ""
         raise DtlabError(f"determined: cannot log in as {ADMIN_USER} at {url}:"
                          f" {type(error).__name__}{': ' + detail if detail else ''}") from None
+
+
+def agents(cluster: Cluster) -> list[dict[str, Any]]:
+    """The agents the master knows, as its REST API gives them (GET /api/v1/agents, what `det slot list`
+    reads): [{"id": ..., "slots": {...: {"device": {"type": "TYPE_CUDA", ...}, "enabled": ...}}}, ...]."""
+    from determined.common.api import bindings
+
+    det = connect(cluster)
+    try:
+        answer = bindings.get_GetAgents(det._session)  # the SDK's own session, as its CLI uses it
+    except Exception as error:  # the SDK raises its own types
+        detail = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DtlabError(f"determined: cannot list the agents at {master_url(cluster)}: {detail}") from None
+    return list(answer.to_json().get("agents") or [])

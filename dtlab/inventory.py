@@ -43,7 +43,6 @@ class Node:
     known_hosts_file: str | None = None
     gpu_indices: tuple[int, ...] = ()
     device: str = "cuda"
-    socket_ifname: str = ""  # dtlab_socket_ifname; empty: torch picks the interface
     # Raw host variables and a renderer for them: only the keys asked for are templated, so lookups
     # with side effects (the generated-secret password lookups) never run just because we read the inventory.
     hostvars: dict[str, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
@@ -162,6 +161,12 @@ class Cluster:
     @property
     def postgresql_port(self) -> int:
         return int(self.require("postgresql_port"))
+
+    @property
+    def socket_env_file(self) -> str:
+        """The file on each node naming gloo's and NCCL's interface (the common role writes it from the
+        node's facts); every trainer unit reads it."""
+        return str(self.require("dtlab_socket_env_file"))
 
     @property
     def python(self) -> str:
@@ -459,7 +464,6 @@ def _node(where: str, host: Any, loader: Any, variables: Any, allow_placeholders
         known_hosts_file=known_hosts,
         gpu_indices=gpu_indices,
         device=device,
-        socket_ifname=str(get("dtlab_socket_ifname") or ""),
         hostvars=dict(raw),
         render=render,
     )

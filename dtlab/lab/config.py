@@ -41,7 +41,7 @@ class LabConfig:
     image_base_packages: tuple[str, ...]
     image_extra_packages: tuple[str, ...]
     wheelhouse_mount: str
-    node_ifname: str  # the node side of each veth: the inventory's dtlab_socket_ifname
+    node_ifname: str  # the node side of each veth (lab_node_ifname), named like a KVM guest NIC
 
     # --- names --------------------------------------------------------------
     @property
@@ -176,5 +176,5 @@ def load_config(name: str | None = None, node_count: int | None = None,
         image_base_packages=tuple(key("lab_image_base_packages")),
         image_extra_packages=tuple(key("lab_image_extra_packages")),
         wheelhouse_mount=str(key("lab_wheelhouse_mount")),
-        node_ifname=str(key("dtlab_socket_ifname")),
+        node_ifname=str(key("lab_node_ifname")),
     )

@@ -91,6 +91,9 @@ def ensure_node_network(config: LabConfig, state: LabState, node: str) -> None:
     if not netns_exists(netns):
         state.record_created("netns", netns)
         run(["ip", "netns", "add", netns])
+    if link_exists(veth) and not link_exists(config.node_ifname, netns):
+        # A pair from before the node side was renamed (eth0 -> lab_node_ifname): make it anew.
+        run(["ip", "link", "delete", veth])
     if not link_exists(veth):
         if link_exists(config.node_ifname, netns):  # half of a pair whose host side is gone
             run(["ip", "-n", netns, "link", "delete", config.node_ifname])

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dtlab.errors import DtlabError
 from dtlab.lab import mounts
-from dtlab.lab.config import NETNS_DIR, LabConfig
+from dtlab.lab.config import LabConfig
 from dtlab.lab.host import overlay_supported, run
 from dtlab.lab.state import LabState
 from dtlab.waiting import wait_until
@@ -121,7 +121,8 @@ def _is_node_process(pid: int, root: Path) -> bool:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    return _state(pid) not in ("Z", None) and b"systemd-nspawn" in argv[0] and str(root).encode() in argv
+    # Until `ip netns exec` and sh exec it, nspawn's PID still runs them, with nspawn's argv as arguments.
+    return _state(pid) not in ("Z", None) and b"systemd-nspawn" in argv and str(root).encode() in argv
 
 
 def _reap(pid: int) -> None:
@@ -206,12 +207,16 @@ def _enter_cgroups(cgroups: list[Path]):
 
 def start(config: LabConfig, node: str, root: Path, binds: dict[str, str]) -> int:
     """Boot the node in the background (it outlives this process); its console goes to console.log."""
-    netns_path = NETNS_DIR / config.netns_name(node)
-    argv = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit",
-            # The machine name must be unique on the host (nspawn keys /run/systemd/nspawn/* on it).
-            "-D", str(root), f"--machine={config.name}-{node}", f"--hostname={node}",
-            f"--network-namespace-path={netns_path}",
-            "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=passive"]
+    nspawn = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit",
+              # The machine name must be unique on the host (nspawn keys /run/systemd/nspawn/* on it).
+              "-D", str(root), f"--machine={config.name}-{node}", f"--hostname={node}",
+              "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=passive"]
+    # nspawn runs inside the node's netns, under `ip netns exec`, which mounts a sysfs of that netns: nspawn
+    # passes /sys on to the node, so /sys/class/net (what Ansible's interface facts read) lists the node's
+    # own interfaces, as on a VM. (--network-namespace-path would leave the host's there.) The fresh /sys
+    # lacks the cgroup2 mount nspawn needs: mount it again, the same hierarchy.
+    argv = ["ip", "netns", "exec", config.netns_name(node),
+            "sh", "-c", 'mount -t cgroup2 cgroup2 /sys/fs/cgroup && exec "$@"', "sh", *nspawn]
     for source in binds:
         Path(source).mkdir(parents=True, exist_ok=True)  # nspawn refuses to start on a missing source
     argv += [f"--bind-ro={source}:{target}" for source, target in sorted(binds.items())]

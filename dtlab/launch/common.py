@@ -149,20 +149,14 @@ def trainer_config(cluster: Cluster, placement: Placement, paths: CellPaths, lab
     return config
 
 
-def socket_env(node: Node) -> dict[str, str]:
-    """gloo's and NCCL's interface: the inventory's dtlab_socket_ifname (unset: torch picks one)."""
-    if not node.socket_ifname:
-        return {}
-    return {"GLOO_SOCKET_IFNAME": node.socket_ifname, "NCCL_SOCKET_IFNAME": node.socket_ifname}
-
-
 def trainer_env(cluster: Cluster, node: Node, slot: Slot | None = None) -> dict[str, str]:
-    """Environment of a trainer process: code on the path, socket interface, threads, visible GPUs."""
+    """Environment of a trainer process: code on the path, threads, visible GPUs. gloo's and NCCL's
+    interface is not here: each node's unit reads it from cluster.socket_env_file (the common role
+    writes it from that node's facts)."""
     env = {
         "PYTHONPATH": cluster.code_dir,
         "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "1",
-        **socket_env(node),
         "HF_HOME": f"{cluster.data_dir}/huggingface",
         "TOKENIZERS_PARALLELISM": "false",
     }

@@ -71,6 +71,7 @@ def docker_argv(
         f"{cluster.data_dir}:{cluster.data_dir}",
         "-w",
         "/app",
+        f"--env-file={cluster.socket_env_file}",  # gloo's and NCCL's interface on this node
     ]
     if slot.gpu_indices:
         argv += ["--gpus", f"device={','.join(str(i) for i in slot.gpu_indices)}"]
@@ -112,6 +113,7 @@ def build(
                     user=None if docker else cluster.user,
                     workdir=cluster.code_dir,
                     env=env,
+                    environment_file=cluster.socket_env_file,
                     runtime_max_s=timeout_s,
                 ),
             )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
-from dtlab.launch.common import CellPaths, Launch, place, socket_env, trainer_config, trainer_env, unit
+from dtlab.launch.common import CellPaths, Launch, place, trainer_config, trainer_env, unit
 from dtlab.remote import UnitSpec
 
 LABEL = "spark (TorchDistributor, standalone)"
@@ -29,10 +29,9 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     master = cluster.master
     if master is None:
         raise DtlabError(f"inventory {cluster.inventory_path}: spark cells need a host in group master")
-    worker = placement.slots[0].node
+    # No socket interface here: each executor inherits its own worker's (the spark role's spark-env.sh).
     executor_env = {
         "PYTHONPATH": cluster.code_dir,
-        **socket_env(worker),
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HOME": f"{cluster.data_dir}/huggingface",
@@ -63,6 +62,7 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         user=cluster.user,
         workdir=cluster.code_dir,
         env=env,
+        environment_file=cluster.socket_env_file,
         runtime_max_s=timeout_s,
     )
     # Executors may run on any worker: each gets the attempt's dirs so rank 0 can write wherever it lands.

@@ -55,7 +55,7 @@ GPU_CLUSTER_4X2 = """\
             gpu4: {ansible_host: 127.0.10.14, gpu_indices: [0, 1]}
 """
 
-CPU_SITE_VARS = "dtlab_device: cpu\ndtlab_socket_ifname: veth9\ndtlab_cluster_name: three\n"
+CPU_SITE_VARS = "dtlab_device: cpu\ndtlab_socket_env_file: /etc/dtlab/veth9.env\ndtlab_cluster_name: three\n"
 CPU_CLUSTER_3 = """\
     all:
       vars: {ansible_user: root}

@@ -40,13 +40,13 @@ def test_group_vars_and_host_vars_apply_with_ansibles_precedence(tmp_path):
         GPU_CLUSTER_4X2,
         group_vars={
             "all": "dtlab_cluster_name: four\n",
-            "workers": "dtlab_socket_ifname: ib0\ndtlab_rendezvous_port: 31000\n",
+            "workers": "trainer_pip_index_args: [--pre]\ndtlab_rendezvous_port: 31000\n",
         },
-        host_vars={"gpu4": "gpu_indices: [1]\ndtlab_socket_ifname: enp1\n"},
+        host_vars={"gpu4": "gpu_indices: [1]\ntrainer_pip_index_args: []\n"},
     )
     cluster = load_cluster(path)
     assert cluster.name == "four"
-    assert [w.socket_ifname for w in cluster.workers] == ["ib0", "ib0", "ib0", "enp1"]
+    assert [w.var("trainer_pip_index_args") for w in cluster.workers] == [["--pre"]] * 3 + [[]]
     assert cluster.node("gpu4").gpu_indices == (1,)
     assert cluster.max_gpus == 7
     assert cluster.node("gpu1").var("dtlab_rendezvous_port") == 31000
@@ -63,7 +63,7 @@ def test_templated_variables_render_and_secret_lookups_do_not_run(tmp_path):
     )  # left unrendered
     assert not (tmp_path / ".dtlab").exists()  # reading never generated a secret
     assert cluster.device == "cpu" and cluster.max_gpus == 2
-    assert all(n.socket_ifname == "veth9" for n in cluster.nodes)
+    assert cluster.socket_env_file == "/etc/dtlab/veth9.env"  # the site file beats group_vars/all.yml
 
 
 def test_ssh_settings_come_from_the_inventory(tmp_path):

@@ -41,7 +41,8 @@ def test_ddp_runs_torchrun_on_each_selected_worker_with_rendezvous_on_the_first(
         assert argv[-2:] == ["--config", planned.paths.config_path]
         assert argv[argv.index("-m", 3) + 1] == "trainer.launchers.torchrun"
         assert spec.unit == f"dtlab-ddp-g3-e2-s0-{node.name}" and spec.runtime_max_s == 600
-        assert spec.env["NCCL_SOCKET_IFNAME"] == "eth0" and spec.user == "dtlab"
+        assert spec.environment_file == "/etc/dtlab/socket.env" and spec.user == "dtlab"
+        assert "NCCL_SOCKET_IFNAME" not in spec.env  # each node's own, from that file
     assert "--nproc_per_node=2" in planned.jobs[0][1].argv and "--nproc_per_node=1" in planned.jobs[1][1].argv
     assert planned.jobs[0][1].env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert planned.jobs[1][1].env["CUDA_VISIBLE_DEVICES"] == "0"
@@ -63,7 +64,7 @@ def test_cpu_inventory_means_one_single_thread_worker_per_gpu(cpu_cluster):
     assert config["output_dir"] == "/var/lib/dtlab/runs/ddp-g2-e2-s0/attempt-3/out"
     assert config["checkpoint_dir"] == "/var/lib/dtlab/runs/ddp-g2-e2-s0/checkpoints"  # shared by retries
     assert all(
-        spec.env["GLOO_SOCKET_IFNAME"] == "veth9" and spec.env["OMP_NUM_THREADS"] == "1"
+        spec.environment_file == "/etc/dtlab/veth9.env" and spec.env["OMP_NUM_THREADS"] == "1"
         for _, spec in planned.jobs
     )
     assert "CUDA_VISIBLE_DEVICES" not in planned.jobs[0][1].env
@@ -83,6 +84,8 @@ def test_spark_runs_the_launcher_on_the_master_with_n_processes(cpu_cluster):
     assert argv[argv.index("--num-processes") + 1] == "2"
     assert argv[argv.index("--master") + 1] == "spark://127.0.20.10:7077"
     assert "spark.executorEnv.PYTHONPATH=/opt/dtlab/src" in argv
+    # Executors inherit their own worker's interface (spark-env.sh), never one node's for all of them.
+    assert not any("SOCKET_IFNAME" in arg for arg in argv)
     assert spec.env["PYSPARK_PYTHON"] == "/opt/dtlab/venv/bin/python"
     assert {n.name for n in planned.prepare_nodes} == {"n0", "n1", "n2"}  # rank 0 may land on any worker
     assert planned.label == "spark (TorchDistributor, standalone)"
@@ -119,6 +122,7 @@ def test_docker_runtime_wraps_torchrun_as_the_studys_listing_4_1(tmp_path):
     argv = spec.argv
     assert argv[:3] == ["docker", "run", "--rm"] and "--network=host" in argv
     assert argv[argv.index("--gpus") + 1] == "device=0" and "/opt/dtlab/src:/app:ro" in argv
+    assert "--env-file=/etc/dtlab/socket.env" in argv[: argv.index("dtlab-trainer:latest")]  # container env
     assert argv[argv.index("dtlab-trainer:latest") + 1 :][:4] == [
         "python",
         "-m",

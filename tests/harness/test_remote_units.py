@@ -20,7 +20,8 @@ def test_a_cell_unit_is_named_and_bounded_and_its_script_is_valid_shell(tmp_path
         log_path="/var/lib/dtlab/runs/ddp-g2-e2-s0/attempt-1/node1.log",
         user="dtlab",
         workdir="/opt/dtlab/src",
-        env={"GLOO_SOCKET_IFNAME": "eth0"},
+        env={"OMP_NUM_THREADS": "1"},
+        environment_file="/etc/dtlab/socket.env",
         runtime_max_s=600,
     )
     script = remote.unit_script(spec)
@@ -32,7 +33,8 @@ def test_a_cell_unit_is_named_and_bounded_and_its_script_is_valid_shell(tmp_path
         "--unit=dtlab-ddp-g2-e2-s0-node1",
         "--property=RuntimeMaxSec=600",
         "--property=User=dtlab",
-        "--setenv=GLOO_SOCKET_IFNAME=eth0",
+        "--setenv=OMP_NUM_THREADS=1",
+        "--property=EnvironmentFile=/etc/dtlab/socket.env",
         "'x y'",
         "tail -n +1 -F",
     ):

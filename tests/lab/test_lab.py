@@ -70,6 +70,14 @@ def test_node1_reaches_node0_by_name_and_by_address(lab):
         assert result.stdout.startswith("SSH-2.0-"), (target, result.stdout)
 
 
+def test_each_node_has_its_address_on_a_nic_named_like_a_kvm_guests(lab):
+    assert lab.node_ifname == "enp1s0"
+    for node in lab.node_names:
+        shown = on_node(lab, node, f"ip -o -4 addr show dev {lab.node_ifname}")
+        assert shown.returncode == 0 and f"inet {lab.node_address(node)}/24" in shown.stdout, shown.stderr
+        assert on_node(lab, node, "ip link show dev eth0").returncode != 0  # no eth0 to fall back on
+
+
 def test_nodes_have_no_way_out_and_no_dns(lab):
     # `ip route get` asks the node's kernel only: no packet is sent.
     result = on_node(lab, "node1", "ip route show default; wc -c < /etc/resolv.conf; ip route get 192.0.2.1")
@@ -90,8 +98,7 @@ def test_nodes_reach_apt_through_the_lab_proxy_which_refuses_other_hosts(lab):
 @pytest.mark.slow
 def test_torchrun_allreduce_across_the_two_workers(lab, lab_torch_python):
     workers = lab.node_names[1:3]
-    lab_vars = yaml.safe_load((paths.INVENTORY_DIR / "group_vars/lab.yml").read_text())
-    socket_ifname = lab_vars["dtlab_socket_ifname"]
+    socket_ifname = lab.node_ifname
     runs = []
     for rank, node in enumerate(workers):
         assert on_node(lab, node, "cat > /tmp/allreduce.py", input_text=ALLREDUCE_SCRIPT).returncode == 0

@@ -25,7 +25,14 @@ def cluster(provisioned_lab):
 
 
 @pytest.fixture(scope="module")
-def second_converge(provisioned_lab):
+def before_second_converge(provisioned_lab):
+    """Each node's own clock just before the second converge: its systemd journal is read from there."""
+    lab, _ = provisioned_lab
+    return {node: on(lab, node, "date +%s").stdout.strip() for node in lab.node_names}
+
+
+@pytest.fixture(scope="module")
+def second_converge(provisioned_lab, before_second_converge):
     lab, _ = provisioned_lab
     return provision.converge(lab.inventory_path)
 
@@ -68,6 +75,20 @@ def test_second_run_changes_nothing(second_converge):
     assert second_converge.changed_hosts == {}, second_converge.summary()
 
 
+def test_second_run_reloads_no_systemd_units(provisioned_lab, second_converge, before_second_converge):
+    lab, first = provisioned_lab
+    assert "RUNNING HANDLER [spark : Reload systemd units]" in first.output  # the units were new then
+    assert "Reload systemd units" not in second_converge.output
+    for node, since in before_second_converge.items():
+        # PID 1 logs "Reloading." on every daemon-reload (which detaches GPUs from containers).
+        journal = on(lab, node, f"journalctl _PID=1 --since=@{since} --no-pager -o cat")
+        assert journal.returncode == 0, journal.stderr
+        reloads = [line for line in journal.stdout.splitlines()
+                   if line.strip() in ("Reloading.", "Reloading...")
+                   or line.startswith("Reloading requested")]
+        assert reloads == [], f"{node}: {journal.stdout[-1500:]}"
+
+
 def test_check_diff_after_convergence_reports_no_changes(provisioned_lab, second_converge):
     lab, _ = provisioned_lab
     checked = provision.converge(lab.inventory_path, check=True, diff=True)
@@ -75,6 +96,53 @@ def test_check_diff_after_convergence_reports_no_changes(provisioned_lab, second
     assert checked.changed_hosts == {}, checked.summary()
     for name in ("determined_db_password", "spark_auth_secret", "determined_admin_password"):
         assert secret(load_cluster(lab.inventory_path), name) not in checked.output
+
+
+def test_docker_keeps_a_daemon_json_that_nvidia_ctk_rewrote(provisioned_lab, second_converge):
+    """As on a GPU node: nvidia-ctk added its runtime and rewrote daemon.json in its own layout (Go's
+    MarshalIndent: sorted keys, 4 spaces, no final newline). The next converge must not touch it."""
+    lab, _ = provisioned_lab
+    path = "/etc/docker/daemon.json"
+    original = on(lab, "node1", f"cat {path}").stdout
+    rewritten = json.dumps({**json.loads(original),
+                            "runtimes": {"nvidia": {"args": [], "path": "nvidia-container-runtime"}}},
+                           indent=4, sort_keys=True)
+    assert on(lab, "node1", f"printf %s {shlex.quote(rewritten)} > {path}").returncode == 0
+    try:
+        again = provision.converge(lab.inventory_path, tags=["docker"], limit="node1")
+        assert again.ok, again.summary() + again.output[-3000:]
+        assert again.count("changed", "node1") == 0, again.summary()
+        assert on(lab, "node1", f"cat {path}").stdout == rewritten
+    finally:
+        on(lab, "node1", f"printf %s {shlex.quote(original)} > {path}")
+
+
+# --- the socket interface ----------------------------------------------------------------------------
+
+def test_each_node_uses_the_kvm_style_nic_that_holds_its_address(provisioned_lab, cluster):
+    lab, first = provisioned_lab
+    assert lab.node_ifname == "enp1s0"  # named like a KVM guest's NIC; nothing tells the roles
+    for node in cluster.nodes:
+        env_file = on(lab, node.name, f"cat {cluster.socket_env_file}").stdout
+        assert env_file == "GLOO_SOCKET_IFNAME=enp1s0\nNCCL_SOCKET_IFNAME=enp1s0\n", node.name
+        assert f"{node.name}: gloo and NCCL use enp1s0 (it holds ansible_host {node.address})" in first.output
+    for worker in cluster.workers:  # Spark's executors inherit their worker's environment
+        spark_env = on(lab, worker.name, f"cat {cluster.var('spark_conf_dir')}/spark-env.sh").stdout
+        assert "GLOO_SOCKET_IFNAME=enp1s0" in spark_env.splitlines()
+
+
+def test_cluster_check_shows_each_interface_and_says_no_gpu_on_the_cpu_lab(provisioned_lab, cluster):
+    from dtlab import cluster as cluster_module
+
+    rows = cluster_module.check(cluster)
+    assert cluster_module.failed(rows) == []
+    sockets = {r.node: r for r in rows if r.check == "socket interface"}
+    assert sorted(sockets) == sorted(n.name for n in cluster.nodes)
+    for node in cluster.nodes:
+        assert sockets[node.name].ok and sockets[node.name].detail.startswith(f"enp1s0 {node.address}/24")
+    gpu_rows = [r for r in rows if r.check in ("gpu usable", "determined slots", "spark GPUs")]
+    assert len(gpu_rows) == 3 * len(cluster.workers)
+    assert all(r.detail == "no GPU (cpu inventory)" and not r.required for r in gpu_rows)
 
 
 # --- PostgreSQL --------------------------------------------------------------------------------------
