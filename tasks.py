@@ -189,8 +189,9 @@ def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, st
 LINTERS = ("ruff check .", "lint-imports", "yamllint -s .", "ansible-lint --profile production --offline")
 
 
-# The inner loop: no lab, no Spark cluster, nothing marked slow (see README "Tests" for durations).
-FAST_TESTS = "-m 'not lab and not slow'"
+# The inner loop: no lab, no Spark cluster, nothing marked slow, on every core (pytest-xdist); the full
+# suite stays in one process, where the lab and Spark fixtures are shared (README "Tests": durations).
+FAST_TESTS = "-m 'not lab and not slow' -n auto"
 
 
 @task(help={"lint": "run ruff, lint-imports, yamllint and ansible-lint (default: yes)",
