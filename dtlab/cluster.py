@@ -23,6 +23,7 @@ from typing import Any
 
 from dtlab import probes, remote
 from dtlab.errors import DtlabError
+from dtlab.gpucompat import code_runs_on
 from dtlab.inventory import Cluster, Node
 
 MAX_CLOCK_SKEW_S = 1.0
@@ -387,17 +388,13 @@ def arch_runs_on(capability: tuple[int, int], arch_list: list[str]) -> str | Non
     """The entry of torch.cuda.get_arch_list() whose code runs on a device of this compute capability:
     sm_XY (a cubin) on X.Y' with Y' >= Y; compute_XY (PTX, compiled by the driver) on any X.Y and newer;
     sm_XYa only on X.Y itself. None: torch has no kernel for the device."""
-    major, minor = capability
     for entry in arch_list:
         match = re.fullmatch(r"(sm|compute)_(\d+)([a-z]?)", entry)
         if not match:
             continue
         number = int(match.group(2))
-        arch = (number // 10, number % 10)
-        if match.group(1) == "compute" and arch <= (major, minor):
-            return entry
-        if match.group(1) == "sm" and arch[0] == major and (
-            arch[1] == minor if match.group(3) == "a" else arch[1] <= minor):
+        kind = "ptx" if match.group(1) == "compute" else "sass-a" if match.group(3) == "a" else "sass"
+        if code_runs_on(capability, (number // 10, number % 10), kind):
             return entry
     return None
 

@@ -36,6 +36,18 @@ def capability(text: str) -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def code_runs_on(gpu: tuple[int, int], code: tuple[int, int], kind: str) -> bool:
+    """NVIDIA's binary compatibility, the one rule for the data here and torch's arch list
+    (cluster.check): machine code ("sass") for X.y runs on X.z with z >= y; architecture-specific
+    machine code ("sass-a", sm_XYa) only on X.y itself; PTX for X.y is compiled by the driver for any
+    capability >= X.y."""
+    if kind == "ptx":
+        return code <= gpu
+    if kind == "sass-a":
+        return code == gpu
+    return code[0] == gpu[0] and code[1] <= gpu[1]
+
+
 @dataclass(frozen=True)
 class Build:
     name: str
@@ -47,10 +59,9 @@ class Build:
     index_url: str
 
     def supports(self, gpu_capability: str) -> bool:
-        major, minor = capability(gpu_capability)
-        runs_machine_code = any(capability(c)[0] == major and capability(c)[1] <= minor for c in self.sass)
-        runs_ptx = any(capability(c) <= (major, minor) for c in self.ptx)
-        return runs_machine_code or runs_ptx
+        gpu = capability(gpu_capability)
+        return any(code_runs_on(gpu, capability(c), "sass") for c in self.sass) or any(
+            code_runs_on(gpu, capability(c), "ptx") for c in self.ptx)
 
     @property
     def pip_args(self) -> str:
