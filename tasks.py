@@ -185,36 +185,16 @@ def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, st
 
 # --- top level ---------------------------------------------------------------
 
-# lint-imports: the layer contracts in pyproject.toml ([tool.importlinter]), no import cycles.
-LINTERS = ("ruff check .", "lint-imports", "yamllint -s .", "ansible-lint --profile production --offline")
-
-
-# The inner loop: no lab, no Spark cluster, nothing marked slow, on every core (pytest-xdist); the full
-# suite stays in one process, where the lab and Spark fixtures are shared (README "Tests": durations).
-FAST_TESTS = "-m 'not lab and not slow' -n auto"
-
-
 @task(help={"lint": "run ruff, lint-imports, yamllint and ansible-lint (default: yes)",
-            "fast": "the inner loop: skip the lab, the Spark cluster and every slow test, and lint beside "
-                    "pytest on the second core (about 3 minutes)",
+            "fast": "the inner loop: skip the lab, the Spark cluster and every slow test, run the tests on "
+                    "every core and lint beside them (about 2.5 minutes)",
             "pytest_args": "extra pytest arguments, e.g. '-k report -x'"})
 def test(c, lint=True, fast=False, pytest_args=""):
     """Lint, then run the whole test suite (this is what CI runs); --fast for the inner loop."""
-    linting = None
-    if lint and fast:  # pytest uses one core; the linters take the other instead of going first
-        linting = c.run(" && ".join(LINTERS), asynchronous=True, hide=True, warn=True)
-    elif lint:
-        for command in LINTERS:
-            c.run(command, echo=True)
-    tests = c.run(f"pytest {FAST_TESTS if fast else ''} {pytest_args}".strip(), echo=True, pty=False,
-                  warn=linting is not None)
-    if linting is not None:
-        linted = linting.join()
-        print(f"lint ({' && '.join(LINTERS)}): {'passed' if linted.ok else 'FAILED'}")
-        if not linted.ok:
-            print(linted.stdout + linted.stderr, end="")
-        if not (linted.ok and tests.ok):
-            sys.exit(1)
+    from dtlab import commands
+
+    if not commands.run_tests(c, lint=lint, fast=fast, pytest_args=pytest_args):
+        sys.exit(1)
 
 
 @task(help={"name": LAB_NAME_HELP})

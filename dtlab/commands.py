@@ -157,3 +157,32 @@ def demo(name: str | None) -> list[CellOutcome]:
     deploy(load_cluster(inventory))
     print("demo 3/4: bench.all --profile smoke (then 4/4: the report)")
     return bench_all(inventory, BenchOptions(profile="smoke"))
+
+
+# --- invoke test ---------------------------------------------------------------
+
+# lint-imports: the layer contracts in pyproject.toml ([tool.importlinter]), no import cycles.
+LINTERS = ("ruff check .", "lint-imports", "yamllint -s .", "ansible-lint --profile production --offline")
+# The inner loop: no lab, no Spark cluster, nothing marked slow, on every core (pytest-xdist); the full
+# suite stays in one process, where the lab and Spark fixtures are shared (README "Tests": durations).
+FAST_TESTS = "-m 'not lab and not slow' -n auto"
+
+
+def run_tests(c, *, lint: bool, fast: bool, pytest_args: str) -> bool:
+    """The linters, then pytest (the whole suite, or --fast's inner loop with the linters running
+    beside the tests); True when everything passed. `c` is the invoke Context."""
+    linting = None
+    if lint and fast:  # the linters beside the tests instead of before them
+        linting = c.run(" && ".join(LINTERS), asynchronous=True, hide=True, warn=True)
+    elif lint:
+        for command in LINTERS:
+            c.run(command, echo=True)
+    tests = c.run(f"pytest {FAST_TESTS if fast else ''} {pytest_args}".strip(), echo=True, pty=False,
+                  warn=linting is not None)
+    if linting is None:
+        return True  # without --fast a failing step has already stopped invoke
+    linted = linting.join()
+    print(f"lint ({' && '.join(LINTERS)}): {'passed' if linted.ok else 'FAILED'}")
+    if not linted.ok:
+        print(linted.stdout + linted.stderr, end="")
+    return linted.ok and tests.ok
