@@ -18,7 +18,7 @@ import platform
 import sysconfig
 
 # The packages whose versions are shown and recorded by name (the whole freeze is hashed as well).
-KEY_PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "pyspark", "determined", "numpy")
+KEY_PACKAGES = ("torch", "transformers", "tokenizers", "datasets", "pyspark", "determined", "ray", "numpy")
 
 
 def installed() -> list[str]:
