@@ -3,7 +3,7 @@
 One attempt of one cell:
   1. the store reserves an attempt folder (live logs are streamed straight into it);
   2. preflight: every node the cell needs answers over SSH and has the trainer env; the services it
-     needs are up (Spark master with enough alive workers);
+     needs are up (Spark master, Ray head with enough alive workers);
   3. the launcher's units start on all their nodes at once; the first one to fail stops the others,
      and the unit watch stops them when a node falls silent or a unit ends under an open log stream;
   4. rank 0's result.json is fetched and recorded; or the failure (node, exit code, last log lines).
@@ -52,6 +52,7 @@ STREAM_GRACE_S = 15
 NODES_BACK_WAIT_S = 180
 STOP_WAIT_S = 60
 SPARK_REGISTER_WAIT_S = 60
+RAY_JOIN_WAIT_S = 60
 # The line that names what went wrong: an exception with its message, not torchrun's wrapper.
 EXCEPTION_LINE = re.compile(r"\b(?!ChildFailedError)\w*(Error|Exception)\b: \S|\berror: \S")
 
@@ -469,6 +470,21 @@ class Bench:
                     f"preflight: Spark master {cluster.master.name if cluster.master else '?'} "
                     f"has {alive} alive workers, the cell needs {needed}; run `invoke cluster.reset`",
                     cluster.master.name if cluster.master else None,
+                )
+        if planned.cell.framework == "ray":
+            needed = len(planned.placement.slots)  # the workers placement would use; Ray picks which
+            head = cluster.master.name if cluster.master else None
+            # Raylets rejoin for a while after a restart (cluster.reset, a node reboot): wait, bounded.
+            alive = probes.wait_for_ray(cluster, needed, RAY_JOIN_WAIT_S)
+            if alive < needed:
+                try:  # one more look, to say why: a head that does not answer raises with its reason
+                    alive = len(probes.ray_alive_workers(cluster))
+                except DtlabError as error:
+                    raise PreflightError(f"preflight: {error}; run `invoke cluster.reset`", head) from None
+                raise PreflightError(
+                    f"preflight: Ray head {head} has {alive} alive worker nodes, the cell needs {needed}; "
+                    "run `invoke cluster.reset`",
+                    head,
                 )
 
     def prepare(self, planned: launching.Launch, *, fresh: bool) -> None:

@@ -28,7 +28,7 @@ from dtlab.inventory import Cluster, Node
 
 MAX_CLOCK_SKEW_S = 1.0
 MIN_FREE_DISK_GB_DEFAULT = 2.0
-SPARK_READY_TIMEOUT_S = 90
+SERVICES_READY_TIMEOUT_S = 90  # after a reset: Spark workers registered, Ray workers joined
 @dataclass(frozen=True)
 class CheckRow:
     check: str
@@ -45,6 +45,8 @@ SERVICE_VARIABLES = (
     "postgresql_service",
     "determined_master_service",
     "determined_agent_service",
+    "ray_head_service",
+    "ray_worker_service",
 )
 
 
@@ -220,6 +222,7 @@ def _check_services(cluster: Cluster, node_states: dict[str, dict[str, str]]) ->
                 "spark master", master.name, False, f"no {spark_unit} unit; run ansible-playbook site.yml"
             )
         )
+    rows += _check_ray(cluster, node_states, units)
     postgres_unit = units["postgresql_service"]
     if _service_state(node_states, master.name, postgres_unit):
         ready = remote.run(master, f"pg_isready -q -h 127.0.0.1 -p {cluster.postgresql_port}", timeout=20)
@@ -271,6 +274,33 @@ def _check_services(cluster: Cluster, node_states: dict[str, dict[str, str]]) ->
                 required=False,
             )
         )
+    return rows
+
+
+def _check_ray(
+    cluster: Cluster, node_states: dict[str, dict[str, str]], units: dict[str, str]
+) -> list[CheckRow]:
+    """The Ray head (its unit, and which worker nodes it sees alive with what they offer) and each
+    worker's raylet unit."""
+    master = cluster.master
+    head_unit, worker_unit = units["ray_head_service"], units["ray_worker_service"]
+    state = _service_state(node_states, master.name, head_unit)
+    if not state:
+        missing = f"no {head_unit} unit; run ansible-playbook site.yml"
+        return [CheckRow("ray head", master.name, False, missing)]
+    try:
+        alive = probes.ray_alive_workers(cluster)
+    except DtlabError as error:
+        return [CheckRow("ray head", master.name, False, f"{head_unit} {state}; {error}")]
+    resource = "GPU" if cluster.device == "cuda" else "CPU"
+    offered = sum(node.get("resources_total", {}).get(resource, 0) for node in alive)
+    rows = [CheckRow("ray head", master.name, state == "active" and len(alive) == len(cluster.workers),
+                     f"{head_unit} {state}; {len(alive)}/{len(cluster.workers)} worker nodes alive; "
+                     f"{resource}s offered: {offered:g}")]
+    for worker in cluster.workers:
+        state = _service_state(node_states, worker.name, worker_unit)
+        rows.append(CheckRow("ray worker", worker.name, state == "active",
+                             f"{worker_unit} {state or 'not installed'}"))
     return rows
 
 
@@ -504,7 +534,7 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
 
     console = console or Console(highlight=False)
     say = console.print
-    say("[bold]1/5[/] stopping dtlab units and containers on every node")
+    say("[bold]1/6[/] stopping dtlab units and containers on every node")
     stop = (
         f"{_stop_units_command()}; "
         "if command -v docker >/dev/null; then ids=$(docker ps -aq --filter name=^dtlab-ddp-g); "
@@ -525,11 +555,11 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     step(cluster.nodes, stop, "stop units", 90)
     masters = [cluster.master] if cluster.master is not None else []
     units = _service_units(cluster)
-    say("[bold]2/5[/] restarting Spark (ends running applications)")
+    say("[bold]2/6[/] restarting Spark (ends running applications)")
     step(masters, _restart_command(units["spark_master_service"]), "restart spark master", 120)
     step(cluster.workers, _restart_command(units["spark_worker_service"]), "restart spark workers", 120)
 
-    say("[bold]3/5[/] Determined: cancel experiments, restart master and agents")
+    say("[bold]3/6[/] Determined: cancel experiments, restart master and agents")
     determined_rows: list[CheckRow] = []
     if cluster.has_determined_master and on(masters):
         determined_rows = _cancel_determined_experiments(cluster, say)
@@ -541,7 +571,17 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     else:
         say("  not installed on this inventory; nothing to do")
 
-    say("[bold]4/5[/] clearing scratch and checkpoints of unfinished cells (recorded results stay)")
+    say("[bold]4/6[/] Ray: stop its jobs, restart the head, then the workers (they rejoin the new head)")
+    if on(masters):
+        try:
+            stopped = probes.stop_ray_jobs(cluster)
+            say(f"  stopped {len(stopped)} Ray job(s)" if stopped else "  no Ray job running")
+        except DtlabError as error:
+            say(f"  [yellow]could not list Ray jobs ({error}); the restart ends them[/]")
+    step(masters, _restart_command(units["ray_head_service"]), "restart ray head", 120)
+    step(cluster.workers, _restart_command(units["ray_worker_service"]), "restart ray workers", 120)
+
+    say("[bold]5/6[/] clearing scratch and checkpoints of unfinished cells (recorded results stay)")
     keep = " ".join(shlex.quote(k) for k in sorted(recorded_cells or ()))
     clear = (
         f'cd {shlex.quote(cluster.runs_dir)} 2>/dev/null || exit 0; for d in *; do [ -d "$d" ] || continue; '
@@ -549,9 +589,10 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     )
     step(cluster.nodes, clear, "clear scratch", 120)
 
-    say("[bold]5/5[/] waiting for Spark workers to register, then cluster.check")
+    say("[bold]6/6[/] waiting for Spark workers to register and Ray workers to join, then cluster.check")
     if on(masters):
-        probes.wait_for_spark(cluster, len(on(cluster.workers)), SPARK_READY_TIMEOUT_S)
+        probes.wait_for_spark(cluster, len(on(cluster.workers)), SERVICES_READY_TIMEOUT_S)
+        probes.wait_for_ray(cluster, len(on(cluster.workers)), SERVICES_READY_TIMEOUT_S)
     return determined_rows + check(cluster)
 
 

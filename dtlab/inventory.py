@@ -163,6 +163,25 @@ class Cluster:
         return int(self.require("postgresql_port"))
 
     @property
+    def ray_head_address(self) -> str:
+        """host:port of the Ray head's GCS on the master, where Ray drivers and workers join."""
+        if self.master is None:
+            raise DtlabError(f"inventory {self.inventory_path}: Ray needs a host in group master")
+        return f"{self.master.address}:{int(self.require('ray_gcs_port'))}"
+
+    @property
+    def ray_dashboard_url(self) -> str:
+        """The Ray dashboard and Jobs API on the master's cluster address (token-authenticated)."""
+        if self.master is None:
+            raise DtlabError(f"inventory {self.inventory_path}: Ray needs a host in group master")
+        return f"http://{self.master.address}:{int(self.require('ray_dashboard_port'))}"
+
+    @property
+    def ray_auth_token_file(self) -> str:
+        """The token file on every node (0600, dtlab_user's): RAY_AUTH_TOKEN_PATH for Ray's processes."""
+        return str(self.require("ray_auth_token_file"))
+
+    @property
     def socket_env_file(self) -> str:
         """The file on each node naming gloo's and NCCL's interface (the common role writes it from the
         node's facts); every trainer unit reads it."""

@@ -1,5 +1,6 @@
 """What the harness asks the nodes about their services, shared by bench, cluster and deploy:
-the trainer venv's fingerprint (trainer/env_fingerprint.py), and the Spark master's alive workers."""
+the trainer venv's fingerprint (trainer/env_fingerprint.py), the Spark master's alive workers, and the Ray
+head's alive nodes and running jobs (its dashboard's REST API, with the cluster's token)."""
 
 from __future__ import annotations
 
@@ -78,3 +79,73 @@ def wait_for_spark(cluster: Cluster, expected: int, timeout_s: float) -> int:
     alive = wait_until(alive_workers, until=lambda count: count is None or count >= expected,
                        timeout_s=timeout_s, every_s=2)
     return alive or 0
+
+
+# --- Ray: the head's dashboard API, asked on the master with the token file there --------------------
+
+# Runs on the master with the venv's Python: reads the token file (never printed), calls one endpoint
+# of the dashboard and prints its JSON `data` (or the HTTP error as {"error": ...}).
+_RAY_API_CALL = """
+import json, sys, urllib.error, urllib.request
+url, token_file, method = sys.argv[1:4]
+token = open(token_file).read().strip()
+request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None,
+                                 headers={"Authorization": "Bearer " + token})
+try:
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        body = json.load(answer)
+except urllib.error.HTTPError as error:
+    body = {"error": f"HTTP {error.code} {error.reason}"}
+except (OSError, ValueError) as error:
+    body = {"error": str(error)}
+print(json.dumps(body))
+"""
+
+
+def ray_api(cluster: Cluster, path: str, method: str = "GET") -> Any:
+    """One call to the Ray dashboard's REST API on the master; DtlabError when it does not answer."""
+    master = cluster.master
+    if master is None:
+        raise DtlabError(f"inventory {cluster.inventory_path}: Ray needs a host in group master")
+    command = " ".join(shlex.quote(part) for part in (
+        cluster.python, "-c", _RAY_API_CALL, cluster.ray_dashboard_url + path, cluster.ray_auth_token_file,
+        method))
+    answer = remote.run(master, command, timeout=30)
+    try:
+        body = json.loads(answer.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise DtlabError(f"host {master.name}: Ray dashboard gave no answer: "
+                         f"{(answer.stderr or answer.stdout).strip()[-200:]}") from None
+    if isinstance(body, dict) and "error" in body:
+        raise DtlabError(f"host {master.name}: Ray dashboard {path}: {body['error']}")
+    return body
+
+
+def ray_alive_workers(cluster: Cluster) -> list[dict]:
+    """The Ray nodes other than the head that are ALIVE, with their resources_total."""
+    nodes = ray_api(cluster, "/api/v0/nodes?limit=1000")["data"]["result"]["result"]
+    return [node for node in nodes if node.get("state") == "ALIVE" and not node.get("is_head_node")]
+
+
+def wait_for_ray(cluster: Cluster, expected: int, timeout_s: float) -> int:
+    """Alive Ray worker nodes once `expected` have joined, or after `timeout_s` (raylets rejoin for a while
+    after a restart); stops early when the head does not answer."""
+
+    def alive_workers() -> int | None:
+        try:
+            return len(ray_alive_workers(cluster))
+        except DtlabError:
+            return None
+
+    alive = wait_until(alive_workers, until=lambda count: count is None or count >= expected,
+                       timeout_s=timeout_s, every_s=2)
+    return alive or 0
+
+
+def stop_ray_jobs(cluster: Cluster) -> list[str]:
+    """Stop every Ray job still pending or running (Jobs API); the submission ids stopped."""
+    unfinished = [job for job in ray_api(cluster, "/api/jobs/")
+                  if job.get("status") in ("PENDING", "RUNNING") and job.get("submission_id")]
+    for job in unfinished:
+        ray_api(cluster, f"/api/jobs/{job['submission_id']}/stop", method="POST")
+    return [job["submission_id"] for job in unfinished]

@@ -1,0 +1,67 @@
+"""Ray: the Ray launcher runs on the master as the driver, against the Ray cluster the ray role runs.
+
+Ray Train's TorchTrainer places the N training workers on the workers' raylets (the head offers no
+slots), so Ray, not dtlab, picks which workers; the launcher copies rank 0's result to the driver's
+output_dir, so the result is fetched from the master, as for Spark.
+"""
+
+from __future__ import annotations
+
+from dtlab.cell import Cell
+from dtlab.errors import DtlabError
+from dtlab.inventory import Cluster
+from dtlab.launch.common import CellPaths, Launch, place, trainer_config, trainer_env, unit
+from dtlab.remote import UnitSpec
+
+LABEL = "ray (Ray Train, TorchTrainer)"
+TRAINER_MODULE = "trainer.launchers.ray"
+
+
+def auth_env(cluster: Cluster) -> dict[str, str]:
+    """What a Ray client needs to be let in: token mode and the token file's path (never the token)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": cluster.ray_auth_token_file}
+
+
+def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+    placement = place(cluster, cell)  # checks the inventory offers N slots; Ray picks the workers
+    paths = CellPaths(cluster, cell, attempt)
+    master = cluster.master
+    if master is None:
+        raise DtlabError(f"inventory {cluster.inventory_path}: ray cells need a host in group master")
+    argv = [
+        cluster.python,
+        "-m",
+        TRAINER_MODULE,
+        "--config",
+        paths.config_path,
+        "--num-workers",
+        str(cell.gpus),
+        "--address",
+        cluster.ray_head_address,
+        "--max-failures",
+        str(int(cluster.require("ray_max_failures"))),
+    ]
+    # The driver forwards the trainer's environment to its workers; each worker keeps its own node's
+    # socket interface (its raylet's unit reads the socket env file).
+    env = {**trainer_env(cluster, master), **auth_env(cluster)}
+    job = UnitSpec(
+        unit=unit(cell, master),
+        argv=argv,
+        log_path=paths.log_path(master),
+        user=cluster.user,
+        workdir=cluster.code_dir,
+        env=env,
+        environment_file=cluster.socket_env_file,
+        runtime_max_s=timeout_s,
+    )
+    # Training workers may run on any worker: each gets the attempt's dirs so rank 0 can write anywhere.
+    return Launch(
+        cell=cell,
+        placement=placement,
+        paths=paths,
+        jobs=[(master, job)],
+        prepare_nodes=(master, *cluster.workers),
+        result_node=master,
+        trainer_config=trainer_config(cluster, placement, paths, LABEL),
+        label=LABEL,
+    )
