@@ -45,6 +45,7 @@ def test_check_names_each_missing_service_as_the_inventory_does(tmp_path):
         postgresql_service="site-postgres",
         determined_master_service="site-det-master",
         determined_agent_service="site-det-agent",
+        ray_head_service="site-ray-head",
     )
     # The nodes answered, with none of the services installed.
     rows = cluster_module._check_services(cluster, {node.name: {} for node in cluster.nodes})
@@ -53,6 +54,7 @@ def test_check_names_each_missing_service_as_the_inventory_does(tmp_path):
     assert details[("postgresql", "n0")] == (False, "no site-postgres unit; run ansible-playbook site.yml")
     assert details[("determined master", "n0")] == (False, "site-det-master not installed")
     assert details[("determined agent", "n1")] == (False, "site-det-agent not installed")
+    assert details[("ray head", "n0")] == (False, "no site-ray-head unit; run ansible-playbook site.yml")
     # Installed and active: the check passes on the inventory's name, not on a pattern.
     states = {"n0": {"service.site-det-master": "active"}, "n1": {"service.site-det-agent": "failed"}}
     rows = cluster_module._check_services(cluster, states)

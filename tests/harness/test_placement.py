@@ -91,6 +91,29 @@ def test_spark_runs_the_launcher_on_the_master_with_n_processes(cpu_cluster):
     assert planned.label == "spark (TorchDistributor, standalone)"
 
 
+def test_ray_runs_the_driver_on_the_master_with_n_workers_and_the_token_file_not_the_token(cpu_cluster):
+    planned = launch.build(cpu_cluster, cell("ray", gpus=2), attempt=1, timeout_s=60)
+    [(node, spec)] = planned.jobs
+    assert node.name == "n0" and planned.result_node.name == "n0"
+    argv = spec.argv
+    assert argv[1:3] == ["-m", "trainer.launchers.ray"]
+    assert argv[argv.index("--num-workers") + 1] == "2"
+    assert argv[argv.index("--address") + 1] == "127.0.20.10:6379"  # the head's GCS, from group_vars
+    assert argv[argv.index("--max-failures") + 1] == "1"
+    assert spec.env["RAY_AUTH_MODE"] == "token"
+    assert spec.env["RAY_AUTH_TOKEN_PATH"] == "/etc/dtlab/ray/auth_token"
+    assert not any("RAY_AUTH_TOKEN=" in arg for arg in argv) and "RAY_AUTH_TOKEN" not in spec.env
+    # Workers keep their own node's interface (their raylet's unit), never the driver's.
+    assert not any("SOCKET_IFNAME" in key for key in spec.env)
+    assert {n.name for n in planned.prepare_nodes} == {"n0", "n1", "n2"}  # rank 0 may land on any worker
+    assert planned.label == "ray (Ray Train, TorchTrainer)"
+
+
+def test_ray_refuses_more_workers_than_the_inventory_offers_before_anything_starts(cpu_cluster):
+    with pytest.raises(DtlabError, match="needs 3 workers but inventory"):
+        launch.build(cpu_cluster, cell("ray", gpus=3), attempt=1, timeout_s=60)
+
+
 def test_determined_without_a_master_runs_the_core_api_off_cluster_under_torchrun(cpu_cluster, tmp_path):
     no_binaries = write_inventory(
         tmp_path / "lab",
