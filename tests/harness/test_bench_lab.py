@@ -20,6 +20,7 @@ from dtlab import remote
 from dtlab.report import build_report
 from dtlab.report.aggregate import whole_run_phases
 from dtlab.results import ResultStore
+from dtlab.waiting import wait_until
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -31,6 +32,8 @@ SMOKE_KEYS = {
     "spark-g2-e2-s0",
     "determined-g1-e2-s0",
     "determined-g2-e2-s0",
+    "ray-g1-e2-s0",
+    "ray-g2-e2-s0",
 }
 
 
@@ -60,9 +63,12 @@ def test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing(harness
     labels = {key: run.result["framework_label"] for key, run in ok.items()}
     assert labels["determined-g2-e2-s0"] == "determined (Core API, off-cluster)"
     assert labels["spark-g1-e2-s0"].startswith("spark") and labels["ddp-g2-e2-s0"].startswith("ddp")
+    assert labels["ray-g2-e2-s0"] == "ray (Ray Train, TorchTrainer)"
     assert {run.result["device"] for run in ok.values()} == {"cpu"}  # the report labels them CPU
     assert ok["ddp-g2-e2-s0"].result["world_size"] == 2 and ok["ddp-g2-e2-s0"].result["nodes"] == 2
     assert ok["spark-g2-e2-s0"].result["world_size"] == 2
+    # Ray places its two workers on the two worker nodes: one CPU slot each, none on the head.
+    assert ok["ray-g2-e2-s0"].result["world_size"] == 2 and ok["ray-g2-e2-s0"].result["nodes"] == 2
     # Every framework and world size really learns the generated signal (chance is 0.50).
     assert {key: run.result["final_accuracy"] >= 0.8 for key, run in ok.items()} == dict.fromkeys(ok, True)
     for run in ok.values():
@@ -78,8 +84,9 @@ def test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing(harness
     # The platforms differ only in orchestration: the same cell trains to the same numbers under each.
     for gpus in (1, 2):
         trajectories = {framework: _trajectory(ok[f"{framework}-g{gpus}-e2-s0"])
-                        for framework in ("ddp", "spark", "determined")}
-        assert trajectories["spark"] == trajectories["ddp"] == trajectories["determined"], trajectories
+                        for framework in ("ddp", "spark", "determined", "ray")}
+        assert (trajectories["spark"] == trajectories["ddp"] == trajectories["determined"]
+                == trajectories["ray"]), trajectories
 
     rows_before = len(store.runs(status=None))
     started = time.monotonic()
@@ -87,7 +94,7 @@ def test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing(harness
         "bench.all", "-i", str(cluster.inventory_path), "--profile", "smoke", "--no-report", env=env
     )
     assert second.returncode == 0, second.stderr
-    assert "0 ran ok, 6 already recorded, 0 failed" in second.stdout
+    assert f"0 ran ok, {len(SMOKE_KEYS)} already recorded, 0 failed" in second.stdout
     assert len(store.runs(status=None)) == rows_before
     assert time.monotonic() - started < 60
 
@@ -129,6 +136,23 @@ def test_a_trainer_killed_mid_cell_is_retried_from_its_checkpoint(harness_lab, t
     [resumed_cost] = [t for t in build_report(store, profile="fault").extra_tables if t.number == "B.4"]
     [row] = [[v.text for v in row] for row in resumed_cost.rows if row[0].text == "ddp-g2-e4-s7"]
     assert row[1] == "2" and row[3].isdigit() and int(row[3]) >= 1, row
+
+
+def test_a_killed_ray_worker_is_recovered_by_rays_own_failure_handling(harness_lab, tmp_path):
+    def kill_a_ray_train_worker(rank0, worker):
+        # The training process Ray placed on the node without the checkpoint, by PID (pgrep only looks).
+        killed = remote.run(worker, "pid=$(pgrep -f '^ray::RayTrainWorker' | head -1); "
+                                    'test -n "$pid" && kill -9 $pid && echo $pid')
+        assert killed.ok and killed.stdout.strip(), killed
+
+    seen = _fault_mid_cell(harness_lab, tmp_path, 8, kill_a_ray_train_worker, framework="ray")
+    result, attempts = seen["result"], seen["attempts"]
+    # Ray restarted its worker group from its own latest checkpoint, inside the one attempt: dtlab's
+    # retry never had to step in.
+    assert result.status == "ok" and [r.status for r in attempts] == ["ok"], result.failure
+    assert result.result["resumed_from_epoch"] >= 1 and result.result["world_size"] == 2
+    [log] = [path for path in attempts[0].log_dir.iterdir() if path.suffix == ".log"]
+    assert "RayTrainWorker" in log.read_text(errors="replace")  # Ray said which worker it lost
 
 
 def test_sigint_to_bench_all_leaves_no_trainer_on_any_node(harness_lab):
@@ -230,9 +254,10 @@ def lab_config(request):
     return request.getfixturevalue("lab")
 
 
-def _fault_mid_cell(harness_lab, tmp_path, seed: int, inject) -> dict:
-    """Run a 2-worker ddp cell, call `inject(rank0, worker)` once epoch 1 is checkpointed; return what
-    the harness did: the outcome, its attempts, its printed lines and when the fault was noticed."""
+def _fault_mid_cell(harness_lab, tmp_path, seed: int, inject, framework: str = "ddp") -> dict:
+    """Run a 2-worker cell, call `inject(rank0, worker)` once epoch 1 is checkpointed; return what
+    the harness did: the outcome, its attempts, its printed lines and when the fault was noticed.
+    rank0 is the worker holding the checkpoint (Ray and Spark choose it; ddp: the first worker)."""
     from dtlab.bench import Bench, BenchOptions, Display
 
     cluster, _ = harness_lab
@@ -244,7 +269,7 @@ profiles:
     trainer: {{model: "generated:bert-tiny", dataset: generated, generated_train_size: 1024,
               generated_test_size: 128, generated_median_words: 40, max_length: 64, batch_size: 16,
               learning_rate: 5.0e-4, warmup_steps: 4}}
-    runs: [{{frameworks: [ddp], gpus: [2], epochs: [4], seeds: [{seed}]}}]
+    runs: [{{frameworks: [{framework}], gpus: [2], epochs: [4], seeds: [{seed}]}}]
 """)
     store = ResultStore.for_cluster(cluster.name)
     before = {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
@@ -261,13 +286,17 @@ profiles:
     outcome: dict = {}
     runner = threading.Thread(target=lambda: outcome.update(result=bench.run_matrix(selected)))
     runner.start()
-    cell_key = f"ddp-g2-e4-s{seed}"
-    rank0, worker = cluster.workers[0], cluster.workers[1]
+    cell_key = f"{framework}-g2-e4-s{seed}"
     checkpoint = f"{cluster.runs_dir}/{cell_key}/checkpoints/epoch-0001/checkpoint.pt"
-    deadline = time.monotonic() + 400
-    while time.monotonic() < deadline and not remote.run(rank0, f"test -f {checkpoint}").ok:
-        time.sleep(1)
-    assert remote.run(rank0, f"test -f {checkpoint}").ok, "epoch 1 never checkpointed"
+
+    def checkpointed_on() -> list:
+        answers = remote.run_all(cluster.workers, f"test -f {checkpoint}")
+        return [node for node in cluster.workers if getattr(answers[node.name], "ok", False)]
+
+    holders = wait_until(checkpointed_on, until=bool, timeout_s=400, every_s=1)
+    assert holders, "epoch 1 never checkpointed"
+    rank0 = holders[0]
+    [worker] = [node for node in cluster.workers if node.name != rank0.name]
     injected_at = time.monotonic()
     inject(rank0, worker)
     failed_at = None
