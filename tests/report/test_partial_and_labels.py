@@ -253,7 +253,7 @@ def test_this_over_study_ratios_compare_the_figures_as_printed():
 
 def test_whole_run_table_splits_each_platforms_time_and_compares_with_ddp(tmp_path, lookup):
     store = ResultStore(tmp_path / "results")
-    for framework, launch, total in (("ddp", 5.0, 40.0), ("spark", 85.0, 120.0)):
+    for framework, launch, total in (("ddp", 5.0, 40.0), ("spark", 85.0, 120.0), ("ray", 15.0, 60.0)):
         result = made_up_result(
             framework, 1, 2, 0, time_total_s=30.0, final_accuracy=0.9, device="cpu"
         )
@@ -281,9 +281,12 @@ def test_whole_run_table_splits_each_platforms_time_and_compares_with_ddp(tmp_pa
     look = lookup(build_report(store))
     table = look.table("B.3")
     # Determined's run has no clock recorded: left out, not made up.
-    assert [row[0].text.split(" [")[0] for row in table.rows] == [DDP, SPARK]
+    # Ray, beyond the study, follows the study's frameworks under its own name, on the same clock.
+    assert [row[0].text.split(" [")[0] for row in table.rows] == [DDP, SPARK, "Ray Train"]
     spark = [value.text for value in table.rows[1]]
     assert spark[3:] == ["85.00", "4.00", "29.00", "2.00", "120.00", "3.00×"]
+    ray = [value.text for value in table.rows[2]]
+    assert ray[3:] == ["15.00", "4.00", "29.00", "12.00", "60.00", "1.50×"]
     assert [value.text for value in table.rows[0]][-1] == "1.00×"
 
 
