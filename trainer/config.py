@@ -35,7 +35,7 @@ COMPILE_MODES = ("no", "default", "reduce-overhead")
 OPTIMIZERS = ("adamw", "sgd")  # sgd exists only for the DDP-equivalence test: Adam hides gradient scale
 DEVICES = ("auto", "cpu", "cuda")
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
-FRAMEWORKS = ("ddp", "spark", "determined")
+FRAMEWORKS = ("ddp", "spark", "determined", "ray")
 # A hub id is "name" or "owner/name"; anything else is treated as a local path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _SOURCE = {"minLength": 1, "message": "is empty; give a hub id or a local path"}

@@ -80,7 +80,7 @@ def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
     [
         (
             "runs: [{frameworks: [ddp, horovod], gpus: 1, epochs: 1, seeds: 0}]",
-            "p.runs[0].frameworks[1]: must be one of ddp, spark, determined; got 'horovod'",
+            "p.runs[0].frameworks[1]: must be one of ddp, spark, determined, ray; got 'horovod'",
         ),
         (
             "runs: [{frameworks: ddp, gpus: 1, epochs: 0, seeds: 0}]",
@@ -100,7 +100,7 @@ def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
         ),
         (
             "runs: [{frameworks: horovod, gpus: 1, epochs: 1, seeds: 0}]",
-            "p.runs[0].frameworks: must be one of ddp, spark, determined; got 'horovod'",
+            "p.runs[0].frameworks: must be one of ddp, spark, determined, ray; got 'horovod'",
         ),
         (
             "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: x}]",
