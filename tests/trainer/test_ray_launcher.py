@@ -1,0 +1,178 @@
+"""The Ray launcher for real: a Ray cluster on loopback (a head with no CPUs, as the lab's master, and two
+1-CPU worker raylets, token auth on), where Ray Train's TorchTrainer runs 2 CPU workers (gloo) through the
+launcher. Ray's epochs must be torchrun's, a killed worker must be restarted by Ray and resume from the
+checkpoint Ray registered, and a run Ray gives up on must end non-zero with one line."""
+
+import contextlib
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
+
+from tests.raycluster import RayCluster
+from tests.trainer.conftest import TINY, run, torchrun_command, trainer_env, write_config
+from trainer.config import TrainConfig
+from trainer.launchers.ray import LABEL, PROG
+from trainer.result import validate_result
+
+REPO = Path(__file__).resolve().parents[2]
+LAUNCHERS = REPO / "trainer" / "launchers"
+EPOCHS = 3
+RUN_TIMEOUT_S = 420  # cluster start-up plus three epochs, twice over after a kill, on 2 busy cores
+COMPARED = ("train_loss", "val_loss", "val_accuracy")  # per epoch, with tolerance 0
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    with RayCluster(workers=2, cpus_per_worker=1) as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def torchrun_reference(tmp_path_factory, token_cache) -> tuple[dict, Path]:
+    """The same config and seed under torchrun, 2 processes: (its result, its checkpoint_dir)."""
+    root = tmp_path_factory.mktemp("torchrun")
+    cfg = TrainConfig(**{**TINY, "epochs": EPOCHS, "output_dir": str(root / "out"),
+                         "cache_dir": str(token_cache), "checkpoint_dir": str(root / "ckpt")}).validate()
+    run(torchrun_command(2, "--config", str(write_config(cfg, root / "run.yml"))))
+    return json.loads((root / "out" / "result.json").read_text()), root / "ckpt"
+
+
+def ray_command(cluster: RayCluster, cfg: TrainConfig, directory: Path, *flags: str) -> list[str]:
+    """The launcher on `cfg` (written to directory/run.yml), as the harness starts it."""
+    return [sys.executable, "-m", "trainer.launchers.ray", "--address", cluster.address,
+            "--config", str(write_config(cfg, directory / "run.yml")), *flags]
+
+
+def ray_env(cluster: RayCluster) -> dict:
+    """The driver's environment, as the harness's unit gives it: the trainer's, Ray's token, PYTHONPATH
+    (the raylets lack it: the launcher forwards it to the workers)."""
+    return {**trainer_env(), **cluster.env, "PYTHONPATH": str(REPO)}
+
+
+def registered_with_ray(checkpoint_dir: Path) -> list[str]:
+    """The checkpoints Ray's controller registered, from its snapshot in the run directory."""
+    with contextlib.suppress(FileNotFoundError, json.JSONDecodeError):  # not yet, or half written
+        snapshot = json.loads((checkpoint_dir / CHECKPOINT_MANAGER_SNAPSHOT_FILENAME).read_text())
+        return [entry["checkpoint_dir_name"] for entry in snapshot["checkpoint_results"]]
+    return []
+
+
+def assert_same_epochs(result: dict, reference: dict) -> None:
+    assert result["config_hash"] == reference["config_hash"]
+    for key in COMPARED:
+        assert [m[key] for m in result["epoch_metrics"]] == [m[key] for m in reference["epoch_metrics"]], key
+
+
+@pytest.mark.slow
+def test_two_workers_train_as_under_torchrun(ray_cluster, torchrun_reference, make_config, tmp_path):
+    reference, _ = torchrun_reference
+    cfg = make_config(epochs=EPOCHS, checkpoint_dir=str(tmp_path / "ckpt"))
+    started = time.time()
+    launched = subprocess.run(ray_command(ray_cluster, cfg, tmp_path, "--num-workers", "2"),
+                              env=ray_env(ray_cluster), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    validate_result(result)
+    assert (result["framework"], result["framework_label"]) == ("ray", LABEL)
+    assert (result["world_size"], result["device"], result["backend"]) == (2, "cpu", "gloo")
+    assert result["resumed_from_epoch"] is None
+    assert_same_epochs(result, reference)
+    assert f"result: {tmp_path / 'out' / 'result.json'}" in launched.stdout  # the driver's copy
+    assert registered_with_ray(tmp_path / "ckpt") == [f"epoch-{epoch:04d}" for epoch in range(1, EPOCHS + 1)]
+    timeline = result["timeline_unix"]
+    worker_setup = timeline["training_started"] - timeline["process_started"]
+    print(f"ray start-up: launcher start to first step {timeline['first_step_done'] - started:.1f} s; "
+          f"worker process start to training {worker_setup:.1f} s")
+    assert ray_cluster.token_path.read_text() not in launched.stdout + launched.stderr
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_by_ray_and_resumes(ray_cluster, torchrun_reference, make_config,
+                                                         tmp_path):
+    reference, _ = torchrun_reference
+    checkpoints = tmp_path / "ckpt"
+    cfg = make_config(epochs=EPOCHS, checkpoint_dir=str(checkpoints))
+    log_path = tmp_path / "launcher.log"
+    with open(log_path, "w") as log:
+        command = ray_command(ray_cluster, cfg, tmp_path, "--num-workers", "2", "--max-failures", "1")
+        launcher = subprocess.Popen(command, env=ray_env(ray_cluster), stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not registered_with_ray(checkpoints):  # Ray knows epoch 1's checkpoint: kill rank 1 now
+            assert launcher.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "Ray registered no checkpoint within the timeout"
+            time.sleep(0.05)
+        # Ray's controller names each worker's PID and rank when it starts the group.
+        rank_1 = int(re.findall(r"pid=(\d+)\) world_rank=1,", log_path.read_text())[-1])
+        worker = next(p for p in ray_cluster.descendants() if p.pid == rank_1)  # ours, not another Ray's
+        worker.kill()
+        launcher.wait(timeout=RUN_TIMEOUT_S)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(timeout=30)
+    output = log_path.read_text()
+    assert launcher.returncode == 0, output[-3000:]
+
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    validate_result(result)
+    resumed = result["resumed_from_epoch"]
+    assert resumed in (1, 2), output[-3000:]  # epoch 1's, or epoch 2's if it was registered before the kill
+    assert f"resuming from {checkpoints / f'epoch-{resumed:04d}'}" in output
+    assert len(set(re.findall(r"pid=(\d+)\) world_rank=1,", output))) == 2  # Ray started a second group
+    assert [m["epoch"] for m in result["epoch_metrics"]] == list(range(1, EPOCHS + 1))
+    assert_same_epochs(result, reference)  # the resumed run is the unbroken one
+
+
+@pytest.mark.slow
+def test_a_run_ray_gives_up_on_ends_with_one_line(ray_cluster, torchrun_reference, make_config, tmp_path):
+    """A worker-side error Ray cannot retry away: resuming 2 workers' checkpoint with 1 worker."""
+    _, written_by_two = torchrun_reference
+    shutil.copytree(written_by_two, tmp_path / "ckpt")
+    cfg = make_config(epochs=EPOCHS, checkpoint_dir=str(tmp_path / "ckpt"))
+    command = ray_command(ray_cluster, cfg, tmp_path, "--num-workers", "1", "--max-failures", "0")
+    launched = subprocess.run(command, env=ray_env(ray_cluster), capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S)
+    assert launched.returncode == 1
+    ours = [line for line in launched.stderr.splitlines() if line.startswith(PROG)]
+    assert ours == [f"{PROG}: error: Ray gave up after 0 restart(s): trainer.config.ConfigError: "
+                    "checkpoint_dir: the checkpoint was written by 2 workers, this run has 1; "
+                    "resume with the same world size"]
+    assert not (tmp_path / "out" / "result.json").exists()
+
+
+def test_cluster_processes_are_stopped_by_pid():
+    """The fixture's cluster ends with nothing left behind, without `ray stop`."""
+    cluster = RayCluster(workers=1)
+    cluster.start()
+    tree = [*cluster.descendants(), *(psutil.Process(p.pid) for p in cluster.processes)]
+    cluster.stop()
+    assert not [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not cluster.scratch.exists()
+
+
+@pytest.mark.parametrize(("argv", "line"), [
+    (["--num-workers", "0", "--address", "127.0.0.1:1"], "--num-workers: must be an integer >= 1, got 0"),
+    (["--num-workers", "2"], "the following arguments are required: --address (--help lists the flags)"),
+    (["--max-failures", "-1", "--address", "127.0.0.1:1"], "--max-failures: must be an integer >= 0, got -1"),
+])
+def test_bad_flags_fail_with_one_line_before_ray_starts(argv, line, tmp_path):
+    command = [sys.executable, "-m", "trainer.launchers.ray", *argv, "--output-dir", str(tmp_path)]
+    failed = subprocess.run(command, env=trainer_env(), capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 2
+    assert failed.stderr.strip().splitlines() == [f"{PROG}: error: {line}"]
+
+
+@pytest.mark.parametrize("launcher", sorted(p.name for p in LAUNCHERS.glob("[!_]*.py")))
+def test_every_launcher_is_thin(launcher):
+    """The training core lives once, in trainer.core; a launcher only starts it (ARCHITECTURE.md)."""
+    assert len((LAUNCHERS / launcher).read_text().splitlines()) <= 80

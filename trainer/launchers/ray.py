@@ -1,0 +1,80 @@
+"""Ray launcher: `python -m trainer.launchers.ray --config F.yml --num-workers 2 --address HOST:6379`.
+
+TorchTrainer runs the core on N workers (`threads` CPUs or a GPU each) in the process group Ray forms. Ray's
+run directory is cfg.checkpoint_dir: rank 0 writes each epoch's checkpoint there, on its own node, and Ray
+registers it in place (no shared disk needed); after a failure rank 0 resumes from it if it is on its disk."""
+
+import os
+from pathlib import Path
+
+import ray.train
+from ray.train.torch import TorchConfig, TorchTrainer
+
+from trainer.checkpoint import latest_checkpoint
+from trainer.config import ConfigError, from_dict
+from trainer.core import TrainHooks, train
+from trainer.launchers import _cli
+from trainer.result import write_result
+
+PROG, LABEL = "python -m trainer.launchers.ray", "ray (Ray Train, TorchTrainer)"
+# The driver's environment the workers need; not *_SOCKET_IFNAME: each node's Ray service sets its own.
+FORWARDED = ("PYTHONPATH", "PYTHONUNBUFFERED", "OMP_NUM_THREADS", "HF_HOME", "TOKENIZERS_PARALLELISM")
+PLAIN_PRINT = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}  # Ray's print logs each line twice (and dill's dis)
+
+
+def add_ray_flags(parser):
+    parser.conflict_handler = "resolve"  # --num-workers is Ray's here; the trainer keeps --num_workers
+    group = parser.add_argument_group("ray")
+    group.add_argument("--num-workers", type=int, default=2, help="training processes (Ray Train workers)")
+    group.add_argument("--address", required=True, help="Ray's GCS, HOST:PORT (token: $RAY_AUTH_TOKEN_PATH)")
+    group.add_argument("--max-failures", type=int, default=1, help="worker-group restarts Ray may make")
+    return parser
+
+
+class RayHooks(TrainHooks):
+    framework, framework_label, metrics = "ray", LABEL, {}
+
+    def resume_path(self) -> Path | None:  # Ray's latest (after a restart) if it is on this node's disk
+        reported = ray.train.get_checkpoint()
+        return Path(reported.path) if reported and os.path.isdir(reported.path) else super().resume_path()
+
+    def on_epoch_end(self, epoch: int, metrics: dict) -> None:  # rank 0 only, before the epoch's checkpoint
+        self.metrics = metrics
+
+    def should_stop(self) -> bool:  # every rank after each checkpoint: Ray wants as many reports from each
+        saved = latest_checkpoint(self.cfg.checkpoint_dir) if self.metrics else None  # rank 0's, just written
+        ray.train.report(self.metrics, saved and ray.train.Checkpoint.from_directory(saved),
+                         checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD)  # in place
+        return False
+
+
+def launch(cfg, args) -> None:
+    for flag, value, low in ("--num-workers", args.num_workers, 1), ("--max-failures", args.max_failures, 0):
+        if value < low:
+            raise ConfigError(f"{flag}: must be an integer >= {low}, got {value}")
+    cfg = from_dict({**cfg.as_dict(), "framework": "ray", **{key: str(Path(value).resolve()) for key in (
+        "output_dir", "checkpoint_dir", "cache_dir") if (value := getattr(cfg, key))}})  # Ray picks their cwd
+    run_dir = Path(cfg.checkpoint_dir or Path(cfg.output_dir, "ray-run"))
+    env = {key: os.environ[key] for key in FORWARDED if key in os.environ} | PLAIN_PRINT
+    ray.init(args.address, runtime_env={"env_vars": env})
+    on_cpu = cfg.device != "cuda"
+    trainer = TorchTrainer(
+        lambda _: train(cfg, RayHooks()), torch_config=TorchConfig(backend="gloo" if on_cpu else "nccl"),
+        scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers, use_gpu=not on_cpu,
+                                               resources_per_worker={"CPU": cfg.threads} if on_cpu else None),
+        run_config=ray.train.RunConfig(storage_path=str(run_dir.parent), name=run_dir.name,
+                                       failure_config=ray.train.FailureConfig(max_failures=args.max_failures)))
+    try:
+        result = trainer.fit().return_value  # rank 0's: train()'s result dict
+    except ray.train.TrainingFailedError as error:  # its last line is the workers' last exception
+        why = str(error).strip().splitlines()[-1]
+        raise SystemExit(f"{PROG}: error: Ray gave up after {args.max_failures} restart(s): {why}") from None
+    print(f"result: {write_result(result, cfg.output_dir)}")  # rank 0 may have run on another node
+
+
+def main(argv: list[str] | None = None) -> int:
+    return _cli.exit_code(PROG, lambda: launch(*_cli.parse(argv, PROG, __doc__, add_ray_flags)))
+
+
+if __name__ == "__main__":
+    _cli.exit_without_final_collection(main())
