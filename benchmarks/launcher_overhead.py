@@ -1,6 +1,7 @@
-"""Launcher overhead: torchrun vs Spark TorchDistributor vs the Determined Core API entry, same tiny job.
+"""Launcher overhead: torchrun vs Spark TorchDistributor vs the Determined Core API entry vs Ray Train's
+TorchTrainer, same tiny job.
 
-    .venv/bin/python benchmarks/launcher_overhead.py [--processes 2] [--repeats 2] [--train-size 1024]
+    .venv/bin/python benchmarks/launcher_overhead.py [--processes 2] [--repeats 3] [--train-size 1024]
 
 For every launch: wall clock from starting the command to the first optimizer step done (rank 0's
 result.json timeline), the steady-state step time (median step after warm-up) and rank 0's CPU time per
@@ -8,7 +9,10 @@ step (less sensitive to other users' load on a shared host), all from result.jso
 Launchers take turns, so that load from other users hits them alike; the median over repeats counts.
 The Spark standalone cluster (a real master + workers on 127.0.0.1, tests/sparkcluster.py) starts once
 beforehand, as the long-running service it is on a cluster; its start-up is reported on its own line.
+The Ray cluster (a real head + N worker raylets on 127.0.0.1, token auth on, tests/raycluster.py) too.
 Determined runs off-cluster (no master here): the Core API entry under torchrun, dummy contexts.
+Ratios against torchrun are taken per round (each launcher against torchrun's launch of the same
+round) and printed as median [min-max] over the rounds.
 Targets (trainer issue): steady-state <= 1.03x torchrun; TorchDistributor launch <= 15 s.
 """
 
@@ -29,9 +33,11 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 from benchmarks._trainer_common import OUT_DIR, free_loopback_port, machine  # noqa: E402
+from tests.raycluster import RayCluster  # noqa: E402
 from tests.sparkcluster import SparkStandaloneCluster  # noqa: E402
 
-LAUNCHERS = ("torchrun", "spark", "determined")
+LAUNCHERS = ("torchrun", "spark", "determined", "ray")
+REPO = Path(__file__).resolve().parent.parent
 STEADY_TARGET, SPARK_LAUNCH_TARGET_S = 1.03, 15.0
 
 
@@ -45,24 +51,29 @@ def job_config(args, scratch: Path) -> Path:
     return path
 
 
-def command(launcher: str, processes: int, config: Path, out: Path, master_url: str) -> list[str]:
+def command(launcher: str, processes: int, config: Path, out: Path, clusters) -> list[str]:
     trainer_args = ["--config", str(config), "--output-dir", str(out)]
+    spark, ray = clusters
     if launcher == "spark":
         return [sys.executable, "-m", "trainer.launchers.spark", *trainer_args,
-                "--num-processes", str(processes), "--master", master_url]
+                "--num-processes", str(processes), "--master", spark.master_url]
+    if launcher == "ray":
+        return [sys.executable, "-m", "trainer.launchers.ray", *trainer_args,
+                "--num-workers", str(processes), "--address", ray.address]
     module = "trainer.launchers.torchrun" if launcher == "torchrun" else "trainer.launchers.determined"
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={processes}",
             "--master_addr=127.0.0.1", f"--master_port={free_loopback_port()}", "-m", module, *trainer_args]
 
 
-def launch(launcher: str, processes: int, config: Path, out: Path, cluster, secret: str) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+def launch(launcher: str, processes: int, config: Path, out: Path, clusters, secret: str) -> dict:
+    env = {**os.environ, **clusters[1].env, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(REPO),  # Ray's workers import the trainer from here (the driver forwards it)
            "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_AUTHENTICATE_SECRET": secret,
            # Determined's chief-worker messaging ports (default 12360+): free ones.
            "INTER_TRAIN_PROCESS_COMM_PORT_1": str(free_loopback_port()),
            "INTER_TRAIN_PROCESS_COMM_PORT_2": str(free_loopback_port())}
     launched_at, distributor_started_at, tail = time.time(), None, []
-    with subprocess.Popen(command(launcher, processes, config, out, cluster.master_url), env=env, text=True,
+    with subprocess.Popen(command(launcher, processes, config, out, clusters), env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as process:
         for line in process.stdout:  # timestamps TorchDistributor's "Started distributed training" line
             if distributor_started_at is None and line.startswith("Started distributed training"):
@@ -95,40 +106,65 @@ def main() -> None:
         scratch = Path(scratch_name)
         config = job_config(args, scratch)
         started = time.monotonic()
-        with SparkStandaloneCluster(workers=args.processes, auth_secret=secret) as cluster:
-            cluster_start_s = time.monotonic() - started
-            launch("torchrun", args.processes, config, scratch / "warm-up", cluster, secret)  # token cache
-            for repeat in range(args.repeats):
-                for launcher in LAUNCHERS:
-                    out = scratch / f"{launcher}-{repeat}"
-                    run = launch(launcher, args.processes, config, out, cluster, secret)
-                    runs.append(run)
-                    print(f"  {launcher:<10} first step after {run['launch_to_first_step_s']:6.2f} s, "
-                          f"steady step {run['steady_step_s'] * 1000:6.1f} ms", flush=True)
+        with SparkStandaloneCluster(workers=args.processes, auth_secret=secret) as spark:
+            cluster_start_s = {"spark": time.monotonic() - started}
+            started = time.monotonic()
+            with RayCluster(workers=args.processes) as ray:
+                cluster_start_s["ray"] = time.monotonic() - started
+                clusters = (spark, ray)
+                # The token cache, built once before any timed launch.
+                launch("torchrun", args.processes, config, scratch / "warm-up", clusters, secret)
+                for repeat in range(args.repeats):
+                    for launcher in LAUNCHERS:
+                        out = scratch / f"{launcher}-{repeat}"
+                        run = launch(launcher, args.processes, config, out, clusters, secret)
+                        runs.append(run | {"round": repeat})
+                        print(f"  {launcher:<10} first step after {run['launch_to_first_step_s']:6.2f} s, "
+                              f"steady step {run['steady_step_s'] * 1000:6.1f} ms", flush=True)
     report(args, runs, cluster_start_s, machine_before, machine())
 
 
-def report(args, runs: list[dict], cluster_start_s: float, machine_before: str, machine_after: str) -> None:
-    def median(launcher: str, key: str) -> float:
-        return statistics.median(run[key] for run in runs if run["launcher"] == launcher)
+def report(args, runs: list[dict], cluster_start_s: dict, machine_before: str, machine_after: str) -> None:
+    def of(launcher: str, key: str) -> list[float]:
+        return [run[key] for run in runs if run["launcher"] == launcher]
 
-    base_step = median("torchrun", "steady_step_s")
+    def median(launcher: str, key: str) -> float:
+        return statistics.median(of(launcher, key))
+
+    def ratios(launcher: str, key: str) -> list[float]:
+        """Per round: this launcher's figure over torchrun's launch of the same round."""
+        base = {run["round"]: run[key] for run in runs if run["launcher"] == "torchrun"}
+        return [run[key] / base[run["round"]] for run in runs if run["launcher"] == launcher]
+
+    def spread(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
+        picked = (min(values), statistics.median(values), max(values))
+        low, mid, high = (f"{value * scale:.{digits}f}" for value in picked)
+        return f"{mid}{unit} [{low}-{high}]"
+
     rows = []
     print(f"\nmachine: {machine_before} (after: {machine_after.split('load average ')[1]})")
-    print(f"job: {args.processes} processes x 1 thread, {runs[0]['steps']} steps, median of {args.repeats}; "
-          f"Spark standalone cluster start-up (not counted): {cluster_start_s:.1f} s\n")
-    base_cpu = median("torchrun", "cpu_step_s")
-    print(f"{'launcher':<12}{'launch->process':>16}{'launch->1st step':>18}{'steady step':>13}{'ratio':>8}"
-          f"{'CPU/step':>11}{'ratio':>8}{'wall':>8}")
+    print(f"job: {args.processes} processes x 1 thread, {runs[0]['steps']} steps, {args.repeats} rounds; "
+          "median [min-max] over the rounds; cluster start-up, not counted: "
+          + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in cluster_start_s.items()) + "\n")
+    print(f"{'launcher':<12}{'launch->process':>22}{'launch->1st step':>24}{'steady step':>22}"
+          f"{'step ratio':>22}{'CPU/step ratio':>22}")
     for launcher in LAUNCHERS:
         row = {key: median(launcher, key) for key in ("launch_to_train_process_s", "launch_to_first_step_s",
                                                        "steady_step_s", "cpu_step_s", "wall_s")}
-        row |= {"launcher": launcher, "steady_ratio": row["steady_step_s"] / base_step,
-                "cpu_ratio": row["cpu_step_s"] / base_cpu}
+        steady, cpu = ratios(launcher, "steady_step_s"), ratios(launcher, "cpu_step_s")
+        row |= {"launcher": launcher, "steady_ratio": statistics.median(steady),
+                "steady_ratio_range": [min(steady), max(steady)], "cpu_ratio": statistics.median(cpu),
+                "cpu_ratio_range": [min(cpu), max(cpu)],
+                "first_step_ratio": statistics.median(ratios(launcher, "launch_to_first_step_s"))}
         rows.append(row)
-        print(f"{launcher:<12}{row['launch_to_train_process_s']:>15.2f}s{row['launch_to_first_step_s']:>17.2f}s"
-              f"{row['steady_step_s'] * 1000:>10.1f} ms{row['steady_ratio']:>8.3f}"
-              f"{row['cpu_step_s'] * 1000:>8.1f} ms{row['cpu_ratio']:>8.3f}{row['wall_s']:>7.1f}s")
+        print(f"{launcher:<12}{spread(of(launcher, 'launch_to_train_process_s'), ' s', digits=1):>22}"
+              f"{spread(of(launcher, 'launch_to_first_step_s'), ' s', digits=1):>24}"
+              f"{spread(of(launcher, 'steady_step_s'), ' ms', 1000, 1):>22}"
+              f"{spread(ratios(launcher, 'steady_step_s'), digits=3):>22}"
+              f"{spread(ratios(launcher, 'cpu_step_s'), digits=3):>22}")
+    ray_first = ratios("ray", "launch_to_first_step_s")
+    print(f"ray vs torchrun, launch -> first step: {spread(ray_first)}x; "
+          f"steady step: {spread(ratios('ray', 'steady_step_s'), digits=3)}x")
     spark = next(row for row in rows if row["launcher"] == "spark")
     session_ready = median("spark", "launch_to_session_ready_s")
     print(f"spark breakdown: SparkSession ready + TorchDistributor started after {session_ready:.1f} s; "
