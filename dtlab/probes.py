@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,29 +103,46 @@ print(json.dumps(body))
 """
 
 
+def ray_api_command(cluster: Cluster, path: str, method: str = "GET") -> str:
+    """The shell command, run on the master, that calls one dashboard endpoint with the token file."""
+    return " ".join(shlex.quote(part) for part in (
+        cluster.python, "-c", _RAY_API_CALL, cluster.ray_dashboard_url + path, cluster.ray_auth_token_file,
+        method))
+
+
+def parse_ray_api(answer: remote.CommandResult, where: str, path: str) -> Any:
+    """The endpoint's JSON, or DtlabError naming the host and what went wrong."""
+    try:
+        body = json.loads(answer.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise DtlabError(f"host {where}: Ray dashboard gave no answer: "
+                         f"{(answer.stderr or answer.stdout).strip()[-200:]}") from None
+    if isinstance(body, dict) and "error" in body:
+        raise DtlabError(f"host {where}: Ray dashboard {path}: {body['error']}")
+    return body
+
+
 def ray_api(cluster: Cluster, path: str, method: str = "GET") -> Any:
     """One call to the Ray dashboard's REST API on the master; DtlabError when it does not answer."""
     master = cluster.master
     if master is None:
         raise DtlabError(f"inventory {cluster.inventory_path}: Ray needs a host in group master")
-    command = " ".join(shlex.quote(part) for part in (
-        cluster.python, "-c", _RAY_API_CALL, cluster.ray_dashboard_url + path, cluster.ray_auth_token_file,
-        method))
-    answer = remote.run(master, command, timeout=30)
-    try:
-        body = json.loads(answer.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise DtlabError(f"host {master.name}: Ray dashboard gave no answer: "
-                         f"{(answer.stderr or answer.stdout).strip()[-200:]}") from None
-    if isinstance(body, dict) and "error" in body:
-        raise DtlabError(f"host {master.name}: Ray dashboard {path}: {body['error']}")
-    return body
+    answer = remote.run(master, ray_api_command(cluster, path, method), timeout=30)
+    return parse_ray_api(answer, master.name, path)
+
+
+def alive_ray_workers_in(nodes_answer: Any) -> list[dict]:
+    """From /api/v0/nodes' answer: the nodes other than the head that are ALIVE, with resources_total."""
+    nodes = nodes_answer["data"]["result"]["result"]
+    return [node for node in nodes if node.get("state") == "ALIVE" and not node.get("is_head_node")]
+
+
+RAY_NODES_PATH = "/api/v0/nodes?limit=1000"
 
 
 def ray_alive_workers(cluster: Cluster) -> list[dict]:
     """The Ray nodes other than the head that are ALIVE, with their resources_total."""
-    nodes = ray_api(cluster, "/api/v0/nodes?limit=1000")["data"]["result"]["result"]
-    return [node for node in nodes if node.get("state") == "ALIVE" and not node.get("is_head_node")]
+    return alive_ray_workers_in(ray_api(cluster, RAY_NODES_PATH))
 
 
 def wait_for_ray(cluster: Cluster, expected: int, timeout_s: float) -> int:
@@ -142,10 +160,11 @@ def wait_for_ray(cluster: Cluster, expected: int, timeout_s: float) -> int:
     return alive or 0
 
 
-def stop_ray_jobs(cluster: Cluster) -> list[str]:
-    """Stop every Ray job still pending or running (Jobs API); the submission ids stopped."""
-    unfinished = [job for job in ray_api(cluster, "/api/jobs/")
+def stop_ray_jobs(cluster: Cluster, call: Callable[..., Any] = ray_api) -> list[str]:
+    """Stop every Ray job still pending or running (Jobs API); the submission ids stopped.
+    `call` makes the API calls: ray_api, over SSH on the master."""
+    unfinished = [job for job in call(cluster, "/api/jobs/")
                   if job.get("status") in ("PENDING", "RUNNING") and job.get("submission_id")]
     for job in unfinished:
-        ray_api(cluster, f"/api/jobs/{job['submission_id']}/stop", method="POST")
+        call(cluster, f"/api/jobs/{job['submission_id']}/stop", method="POST")
     return [job["submission_id"] for job in unfinished]

@@ -1,0 +1,87 @@
+"""dtlab's Ray probes (cluster.check, preflight, cluster.reset) against a real Ray head on 127.0.0.1 with
+token authentication: the command the harness runs on the master, run here, parsed as the harness does."""
+
+import json
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+from harness_helpers import write_inventory
+
+from dtlab import probes
+from dtlab.errors import DtlabError
+from dtlab.inventory import load_cluster
+from dtlab.remote import CommandResult
+from dtlab.waiting import wait_until
+from tests.raycluster import RayCluster
+
+pytestmark = pytest.mark.slow  # a Ray head and a worker raylet start (~20 s)
+
+LOOPBACK_MASTER = """\
+    all:
+      vars: {ansible_user: root}
+      children:
+        master:
+          hosts:
+            n0: {ansible_host: 127.0.0.1}
+        workers:
+          hosts:
+            n1: {ansible_host: 127.0.20.11}
+"""
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    with RayCluster(workers=1) as cluster:
+        yield cluster
+
+
+def cluster_for(ray_head, tmp_path, token_file):
+    site = (f"dtlab_device: cpu\ndtlab_venv_dir: {sys.prefix}\n"
+            f"ray_dashboard_port: {ray_head.dashboard_port}\nray_auth_token_file: {token_file}\n")
+    return load_cluster(write_inventory(tmp_path, LOOPBACK_MASTER, group_vars={"all": site}))
+
+
+def on_master(cluster, path, method="GET"):
+    """What probes.ray_api does over SSH, run here: the same command, the same parsing."""
+    done = subprocess.run(["sh", "-c", probes.ray_api_command(cluster, path, method)],
+                          capture_output=True, text=True, timeout=60)
+    return probes.parse_ray_api(CommandResult("n0", done.returncode, done.stdout, done.stderr), "n0", path)
+
+
+def test_the_probe_lists_the_alive_worker_with_its_cpu_and_not_the_head(ray_head, tmp_path):
+    cluster = cluster_for(ray_head, tmp_path, ray_head.token_path)
+    [worker] = probes.alive_ray_workers_in(on_master(cluster, probes.RAY_NODES_PATH))
+    assert worker["resources_total"]["CPU"] == 1 and worker["state"] == "ALIVE"
+
+
+def test_a_wrong_token_is_forbidden_and_said_in_one_line_without_the_token(ray_head, tmp_path):
+    wrong = tmp_path / "wrong_token"
+    wrong.write_text("not-the-cluster-token-0123456789")
+    cluster = cluster_for(ray_head, tmp_path, wrong)
+    with pytest.raises(DtlabError) as refused:
+        on_master(cluster, probes.RAY_NODES_PATH)
+    message = str(refused.value)
+    assert message.startswith("host n0: Ray dashboard /api/v0/nodes?limit=1000: HTTP 403")
+    assert "\n" not in message and "not-the-cluster-token" not in message
+
+
+def test_reset_stops_a_running_job_through_the_jobs_api_and_only_once(ray_head, tmp_path):
+    cluster = cluster_for(ray_head, tmp_path, ray_head.token_path)
+    token = ray_head.token_path.read_text().strip()
+    submit = urllib.request.Request(
+        f"http://127.0.0.1:{ray_head.dashboard_port}/api/jobs/", method="POST",
+        data=json.dumps({"entrypoint": "sleep 300"}).encode(),
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(submit, timeout=30) as answer:
+        submission_id = json.load(answer)["submission_id"]
+
+    def status() -> str:
+        jobs = {job.get("submission_id"): job for job in on_master(cluster, "/api/jobs/")}
+        return jobs[submission_id]["status"]
+
+    wait_until(status, until=lambda s: s == "RUNNING", timeout_s=120, every_s=1, what="the job to run")
+    assert probes.stop_ray_jobs(cluster, call=on_master) == [submission_id]
+    assert wait_until(status, until=lambda s: s == "STOPPED", timeout_s=60, every_s=1) == "STOPPED"
+    assert probes.stop_ray_jobs(cluster, call=on_master) == []  # a stopped job is left alone
