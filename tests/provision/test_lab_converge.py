@@ -272,15 +272,24 @@ def test_ray_gcs_admits_the_service_user_with_the_token_only(provisioned_lab, cl
                     as_service_user(cluster, f"RAY_AUTH_MODE=token {token_path} {status_cmd}"))
     assert with_token.returncode == 0, with_token.stderr[-2000:]
     assert with_token.stdout.count(" node_") == 1 + len(cluster.workers), with_token.stdout  # Active: ...
-    without = on(lab, cluster.master.name, as_service_user(cluster, f"RAY_AUTH_MODE=token {status_cmd}"))
-    assert without.returncode != 0
-    assert "AuthenticationError" in without.stdout + without.stderr, (without.stdout + without.stderr)[-2000:]
+    # A client without the token (not in token mode, no token file in its home) and one with a wrong token.
+    for env in ("", "RAY_AUTH_MODE=token RAY_AUTH_TOKEN=not-the-token"):
+        refused = on(lab, cluster.master.name, as_service_user(cluster, f"{env} {status_cmd}"))
+        output = refused.stdout + refused.stderr
+        assert refused.returncode != 0, env
+        assert "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken" in output, output[-2000:]
 
 
 def test_ray_dashboard_and_jobs_api_refuse_requests_without_the_token(provisioned_lab, cluster):
     lab, _ = provisioned_lab
-    job = {"entrypoint": f"{cluster.python} -c \"import ray; ray.init(); "
-                         "print('RAY_CPUS', ray.cluster_resources().get('CPU'))\""}
+    # The job's driver runs on the head; its tasks run on the workers, in the units' environment.
+    job = {"entrypoint": f"{cluster.python} -c \"import json, os, ray; ray.init(); "
+                         "task = ray.remote(num_cpus=1, scheduling_strategy='SPREAD')(lambda: ("
+                         "ray.util.get_node_ip_address(), os.environ.get('GLOO_SOCKET_IFNAME'), "
+                         "os.environ.get('PYTHONPATH'))); "
+                         "print('RAY_CPUS', ray.cluster_resources().get('CPU')); "
+                         "results = ray.get([task.remote() for _ in range(4)]); "
+                         "print('RAY_TASKS', json.dumps(sorted(set(results))))\""}
     for method, path, body in (("GET", "/api/v0/nodes", None), ("GET", "/api/jobs/", None),
                                ("POST", "/api/jobs/", job)):
         assert ray_http(lab, cluster, path, None, method, body)[0] == 401, (method, path)
@@ -290,7 +299,6 @@ def test_ray_dashboard_and_jobs_api_refuse_requests_without_the_token(provisione
     status, text = ray_http(lab, cluster, "/api/jobs/", method="POST", body=job)
     assert status == 200, text
     submission = json.loads(text)["submission_id"]
-    # The job's driver runs on the head and joins the cluster with the token the unit gave it.
     for _ in range(60):
         state = json.loads(ray_http(lab, cluster, f"/api/jobs/{submission}")[1])
         if state["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
@@ -299,7 +307,9 @@ def test_ray_dashboard_and_jobs_api_refuse_requests_without_the_token(provisione
     logs = json.loads(ray_http(lab, cluster, f"/api/jobs/{submission}/logs")[1])["logs"]
     assert state["status"] == "SUCCEEDED", f"{state}\n{logs[-2000:]}"
     nproc = sum(int(on(lab, w.name, "nproc").stdout) for w in cluster.workers)
-    assert f"RAY_CPUS {float(nproc)}" in logs, logs[-2000:]
+    assert f"RAY_CPUS {float(nproc)}" in logs.splitlines(), logs[-2000:]
+    tasks = json.loads(next(line for line in logs.splitlines() if line.startswith("RAY_TASKS "))[10:])
+    assert tasks == sorted([w.address, "enp1s0", cluster.code_dir] for w in cluster.workers)
 
 
 def test_ray_dashboard_listens_on_the_cluster_address_only(provisioned_lab, cluster):
