@@ -5,6 +5,7 @@ identical trainer environments). Needs root; brings up the session's test lab.""
 import json
 import shlex
 import subprocess
+import time
 
 import pytest
 import yaml
@@ -58,7 +59,7 @@ def test_every_role_applies_on_every_node(provisioned_lab):
     lab, first = provisioned_lab
     assert first.ok, first.summary()
     assert sorted(set(first.hosts) - {"localhost"}) == sorted(lab.node_names)  # localhost: validation play
-    for role in ("common", "ssh", "nvidia", "docker", "trainer", "postgresql", "spark",
+    for role in ("common", "ssh", "nvidia", "docker", "trainer", "postgresql", "spark", "ray",
                  "determined_master", "determined_agent"):
         assert f"TASK [{role} : " in first.output, f"role {role} did not run"
 
@@ -94,7 +95,8 @@ def test_check_diff_after_convergence_reports_no_changes(provisioned_lab, second
     checked = provision.converge(lab.inventory_path, check=True, diff=True)
     assert checked.ok, checked.summary()
     assert checked.changed_hosts == {}, checked.summary()
-    for name in ("determined_db_password", "spark_auth_secret", "determined_admin_password"):
+    names = ("determined_db_password", "spark_auth_secret", "determined_admin_password", "ray_auth_token")
+    for name in names:
         assert secret(load_cluster(lab.inventory_path), name) not in checked.output
 
 
@@ -222,6 +224,112 @@ def test_spark_runs_an_app_with_the_secret_and_refuses_one_without(provisioned_l
     unit = cluster.var("spark_master_service")
     log = on(lab, master.name, f"journalctl -u {unit} --since '-3min' --no-pager")
     assert "Expected SaslMessage, received something else" in log.stdout, log.stdout[-3000:]
+
+
+# --- Ray ---------------------------------------------------------------------------------------------
+
+def ray_http(lab, cluster, path, token="file", method="GET", body=None):
+    """(status, body) of a request from the master to the head's dashboard. token: "file" sends the
+    cluster's token (read on the node), None sends none, any other string is sent as the token."""
+    url = f"http://{cluster.master.address}:{cluster.var('ray_dashboard_port')}{path}"
+    command = f"curl -s -m 30 -w '\\n%{{http_code}}' -X {method} {shlex.quote(url)}"
+    if token == "file":
+        token_file = cluster.var("ray_auth_token_file")
+        command += f' -H "Authorization: Bearer $(cat {token_file})"'
+    elif token is not None:
+        command += " -H " + shlex.quote(f"Authorization: Bearer {token}")
+    if body is not None:
+        command += " -H 'Content-Type: application/json' -d " + shlex.quote(json.dumps(body))
+    result = on(lab, cluster.master.name, command)
+    text, _, status = result.stdout.rpartition("\n")
+    return int(status or 0), text
+
+
+def test_ray_head_lists_both_workers_alive_offering_what_spark_offers(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    status, text = ray_http(lab, cluster, "/api/v0/nodes")
+    assert status == 200, text
+    nodes = [n for n in json.loads(text)["data"]["result"]["result"] if n["state"] == "ALIVE"]
+    head = [n for n in nodes if n["is_head_node"]]
+    assert [n["node_ip"] for n in head] == [cluster.master.address]
+    assert "CPU" not in head[0]["resources_total"] and "GPU" not in head[0]["resources_total"]  # no training
+    workers = {n["node_ip"]: n["resources_total"] for n in nodes if not n["is_head_node"]}
+    assert sorted(workers) == sorted(w.address for w in cluster.workers)
+    # The same slots as Spark: each Ray worker's CPUs are its Spark worker's cores; no GPU in the lab.
+    spark = json.loads(on(lab, cluster.master.name, "curl -s -m 30 "
+                          f"http://{cluster.master.address}:{cluster.spark_master_webui_port}/json/").stdout)
+    spark_cores = {w["host"]: w["cores"] for w in spark["workers"] if w["state"] == "ALIVE"}
+    assert {address: resources.get("CPU") for address, resources in workers.items()} == spark_cores
+    assert all("GPU" not in resources for resources in workers.values())
+
+
+def test_ray_gcs_admits_the_service_user_with_the_token_only(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    status_cmd = (f"{cluster.venv_dir}/bin/ray status "
+                  f"--address {cluster.master.address}:{cluster.var('ray_gcs_port')}")
+    token_path = f"RAY_AUTH_TOKEN_PATH={cluster.var('ray_auth_token_file')}"
+    with_token = on(lab, cluster.master.name,
+                    as_service_user(cluster, f"RAY_AUTH_MODE=token {token_path} {status_cmd}"))
+    assert with_token.returncode == 0, with_token.stderr[-2000:]
+    assert with_token.stdout.count(" node_") == 1 + len(cluster.workers), with_token.stdout  # Active: ...
+    # A client without the token (not in token mode, no token file in its home) and one with a wrong token.
+    for env in ("", "RAY_AUTH_MODE=token RAY_AUTH_TOKEN=not-the-token"):
+        refused = on(lab, cluster.master.name, as_service_user(cluster, f"{env} {status_cmd}"))
+        output = refused.stdout + refused.stderr
+        assert refused.returncode != 0, env
+        assert "ray.exceptions.AuthenticationError: RPC error: InvalidAuthToken" in output, output[-2000:]
+
+
+def test_ray_dashboard_and_jobs_api_refuse_requests_without_the_token(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    # The job's driver runs on the head; its tasks run on the workers, in the units' environment.
+    job = {"entrypoint": f"{cluster.python} -c \"import json, os, ray; ray.init(); "
+                         "task = ray.remote(num_cpus=1, scheduling_strategy='SPREAD')(lambda: ("
+                         "ray.util.get_node_ip_address(), os.environ.get('GLOO_SOCKET_IFNAME'), "
+                         "os.environ.get('PYTHONPATH'))); "
+                         "print('RAY_CPUS', ray.cluster_resources().get('CPU')); "
+                         "results = ray.get([task.remote() for _ in range(4)]); "
+                         "print('RAY_TASKS', json.dumps(sorted(set(results))))\""}
+    for method, path, body in (("GET", "/api/v0/nodes", None), ("GET", "/api/jobs/", None),
+                               ("POST", "/api/jobs/", job)):
+        assert ray_http(lab, cluster, path, None, method, body)[0] == 401, (method, path)
+        assert ray_http(lab, cluster, path, "not-the-token", method, body)[0] == 403, (method, path)
+    status, text = ray_http(lab, cluster, "/api/jobs/")
+    assert status == 200 and isinstance(json.loads(text), list), text
+    status, text = ray_http(lab, cluster, "/api/jobs/", method="POST", body=job)
+    assert status == 200, text
+    submission = json.loads(text)["submission_id"]
+    for _ in range(60):
+        state = json.loads(ray_http(lab, cluster, f"/api/jobs/{submission}")[1])
+        if state["status"] in ("SUCCEEDED", "FAILED", "STOPPED"):
+            break
+        time.sleep(3)
+    logs = json.loads(ray_http(lab, cluster, f"/api/jobs/{submission}/logs")[1])["logs"]
+    assert state["status"] == "SUCCEEDED", f"{state}\n{logs[-2000:]}"
+    nproc = sum(int(on(lab, w.name, "nproc").stdout) for w in cluster.workers)
+    assert f"RAY_CPUS {float(nproc)}" in logs.splitlines(), logs[-2000:]
+    tasks = json.loads(next(line for line in logs.splitlines() if line.startswith("RAY_TASKS "))[10:])
+    assert tasks == sorted([w.address, "enp1s0", cluster.code_dir] for w in cluster.workers)
+
+
+def test_ray_dashboard_listens_on_the_cluster_address_only(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    port = cluster.var("ray_dashboard_port")
+    listeners = on(lab, cluster.master.name, f"ss -ltnH 'sport = :{port}'").stdout.split("\n")
+    local_addresses = sorted({line.split()[3] for line in listeners if line.strip()})
+    assert local_addresses == [f"{cluster.master.address}:{port}"], listeners
+
+
+def test_ray_token_file_belongs_to_the_service_user_alone(provisioned_lab, cluster):
+    lab, first = provisioned_lab
+    path = cluster.var("ray_auth_token_file")
+    token = secret(cluster, "ray_auth_token")
+    for node in cluster.nodes:
+        mode_and_owners = on(lab, node.name, f"stat -c '%a %U %G' {path}").stdout.split()
+        assert mode_and_owners == ["600", cluster.user, cluster.user], node.name
+        assert on(lab, node.name, f"cat {path}").stdout == token, node.name
+        assert token not in on(lab, node.name, "systemctl show --property=Environment 'dtlab-ray-*'").stdout
+    assert token not in first.output
 
 
 # --- SSH -------------------------------------------------------------------------------------------

@@ -7,9 +7,9 @@ import yaml
 
 from dtlab import paths
 
-ROLES = ["common", "ssh", "nvidia", "docker", "postgresql", "spark", "determined_master",
+ROLES = ["common", "ssh", "nvidia", "docker", "postgresql", "spark", "ray", "determined_master",
          "determined_agent", "trainer"]
-STAGE_TAGS = ["common", "ssh", "nvidia", "docker", "trainer", "postgresql", "spark", "determined"]
+STAGE_TAGS = ["common", "ssh", "nvidia", "docker", "trainer", "postgresql", "spark", "ray", "determined"]
 VENV_BIN = paths.REPO_ROOT / ".venv" / "bin"
 EXAMPLE_INVENTORY = paths.INVENTORY_DIR / "cluster.example.yml"
 
@@ -40,8 +40,9 @@ def test_site_lists_one_tag_per_component_in_install_order():
     imported = [step["ansible.builtin.import_playbook"] for step in
                 yaml.safe_load((paths.REPO_ROOT / "site.yml").read_text())]
     assert imported[0] == "ansible/validate.yml"
-    # Spark runs the venv's pyspark; Determined needs its database.
+    # Spark runs the venv's pyspark and Ray the venv's ray; Determined needs its database.
     assert imported.index("ansible/trainer.yml") < imported.index("ansible/spark.yml")
+    assert imported.index("ansible/trainer.yml") < imported.index("ansible/ray.yml")
     assert imported.index("ansible/postgresql.yml") < imported.index("ansible/determined.yml")
 
 
