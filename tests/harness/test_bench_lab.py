@@ -208,9 +208,15 @@ def test_a_stuck_cell_is_cleared_by_cluster_reset(harness_lab):
     time.sleep(5)
     assert remote.running_units(node) == [spec.unit + ".service"]
 
+    head_unit = f"{cluster.require('ray_head_service')}.service"
+    head_started = f"systemctl show -p ActiveEnterTimestampMonotonic --value {head_unit}"
+    before = int(remote.run(cluster.master, head_started).stdout.strip())
     reset = invoke("cluster.reset", "-i", str(cluster.inventory_path), env=env, timeout=600)
     assert reset.returncode == 0, reset.stdout[-3000:] + reset.stderr
     assert "all checks passed" in reset.stdout
+    # Ray was restarted (its jobs ended with it) and its workers rejoined before the closing check.
+    assert int(remote.run(cluster.master, head_started).stdout.strip()) > before
+    assert "Ray: stop its jobs" in reset.stdout and "worker nodes alive" in reset.stdout
     assert not any(cell_units(cluster).values()) and trainer_processes(cluster) == {}
     again = invoke("cluster.reset", "-i", str(cluster.inventory_path), env=env, timeout=600)
     assert again.returncode == 0, again.stdout[-2000:]  # safe twice in a row

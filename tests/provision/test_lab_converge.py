@@ -145,6 +145,12 @@ def test_cluster_check_shows_each_interface_and_says_no_gpu_on_the_cpu_lab(provi
     gpu_rows = [r for r in rows if r.check in ("gpu usable", "determined slots", "spark GPUs")]
     assert len(gpu_rows) == 3 * len(cluster.workers)
     assert all(r.detail == "no GPU (cpu inventory)" and not r.required for r in gpu_rows)
+    # The Ray head sees every worker's raylet, each offering CPU slots on the CPU lab.
+    [ray_head] = [r for r in rows if r.check == "ray head"]
+    workers = len(cluster.workers)
+    assert ray_head.ok and f"{workers}/{workers} worker nodes alive" in ray_head.detail
+    assert sorted(r.node for r in rows if r.check == "ray worker" and r.ok) == sorted(
+        w.name for w in cluster.workers)
 
 
 # --- PostgreSQL --------------------------------------------------------------------------------------
