@@ -43,7 +43,9 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     ]
     # The driver forwards the trainer's environment to its workers; each worker keeps its own node's
     # socket interface (its raylet's unit reads the socket env file).
-    env = {**trainer_env(cluster, master), **auth_env(cluster)}
+    # RAY_COLOR_PREFIX=0: Ray's driver prefixes each worker line with "(RayTrainWorker pid=..)", in
+    # colour unless told not to; the log is a file, read by people and by the report.
+    env = {**trainer_env(cluster, master), **auth_env(cluster), "RAY_COLOR_PREFIX": "0"}
     job = UnitSpec(
         unit=unit(cell, master),
         argv=argv,

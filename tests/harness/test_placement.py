@@ -102,6 +102,7 @@ def test_ray_runs_the_driver_on_the_master_with_n_workers_and_the_token_file_not
     assert argv[argv.index("--max-failures") + 1] == "1"
     assert spec.env["RAY_AUTH_MODE"] == "token"
     assert spec.env["RAY_AUTH_TOKEN_PATH"] == "/etc/dtlab/ray/auth_token"
+    assert spec.env["RAY_COLOR_PREFIX"] == "0"  # the log is a file: no colour codes in it
     assert not any("RAY_AUTH_TOKEN=" in arg for arg in argv) and "RAY_AUTH_TOKEN" not in spec.env
     # Workers keep their own node's interface (their raylet's unit), never the driver's.
     assert not any("SOCKET_IFNAME" in key for key in spec.env)
