@@ -57,11 +57,11 @@ def launch(cfg, args) -> None:
     run_dir = Path(cfg.checkpoint_dir or Path(cfg.output_dir, "ray-run"))
     env = {key: os.environ[key] for key in FORWARDED if key in os.environ} | PLAIN_PRINT
     ray.init(args.address, runtime_env={"env_vars": env})
-    on_cpu = cfg.device != "cuda"
-    trainer = TorchTrainer(
-        lambda _: train(cfg, RayHooks()), torch_config=TorchConfig(backend="gloo" if on_cpu else "nccl"),
-        scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers, use_gpu=not on_cpu,
-                                               resources_per_worker={"CPU": cfg.threads} if on_cpu else None),
+    cpu_slot = {"CPU": cfg.threads} if cfg.device != "cuda" else None  # else one GPU per worker
+    trainer = TorchTrainer(  # placed as dtlab places ddp: on CPU one worker a node, GPUs filled node by node
+        lambda _: train(cfg, RayHooks()), torch_config=TorchConfig(backend="gloo" if cpu_slot else "nccl"),
+        scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers, use_gpu=not cpu_slot,
+            resources_per_worker=cpu_slot, placement_strategy="SPREAD" if cpu_slot else "PACK"),
         run_config=ray.train.RunConfig(storage_path=str(run_dir.parent), name=run_dir.name,
                                        failure_config=ray.train.FailureConfig(max_failures=args.max_failures)))
     try:
