@@ -149,16 +149,20 @@ def test_a_killed_ray_worker_is_recovered_by_rays_own_failure_handling(harness_l
     cluster, _ = harness_lab
     seen = _fault_mid_cell(harness_lab, tmp_path, 8, kill_a_ray_train_worker, framework="ray")
     result, attempts = seen["result"], seen["attempts"]
-    # Ray restarted its worker group from its own latest checkpoint, inside the one attempt: dtlab's
-    # retry never had to step in.
+    # Ray restarted its worker group inside the one attempt: dtlab's retry never had to step in.
     assert result.status == "ok" and [r.status for r in attempts] == ["ok"], result.failure
-    assert result.result["resumed_from_epoch"] >= 1 and result.result["world_size"] == 2
+    assert result.result["world_size"] == 2 and len(result.result["epoch_metrics"]) == 4
     [log] = [path for path in attempts[0].log_dir.iterdir() if path.suffix == ".log"]
-    # Ray's controller names each worker's PID and rank as it starts a group: rank 1 twice, so a second
-    # group ran, and it resumed from the checkpoint.
     text = log.read_text(errors="replace")
+    # Ray's controller names each worker's PID and rank as it starts a group: rank 1 twice, a second group.
     assert len(set(re.findall(r"pid=(\d+)[^)]*\) world_rank=1,", text))) == 2, text[-3000:]
-    assert f"resuming from {cluster.runs_dir}/ray-g2-e4-s8/checkpoints/epoch-" in text
+    # Ray ranks the new group afresh, and there is no shared disk: rank 0 resumes from the checkpoint when
+    # Ray put it back on the node that holds it, and otherwise says so and trains from the start.
+    resumed = result.result["resumed_from_epoch"]
+    if resumed:
+        assert f"resuming from {cluster.runs_dir}/ray-g2-e4-s8/checkpoints/epoch-{resumed:04d}" in text
+    else:
+        assert "Ray's latest checkpoint" in text and "is on another node" in text, text[-3000:]
 
 
 def test_sigint_to_bench_all_leaves_no_trainer_on_any_node(harness_lab):
@@ -222,7 +226,8 @@ def test_a_stuck_cell_is_cleared_by_cluster_reset(harness_lab):
     assert "all checks passed" in reset.stdout
     # Ray was restarted (its jobs ended with it) and its workers rejoined before the closing check.
     assert int(remote.run(cluster.master, head_started).stdout.strip()) > before
-    assert "Ray: stop its jobs" in reset.stdout and "worker nodes alive" in reset.stdout
+    assert "4/6 Ray: stop its jobs" in reset.stdout and "no Ray job running" in reset.stdout
+    assert "dtlab-ray-head active; 2/2 worker nodes" in reset.stdout  # the table's row, before it folds
     assert not any(cell_units(cluster).values()) and trainer_processes(cluster) == {}
     again = invoke("cluster.reset", "-i", str(cluster.inventory_path), env=env, timeout=600)
     assert again.returncode == 0, again.stdout[-2000:]  # safe twice in a row

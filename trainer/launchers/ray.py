@@ -1,8 +1,6 @@
 """Ray launcher: `python -m trainer.launchers.ray --config F.yml --num-workers 2 --address HOST:6379`.
 
-TorchTrainer runs the core on N workers (`threads` CPUs or a GPU each) in the process group Ray forms. Ray's
-run directory is cfg.checkpoint_dir: rank 0 writes each epoch's checkpoint there, on its own node, and Ray
-registers it in place (no shared disk needed); after a failure rank 0 resumes from it if it is on its disk."""
+TorchTrainer runs the core on N workers in the group Ray forms. Checkpoints: trainer/README.md, Under Ray."""
 
 import os
 from pathlib import Path
@@ -10,7 +8,7 @@ from pathlib import Path
 import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
-from trainer.checkpoint import latest_checkpoint
+from trainer import progress
 from trainer.config import ConfigError, from_dict
 from trainer.core import TrainHooks, train
 from trainer.launchers import _cli
@@ -34,15 +32,17 @@ def add_ray_flags(parser):
 class RayHooks(TrainHooks):
     framework, framework_label, metrics = "ray", LABEL, {}
 
-    def resume_path(self) -> Path | None:  # Ray's latest (after a restart) if it is on this node's disk
+    def resume_path(self) -> Path | None:  # Ray's latest (after a restart) if on this node's disk, else ours
         reported = ray.train.get_checkpoint()
+        if reported and not os.path.isdir(reported.path):  # Ray put rank 0 on another node: no shared disk
+            print(f"{progress.LOG_PREFIX}Ray's latest checkpoint {reported.path} is on another node")
         return Path(reported.path) if reported and os.path.isdir(reported.path) else super().resume_path()
 
     def on_epoch_end(self, epoch: int, metrics: dict) -> None:  # rank 0 only, before the epoch's checkpoint
         self.metrics = metrics
 
     def should_stop(self) -> bool:  # every rank after each checkpoint: Ray wants as many reports from each
-        saved = latest_checkpoint(self.cfg.checkpoint_dir) if self.metrics else None  # rank 0's, just written
+        saved = TrainHooks.resume_path(self) if self.metrics else None  # rank 0's, just written
         ray.train.report(self.metrics, saved and ray.train.Checkpoint.from_directory(saved),
                          checkpoint_upload_mode=ray.train.CheckpointUploadMode.NO_UPLOAD)  # in place
         return False
