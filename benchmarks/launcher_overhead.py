@@ -146,7 +146,7 @@ def report(args, runs: list[dict], cluster_start_s: dict, machine_before: str, m
     print(f"job: {args.processes} processes x 1 thread, {runs[0]['steps']} steps, {args.repeats} rounds; "
           "median [min-max] over the rounds; cluster start-up, not counted: "
           + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in cluster_start_s.items()) + "\n")
-    print(f"{'launcher':<12}{'launch->process':>22}{'launch->1st step':>24}{'steady step':>22}"
+    print(f"{'launcher':<12}{'launch->process':>22}{'launch->1st step':>24}{'steady step':>26}"
           f"{'step ratio':>22}{'CPU/step ratio':>22}")
     for launcher in LAUNCHERS:
         row = {key: median(launcher, key) for key in ("launch_to_train_process_s", "launch_to_first_step_s",
@@ -159,7 +159,7 @@ def report(args, runs: list[dict], cluster_start_s: dict, machine_before: str, m
         rows.append(row)
         print(f"{launcher:<12}{spread(of(launcher, 'launch_to_train_process_s'), ' s', digits=1):>22}"
               f"{spread(of(launcher, 'launch_to_first_step_s'), ' s', digits=1):>24}"
-              f"{spread(of(launcher, 'steady_step_s'), ' ms', 1000, 1):>22}"
+              f"{spread(of(launcher, 'steady_step_s'), ' ms', 1000, 1):>26}"
               f"{spread(ratios(launcher, 'steady_step_s'), digits=3):>22}"
               f"{spread(ratios(launcher, 'cpu_step_s'), digits=3):>22}")
     ray_first = ratios("ray", "launch_to_first_step_s")
