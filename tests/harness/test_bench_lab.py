@@ -235,6 +235,33 @@ def test_a_stuck_cell_is_cleared_by_cluster_reset(harness_lab):
     assert check.returncode == 0 and "spark master" in check.stdout
 
 
+def test_a_ray_cell_is_refused_in_preflight_when_too_few_ray_workers_are_alive(harness_lab):
+    from dtlab import probes
+
+    cluster, env = harness_lab
+    store = ResultStore.for_cluster(cluster.name)
+    before = {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
+    worker_unit = f"{cluster.require('ray_worker_service')}.service"
+    gone = cluster.workers[-1]
+    assert remote.run(gone, f"systemctl stop {worker_unit}").ok
+    try:
+        refused = invoke("bench.all", "-i", str(cluster.inventory_path), "--only", "ray-g2", "--force",
+                         "--no-report", env=env, timeout=600)
+    finally:
+        assert remote.run(gone, f"systemctl start {worker_unit}").ok
+        assert probes.wait_for_ray(cluster, len(cluster.workers), 120) == len(cluster.workers)
+    assert refused.returncode != 0
+    reason = f"preflight: Ray head {cluster.master.name} has 1 alive worker nodes, the cell needs 2"
+    assert reason in refused.stdout + refused.stderr, refused.stdout[-2000:] + refused.stderr
+    # Refused before anything started: no unit ran, the attempt is recorded as failed with that reason,
+    # and nothing recorded before is lost.
+    assert not any(cell_units(cluster).values())
+    [failed] = [r for r in store.runs(status="failed", cell_key="ray-g2-e2-s0")
+                if (r.cell_key, r.attempt, r.status, r.recorded_at) not in before]
+    assert reason in (failed.reason or "")
+    assert before <= {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
+
+
 def test_a_cell_over_its_timeout_is_stopped_by_systemd_and_recorded_as_timed_out(harness_lab):
     cluster, env = harness_lab
     answer = invoke(
