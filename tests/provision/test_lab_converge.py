@@ -60,7 +60,7 @@ def test_every_role_applies_on_every_node(provisioned_lab):
     assert first.ok, first.summary()
     assert sorted(set(first.hosts) - {"localhost"}) == sorted(lab.node_names)  # localhost: validation play
     for role in ("common", "ssh", "nvidia", "docker", "trainer", "postgresql", "spark", "ray",
-                 "determined_master", "determined_agent"):
+                 "slurm", "determined_master", "determined_agent"):
         assert f"TASK [{role} : " in first.output, f"role {role} did not run"
 
 
@@ -95,7 +95,8 @@ def test_check_diff_after_convergence_reports_no_changes(provisioned_lab, second
     checked = provision.converge(lab.inventory_path, check=True, diff=True)
     assert checked.ok, checked.summary()
     assert checked.changed_hosts == {}, checked.summary()
-    names = ("determined_db_password", "spark_auth_secret", "determined_admin_password", "ray_auth_token")
+    names = ("determined_db_password", "spark_auth_secret", "determined_admin_password", "ray_auth_token",
+             "munge_key")
     for name in names:
         assert secret(load_cluster(lab.inventory_path), name) not in checked.output
 
@@ -336,6 +337,61 @@ def test_ray_token_file_belongs_to_the_service_user_alone(provisioned_lab, clust
         assert on(lab, node.name, f"cat {path}").stdout == token, node.name
         assert token not in on(lab, node.name, "systemctl show --property=Environment 'dtlab-ray-*'").stdout
     assert token not in first.output
+
+
+# --- Slurm -------------------------------------------------------------------------------------------
+
+def test_slurm_shows_every_worker_idle_and_runs_a_step_on_both(provisioned_lab, cluster):
+    lab, _ = provisioned_lab
+    partition = cluster.var("slurm_partition")
+    sinfo = on(lab, cluster.master.name, "sinfo --noheader --Node --format '%N %R %t'")
+    expected = sorted(f"{w.name} {partition} idle" for w in cluster.workers)
+    assert sorted(sinfo.stdout.split("\n")[:-1]) == expected, sinfo.stdout + sinfo.stderr
+    step = on(lab, cluster.master.name, as_service_user(cluster, "timeout 60 srun -N2 hostname"), timeout=90)
+    assert step.returncode == 0, step.stderr[-2000:]
+    assert sorted(step.stdout.split()) == sorted(w.name for w in cluster.workers)
+
+
+def test_munge_key_is_the_cluster_secret_readable_by_munge_alone(provisioned_lab, cluster):
+    lab, first = provisioned_lab
+    path = cluster.var("munge_key_file")
+    key = secret(cluster, "munge_key")
+    for node in cluster.nodes:
+        assert on(lab, node.name, f"stat -c '%a %U' {path}").stdout.split() == ["400", "munge"], node.name
+        assert on(lab, node.name, f"cat {path}").stdout == key, node.name
+    assert key not in first.output
+
+
+def test_slurm_refuses_a_job_signed_with_a_wrong_munge_key(provisioned_lab, cluster):
+    """A second munged with another key, on its own socket, signs the job: slurmctld cannot decode its
+    credential and drops the request. The node's own munged and key stay untouched (the other tests
+    share this lab)."""
+    lab, _ = provisioned_lab
+    scratch = "/run/dtlab-wrong-munge"
+    conf = f"{cluster.var('slurm_conf_dir')}/slurm.conf"
+    start = (f"mkdir -p -m 0755 {scratch} && chown munge: {scratch} && "
+             f"head -c 64 /dev/urandom > {scratch}/key && chmod 0400 {scratch}/key && "
+             f"chown munge: {scratch}/key && "
+             f"runuser -u munge -- munged --socket={scratch}/socket --key-file={scratch}/key "
+             f"--pid-file={scratch}/pid --log-file={scratch}/log --seed-file={scratch}/seed && "
+             f"sed '/^AuthInfo=/d' {conf} > {scratch}/slurm.conf && echo AuthInfo=socket={scratch}/socket "
+             f">> {scratch}/slurm.conf")
+    master = cluster.master.name
+    controller_log = "/var/log/slurm/slurmctld.log"
+    try:
+        started = on(lab, master, start)
+        assert started.returncode == 0, started.stderr
+        log_lines = int(on(lab, master, f"wc -l < {controller_log}").stdout)
+        wrong = on(lab, master, as_service_user(
+            cluster, f"SLURM_CONF={scratch}/slurm.conf timeout 60 sbatch --wrap true"), timeout=90)
+        assert wrong.returncode != 0 and "Submitted batch job" not in wrong.stdout, wrong.stdout
+        assert "Batch job submission failed" in wrong.stderr, wrong.stderr[-2000:]
+        said = on(lab, master, f"tail -n +{log_lines + 1} {controller_log}").stdout
+        assert "Invalid credential" in said, said[-2000:]  # munge's word for another key's credential
+        right = on(lab, master, as_service_user(cluster, "timeout 60 sbatch --wrap true"), timeout=90)
+        assert right.returncode == 0 and "Submitted batch job" in right.stdout, right.stderr[-2000:]
+    finally:
+        on(lab, master, f"kill $(cat {scratch}/pid) 2>/dev/null; rm -rf {scratch}")
 
 
 # --- SSH -------------------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ import yaml
 
 from dtlab import paths
 
-ROLES = ["common", "ssh", "nvidia", "docker", "postgresql", "spark", "ray", "determined_master",
+ROLES = ["common", "ssh", "nvidia", "docker", "postgresql", "spark", "ray", "slurm", "determined_master",
          "determined_agent", "trainer"]
-STAGE_TAGS = ["common", "ssh", "nvidia", "docker", "trainer", "postgresql", "spark", "ray", "determined"]
+STAGE_TAGS = ["common", "ssh", "nvidia", "docker", "trainer", "postgresql", "spark", "ray", "slurm",
+              "determined"]
 VENV_BIN = paths.REPO_ROOT / ".venv" / "bin"
 EXAMPLE_INVENTORY = paths.INVENTORY_DIR / "cluster.example.yml"
 
@@ -44,6 +45,9 @@ def test_site_lists_one_tag_per_component_in_install_order():
     assert imported.index("ansible/trainer.yml") < imported.index("ansible/spark.yml")
     assert imported.index("ansible/trainer.yml") < imported.index("ansible/ray.yml")
     assert imported.index("ansible/postgresql.yml") < imported.index("ansible/determined.yml")
+    # Slurm, the fifth platform, comes after Ray and before Determined (issue #16).
+    assert imported.index("ansible/ray.yml") < imported.index("ansible/slurm.yml")
+    assert imported.index("ansible/slurm.yml") < imported.index("ansible/determined.yml")
 
 
 @pytest.mark.parametrize("role", ROLES)
