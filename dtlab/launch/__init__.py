@@ -1,5 +1,5 @@
 """How one cell starts: which nodes and GPUs it gets (placement, in common) and what runs where
-(one module per framework: ddp, spark, determined, ray). bench calls `build` and reads the Launch.
+(one module per framework: ddp, spark, determined, ray, slurm). bench calls `build` and reads the Launch.
 """
 
 from __future__ import annotations
@@ -7,11 +7,11 @@ from __future__ import annotations
 from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
-from dtlab.launch import ddp, determined, ray, spark
+from dtlab.launch import ddp, determined, ray, slurm, spark
 from dtlab.launch.common import CellPaths, Launch, Placement, place, prepare_command
 
 BUILDERS = {"ddp": ddp.build, "spark": spark.build, "determined": determined.build,
-            "ray": ray.build}
+            "ray": ray.build, "slurm": slurm.build}
 
 
 def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:

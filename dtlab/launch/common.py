@@ -126,6 +126,12 @@ class Launch:
     label: str = ""
     # For launchers that run elsewhere (Determined with a master): called instead of starting jobs.
     external: Any = None
+    # Logs written on nodes that run no unit of the cell (Slurm's tasks): bench copies each into the
+    # attempt folder when the units have ended, as <node>.log.
+    node_logs: tuple[tuple[Node, str], ...] = ()
+    # A JSON file of the platform's own wall-clock marks (Slurm's queue), on this node at this path:
+    # bench adds them to the attempt's clock (harness_timeline_unix).
+    platform_marks: tuple[Node, str] | None = None
 
     @property
     def all_nodes(self) -> tuple[Node, ...]:
@@ -164,6 +170,45 @@ def trainer_env(cluster: Cluster, node: Node, slot: Slot | None = None) -> dict[
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in slot.gpu_indices)
     env.update({str(k): str(v) for k, v in (cluster.var("dtlab_trainer_env") or {}).items()})
     return env
+
+
+def driver_on_master(
+    cluster: Cluster,
+    placement: Placement,
+    paths: CellPaths,
+    argv: list[str],
+    env: dict[str, str],
+    timeout_s: int,
+    label: str,
+    result_node: Node | None = None,
+) -> Launch:
+    """A launch whose one unit is a driver on the master that lets its platform start the N trainers.
+
+    Every worker gets the attempt's dirs, since the platform (Spark, Ray) may put rank 0 on any worker;
+    their drivers copy rank 0's result to their own output_dir, so the result is fetched from the master
+    unless `result_node` says where rank 0 runs (Slurm: dtlab's first placed node).
+    """
+    master = cluster.require_master(f"{placement.cell.framework} cells")
+    job = UnitSpec(
+        unit=unit(placement.cell, master),
+        argv=argv,
+        log_path=paths.log_path(master),
+        user=cluster.user,
+        workdir=cluster.code_dir,
+        env=env,
+        environment_file=cluster.socket_env_file,
+        runtime_max_s=timeout_s,
+    )
+    return Launch(
+        cell=placement.cell,
+        placement=placement,
+        paths=paths,
+        jobs=[(master, job)],
+        prepare_nodes=(master, *cluster.workers),
+        result_node=result_node or master,
+        trainer_config=trainer_config(cluster, placement, paths, label),
+        label=label,
+    )
 
 
 def prepare_command(launch: Launch, owner: str, fresh: bool) -> str:

@@ -8,10 +8,8 @@ output_dir, so the result is fetched from the master, as for Spark.
 from __future__ import annotations
 
 from dtlab.cell import Cell
-from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
-from dtlab.launch.common import CellPaths, Launch, place, trainer_config, trainer_env, unit
-from dtlab.remote import UnitSpec
+from dtlab.launch.common import CellPaths, Launch, driver_on_master, place, trainer_env
 
 LABEL = "ray (Ray Train, TorchTrainer)"
 TRAINER_MODULE = "trainer.launchers.ray"
@@ -25,9 +23,6 @@ def auth_env(cluster: Cluster) -> dict[str, str]:
 def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     placement = place(cluster, cell)  # checks the inventory offers N slots; Ray picks the workers
     paths = CellPaths(cluster, cell, attempt)
-    master = cluster.master
-    if master is None:
-        raise DtlabError(f"inventory {cluster.inventory_path}: ray cells need a host in group master")
     argv = [
         cluster.python,
         "-m",
@@ -45,25 +40,6 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     # socket interface (its raylet's unit reads the socket env file).
     # RAY_COLOR_PREFIX=0: Ray's driver prefixes each worker line with "(RayTrainWorker pid=..)", in
     # colour unless told not to; the log is a file, read by people and by the report.
+    master = cluster.require_master("ray cells")
     env = {**trainer_env(cluster, master), **auth_env(cluster), "RAY_COLOR_PREFIX": "0"}
-    job = UnitSpec(
-        unit=unit(cell, master),
-        argv=argv,
-        log_path=paths.log_path(master),
-        user=cluster.user,
-        workdir=cluster.code_dir,
-        env=env,
-        environment_file=cluster.socket_env_file,
-        runtime_max_s=timeout_s,
-    )
-    # Training workers may run on any worker: each gets the attempt's dirs so rank 0 can write anywhere.
-    return Launch(
-        cell=cell,
-        placement=placement,
-        paths=paths,
-        jobs=[(master, job)],
-        prepare_nodes=(master, *cluster.workers),
-        result_node=master,
-        trainer_config=trainer_config(cluster, placement, paths, LABEL),
-        label=LABEL,
-    )
+    return driver_on_master(cluster, placement, paths, argv, env, timeout_s, LABEL)
