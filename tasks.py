@@ -105,7 +105,7 @@ def _harness_call(function, *args, **kwargs):
 
 @task(name="check", help={"inventory": INVENTORY_HELP})
 def cluster_check(c, inventory=None):
-    """SSH, GPUs, identical trainer env, Spark, Ray, Determined, PostgreSQL, clock skew, disk: one table."""
+    """SSH, GPUs, identical trainer env, Spark, Ray, Slurm, Determined, PostgreSQL, clock, disk: one table."""
     from dtlab import commands
 
     _harness_call(commands.cluster_check, inventory)
@@ -113,7 +113,7 @@ def cluster_check(c, inventory=None):
 
 @task(name="reset", help={"inventory": INVENTORY_HELP})
 def cluster_reset(c, inventory=None):
-    """Stop every dtlab run, restart Spark, Ray, Determined, clear unfinished scratch; ends with the check."""
+    """Stop dtlab runs and Slurm jobs, restart Spark, Ray, Determined, clear scratch; ends with the check."""
     from dtlab import commands
 
     _harness_call(commands.cluster_reset, inventory)

@@ -53,6 +53,7 @@ NODES_BACK_WAIT_S = 180
 STOP_WAIT_S = 60
 SPARK_REGISTER_WAIT_S = 60
 RAY_JOIN_WAIT_S = 60
+SLURM_IDLE_WAIT_S = 30  # slurmd re-registers, and a node completes its last job, within seconds
 # The line that names what went wrong: an exception with its message, not torchrun's wrapper.
 EXCEPTION_LINE = re.compile(r"\b(?!ChildFailedError)\w*(Error|Exception)\b: \S|\berror: \S")
 
@@ -487,6 +488,29 @@ class Bench:
                     head,
                 )
 
+        if planned.cell.framework == "slurm":
+            self._preflight_slurm(planned.placement.nodes)
+
+    def _preflight_slurm(self, nodes: tuple[Node, ...]) -> None:
+        """slurmctld answers and shows each placed worker idle in dtlab's partition (bounded wait)."""
+        cluster = self.cluster
+        head = cluster.master.name if cluster.master else None
+        try:
+            states = probes.slurm_node_states(cluster)
+        except DtlabError as error:
+            raise PreflightError(f"preflight: {error}; run `invoke cluster.reset`", head) from None
+        ready = probes.SLURM_READY_STATES
+        if any(states.get(node.name) not in ready for node in nodes):
+            states = probes.wait_for_slurm(cluster, nodes, SLURM_IDLE_WAIT_S) or states
+        busy = [f"{node.name} is {states.get(node.name, 'not in it')}"
+                for node in nodes if states.get(node.name) not in ready]
+        if busy:
+            raise PreflightError(
+                f"preflight: Slurm partition {cluster.var('slurm_partition')} on {head}: {', '.join(busy)}; "
+                "the cell needs them idle: run `invoke cluster.reset`",
+                head,
+            )
+
     def prepare(self, planned: launching.Launch, *, fresh: bool) -> None:
         # A unit of this very cell left by a controller that died would block the unit name: stop it.
         stale = shlex.quote(remote.unit_name(planned.cell.key, "*") + ".service")
@@ -564,9 +588,26 @@ class Bench:
             watch.stop()
         pool.shutdown(wait=stopped_at is None or not remaining)
         self.marks["units_ended"] = time.time()
+        self.collect_platform_files(planned, log_dir)
         if failure is not None:
             return None, failure
         return self.fetch_result(planned, log_dir)
+
+    def collect_platform_files(self, planned: launching.Launch, log_dir: Path) -> None:
+        """What the platform wrote on the nodes beyond the units' logs: logs into the attempt folder,
+        its wall-clock marks into the attempt's clock. Best effort: a missing file is left out."""
+        for node, remote_path in planned.node_logs:
+            text = remote.fetch_text(node, remote_path, sessions=self.sessions)
+            if text is not None:
+                (log_dir / f"{node.name}.log").write_text(text)
+        if planned.platform_marks is not None:
+            node, remote_path = planned.platform_marks
+            try:
+                marks = json.loads(remote.fetch_text(node, remote_path, sessions=self.sessions) or "{}")
+            except json.JSONDecodeError:
+                marks = {}
+            self.marks.update({key: value for key, value in marks.items()
+                               if isinstance(value, float) and key not in self.marks})
 
     def _job_failure(
         self, node: Node, future: Future, log_dir: Path, elapsed: float, timeout_s: int
@@ -631,6 +672,14 @@ class Bench:
             self.cluster.nodes,
             lambda node: remote.stop_units(node, pattern, timeout=STOP_WAIT_S, sessions=self.sessions),
         )
+        if cell.framework == "slurm" and self.cluster.master is not None:
+            # The driver cancels its job when stopped; a driver killed outright cannot: cancel by name,
+            # then wait (bounded) until the job has left the queue, its processes on the nodes ended.
+            name = shlex.quote(launching.slurm.job_name(cell))
+            remote.run(self.cluster.master,
+                       f"scancel --name={name}; for _ in $(seq {STOP_WAIT_S * 5}); do "
+                       f'[ -z "$(squeue -h --name={name})" ] && break; sleep 0.2; done',
+                       timeout=STOP_WAIT_S + 10, sessions=self.sessions)
         if self.cluster.trainer_runtime == "docker":
             remote.run_all(
                 self.cluster.workers,

@@ -47,6 +47,9 @@ SERVICE_VARIABLES = (
     "determined_agent_service",
     "ray_head_service",
     "ray_worker_service",
+    "munge_service",
+    "slurmctld_service",
+    "slurmd_service",
 )
 
 
@@ -223,6 +226,7 @@ def _check_services(cluster: Cluster, node_states: dict[str, dict[str, str]]) ->
             )
         )
     rows += _check_ray(cluster, node_states, units)
+    rows += _check_slurm(cluster, node_states, units)
     postgres_unit = units["postgresql_service"]
     if _service_state(node_states, master.name, postgres_unit):
         ready = remote.run(master, f"pg_isready -q -h 127.0.0.1 -p {cluster.postgresql_port}", timeout=20)
@@ -301,6 +305,38 @@ def _check_ray(
         state = _service_state(node_states, worker.name, worker_unit)
         rows.append(CheckRow("ray worker", worker.name, state == "active",
                              f"{worker_unit} {state or 'not installed'}"))
+    return rows
+
+
+def _check_slurm(
+    cluster: Cluster, node_states: dict[str, dict[str, str]], units: dict[str, str]
+) -> list[CheckRow]:
+    """slurmctld (its unit, and dtlab's partition as sinfo shows it) and each worker's slurmd and munge,
+    with the node's Slurm state (idle, alloc, drain, down*: a trailing * means slurmd does not answer)."""
+    master = cluster.master
+    ctld_unit, slurmd_unit, munge_unit = (units["slurmctld_service"], units["slurmd_service"],
+                                          units["munge_service"])
+    state = _service_state(node_states, master.name, ctld_unit)
+    if not state:
+        return [CheckRow("slurm controller", master.name, False,
+                         f"no {ctld_unit} unit; run ansible-playbook site.yml")]
+    try:
+        slurm_states = probes.slurm_node_states(cluster)
+    except DtlabError as error:
+        return [CheckRow("slurm controller", master.name, False, f"{ctld_unit} {state}; {error}")]
+    usable = [w for w in cluster.workers if slurm_states.get(w.name) in probes.SLURM_USABLE_STATES]
+    all_up = state == "active" and len(usable) == len(cluster.workers)
+    rows = [CheckRow("slurm controller", master.name, all_up,
+                     f"{ctld_unit} {state}; partition {cluster.var('slurm_partition')}: "
+                     f"{len(usable)}/{len(cluster.workers)} workers up")]
+    for worker in cluster.workers:
+        daemon = _service_state(node_states, worker.name, slurmd_unit)
+        munge = _service_state(node_states, worker.name, munge_unit)
+        slurm_state = slurm_states.get(worker.name, "not in the partition")
+        rows.append(CheckRow("slurm node", worker.name,
+                             daemon == "active" and munge == "active" and worker in usable,
+                             f"{slurmd_unit} {daemon or 'not installed'}, "
+                             f"{munge_unit} {munge or 'not installed'}; Slurm says {slurm_state}"))
     return rows
 
 
@@ -534,7 +570,7 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
 
     console = console or Console(highlight=False)
     say = console.print
-    say("[bold]1/6[/] stopping dtlab units and containers on every node")
+    say("[bold]1/7[/] stopping dtlab units and containers on every node")
     stop = (
         f"{_stop_units_command()}; "
         "if command -v docker >/dev/null; then ids=$(docker ps -aq --filter name=^dtlab-ddp-g); "
@@ -555,11 +591,11 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     step(cluster.nodes, stop, "stop units", 90)
     masters = [cluster.master] if cluster.master is not None else []
     units = _service_units(cluster)
-    say("[bold]2/6[/] restarting Spark (ends running applications)")
+    say("[bold]2/7[/] restarting Spark (ends running applications)")
     step(masters, _restart_command(units["spark_master_service"]), "restart spark master", 120)
     step(cluster.workers, _restart_command(units["spark_worker_service"]), "restart spark workers", 120)
 
-    say("[bold]3/6[/] Determined: cancel experiments, restart master and agents")
+    say("[bold]3/7[/] Determined: cancel experiments, restart master and agents")
     determined_rows: list[CheckRow] = []
     if cluster.has_determined_master and on(masters):
         determined_rows = _cancel_determined_experiments(cluster, say)
@@ -571,7 +607,7 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     else:
         say("  not installed on this inventory; nothing to do")
 
-    say("[bold]4/6[/] Ray: stop its jobs, restart the head, then the workers (they rejoin the new head)")
+    say("[bold]4/7[/] Ray: stop its jobs, restart the head, then the workers (they rejoin the new head)")
     if on(masters):
         try:
             stopped = probes.stop_ray_jobs(cluster)
@@ -581,7 +617,16 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     step(masters, _restart_command(units["ray_head_service"]), "restart ray head", 120)
     step(cluster.workers, _restart_command(units["ray_worker_service"]), "restart ray workers", 120)
 
-    say("[bold]5/6[/] clearing scratch and checkpoints of unfinished cells (recorded results stay)")
+    say("[bold]5/7[/] Slurm: cancel dtlab's jobs, start slurmd where it is down, resume drained nodes")
+    step(masters, f"scancel --user={shlex.quote(cluster.user)} 2>/dev/null; true", "cancel slurm jobs", 60)
+    slurmd = shlex.quote(units["slurmd_service"] + ".service")
+    start_slurmd = (f'[ -z "$(systemctl list-unit-files --plain --no-legend {slurmd})" ] || '
+                    f"systemctl is-active -q {slurmd} || systemctl restart {slurmd}")
+    step(cluster.workers, start_slurmd, "start slurmd", 120)
+    if on(masters):
+        _resume_slurm_nodes(cluster, say)
+
+    say("[bold]6/7[/] clearing scratch and checkpoints of unfinished cells (recorded results stay)")
     keep = " ".join(shlex.quote(k) for k in sorted(recorded_cells or ()))
     clear = (
         f'cd {shlex.quote(cluster.runs_dir)} 2>/dev/null || exit 0; for d in *; do [ -d "$d" ] || continue; '
@@ -589,11 +634,30 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     )
     step(cluster.nodes, clear, "clear scratch", 120)
 
-    say("[bold]6/6[/] waiting for Spark workers to register and Ray workers to join, then cluster.check")
+    say("[bold]7/7[/] waiting for Spark workers to register, Ray workers to join and Slurm nodes to be idle, "
+        "then cluster.check")
     if on(masters):
         probes.wait_for_spark(cluster, len(on(cluster.workers)), SERVICES_READY_TIMEOUT_S)
-        probes.wait_for_ray(cluster, len(on(cluster.workers)), SERVICES_READY_TIMEOUT_S)
+        probes.wait_for_ray(cluster, len(on(cluster.workers)), SERVICES_READY_TIMEOUT_S, head_restarted=True)
+        probes.wait_for_slurm(cluster, tuple(on(cluster.workers)), SERVICES_READY_TIMEOUT_S)
     return determined_rows + check(cluster)
+
+
+def _resume_slurm_nodes(cluster: Cluster, say) -> None:
+    """Return drained, down or failed workers to service (Slurm keeps them out until told)."""
+    try:
+        states = probes.slurm_node_states(cluster)
+    except DtlabError as error:
+        say(f"  [yellow]could not ask Slurm for its nodes ({error})[/]")
+        return
+    held = [w.name for w in cluster.workers
+            if probes.slurm_base_state(states.get(w.name, "")) in probes.SLURM_HELD_STATES]
+    if not held:
+        say("  no node drained or down")
+        return
+    answer = remote.run(cluster.master, f"scontrol update nodename={','.join(held)} state=resume", timeout=30)
+    say(f"  resumed {', '.join(held)}" if answer.ok else
+        f"  [red]could not resume {', '.join(held)}: {(answer.stderr or answer.stdout).strip()[-200:]}[/]")
 
 
 def _stop_units_command() -> str:

@@ -80,6 +80,14 @@ class Cluster:
         masters = [n for n in self.nodes if n.is_master]
         return masters[0] if masters else None
 
+    def require_master(self, needed_by: str) -> Node:
+        """The master node, or one line saying that `needed_by` needs a host in group master."""
+        if self.master is None:
+            raise DtlabError(
+                f"inventory {self.inventory_path}: {needed_by} needs a host in group {MASTER_GROUP}"
+            )
+        return self.master
+
     @property
     def workers(self) -> tuple[Node, ...]:
         return tuple(n for n in self.nodes if n.is_worker)
@@ -165,16 +173,12 @@ class Cluster:
     @property
     def ray_head_address(self) -> str:
         """host:port of the Ray head's GCS on the master, where Ray drivers and workers join."""
-        if self.master is None:
-            raise DtlabError(f"inventory {self.inventory_path}: Ray needs a host in group master")
-        return f"{self.master.address}:{int(self.require('ray_gcs_port'))}"
+        return f"{self.require_master('Ray').address}:{int(self.require('ray_gcs_port'))}"
 
     @property
     def ray_dashboard_url(self) -> str:
         """The Ray dashboard and Jobs API on the master's cluster address (token-authenticated)."""
-        if self.master is None:
-            raise DtlabError(f"inventory {self.inventory_path}: Ray needs a host in group master")
-        return f"http://{self.master.address}:{int(self.require('ray_dashboard_port'))}"
+        return f"http://{self.require_master('Ray').address}:{int(self.require('ray_dashboard_port'))}"
 
     @property
     def ray_auth_token_file(self) -> str:

@@ -124,9 +124,7 @@ def parse_ray_api(answer: remote.CommandResult, where: str, path: str) -> Any:
 
 def ray_api(cluster: Cluster, path: str, method: str = "GET") -> Any:
     """One call to the Ray dashboard's REST API on the master; DtlabError when it does not answer."""
-    master = cluster.master
-    if master is None:
-        raise DtlabError(f"inventory {cluster.inventory_path}: Ray needs a host in group master")
+    master = cluster.require_master("Ray")
     answer = remote.run(master, ray_api_command(cluster, path, method), timeout=30)
     return parse_ray_api(answer, master.name, path)
 
@@ -145,9 +143,10 @@ def ray_alive_workers(cluster: Cluster) -> list[dict]:
     return alive_ray_workers_in(ray_api(cluster, RAY_NODES_PATH))
 
 
-def wait_for_ray(cluster: Cluster, expected: int, timeout_s: float) -> int:
+def wait_for_ray(cluster: Cluster, expected: int, timeout_s: float, *, head_restarted: bool = False) -> int:
     """Alive Ray worker nodes once `expected` have joined, or after `timeout_s` (raylets rejoin for a while
-    after a restart); stops early when the head does not answer."""
+    after a restart); stops early when the head does not answer, unless it was just restarted
+    (`head_restarted`: its dashboard answers some seconds after its unit is active)."""
 
     def alive_workers() -> int | None:
         try:
@@ -155,8 +154,8 @@ def wait_for_ray(cluster: Cluster, expected: int, timeout_s: float) -> int:
         except DtlabError:
             return None
 
-    alive = wait_until(alive_workers, until=lambda count: count is None or count >= expected,
-                       timeout_s=timeout_s, every_s=2)
+    alive = wait_until(alive_workers, timeout_s=timeout_s, every_s=2,
+                       until=lambda count: (count is None and not head_restarted) or (count or 0) >= expected)
     return alive or 0
 
 
@@ -168,3 +167,55 @@ def stop_ray_jobs(cluster: Cluster, call: Callable[..., Any] = ray_api) -> list[
     for job in unfinished:
         call(cluster, f"/api/jobs/{job['submission_id']}/stop", method="POST")
     return [job["submission_id"] for job in unfinished]
+
+
+# --- Slurm: asked with its own clients on the master (slurm-client, the slurm role) ---
+
+# sinfo's short node states (%t). Ready: takes a new exclusive job at once. Usable: up, perhaps busy.
+# Held: out of service until `scontrol update state=resume` (cluster.reset does it).
+SLURM_READY_STATES = ("idle",)
+SLURM_USABLE_STATES = ("idle", "alloc", "mix", "comp")
+SLURM_HELD_STATES = ("drain", "drng", "down", "fail", "failg")
+
+
+def slurm_base_state(state: str) -> str:
+    """The state without sinfo's flags (down* = not responding, idle~ = powered off, ...)."""
+    return state.rstrip("*~#!%$@^-")
+
+
+def parse_slurm_nodes(sinfo_output: str) -> dict[str, str]:
+    """{node: short state} from `sinfo -h -N -o '%N %t'`; a state ends in * when slurmd does not answer."""
+    states: dict[str, str] = {}
+    for line in sinfo_output.splitlines():
+        fields = line.split()
+        if len(fields) == 2:
+            states[fields[0]] = fields[1]
+    return states
+
+
+def slurm_node_states(cluster: Cluster) -> dict[str, str]:
+    """Each node of dtlab's partition with its short state, as slurmctld sees it; DtlabError when sinfo
+    cannot ask it (slurmctld down, munge refused)."""
+    master = cluster.require_master("Slurm")
+    partition = shlex.quote(str(cluster.require("slurm_partition")))
+    answer = remote.run(master, f"sinfo -h -N -p {partition} -o '%N %t'", timeout=30)
+    if not answer.ok:
+        why = (answer.stderr or answer.stdout).strip().splitlines()
+        raise DtlabError(f"host {master.name}: sinfo: {why[-1] if why else f'exit {answer.exit_code}'}")
+    return parse_slurm_nodes(answer.stdout)
+
+
+def wait_for_slurm(cluster: Cluster, nodes: tuple[Node, ...], timeout_s: float) -> dict[str, str]:
+    """The nodes' Slurm states once all are ready for a job, or after `timeout_s` (slurmd registers again
+    for a few seconds after a restart, and a node completes its last job); {} when sinfo fails."""
+
+    def states() -> dict[str, str]:
+        try:
+            return slurm_node_states(cluster)
+        except DtlabError:
+            return {}
+
+    def ready(answer: dict[str, str]) -> bool:
+        return not answer or all(answer.get(node.name) in SLURM_READY_STATES for node in nodes)
+
+    return wait_until(states, until=ready, timeout_s=timeout_s, every_s=1) or {}

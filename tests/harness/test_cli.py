@@ -71,7 +71,7 @@ def test_a_bad_matrix_file_fails_with_one_line(loopback_inventory, tmp_path):
     assert answer.returncode == 2
     assert answer.stderr.strip() == (
         f"error: {bad}: profiles.smoke.runs[0].frameworks[1]: "
-        "must be one of ddp, spark, determined, ray; got 'mpi'"
+        "must be one of ddp, spark, determined, ray, slurm; got 'mpi'"
     )
 
 
@@ -210,7 +210,7 @@ def test_cluster_reset_with_unreachable_nodes_goes_through_every_step_and_ends_w
     answer = invoke("cluster.reset", "-i", str(loopback_inventory))
     assert answer.returncode == 1 and time.monotonic() - started < 60
     out = answer.stdout
-    steps = [out.index(f"{n}/6 ") for n in range(1, 7)]
+    steps = [out.index(f"{n}/7 ") for n in range(1, 8)]
     assert steps == sorted(steps), "every step runs, in order"
     step_1 = out[steps[0]:steps[1]]
     assert all(f"{node}: stop units: host {node}" in step_1 for node in ("n0", "n1", "n2"))
