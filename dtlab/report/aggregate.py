@@ -72,12 +72,21 @@ WHOLE_RUN_PHASES = (
 )
 
 
+# A platform's own queue, inside "submit → trainer process": how long its scheduler held the job
+# (Slurm's driver marks when sbatch gave the job id and when squeue stopped showing it PENDING).
+# Only runs through a queue have it; the table shows "—" for the others.
+QUEUE_PHASE = ("of which queued", "queue_entered", "queue_left")
+PHASE_COLUMNS = (WHOLE_RUN_PHASES[0], QUEUE_PHASE, *WHOLE_RUN_PHASES[1:])
+
+
 def whole_run_phases(result: dict) -> tuple[tuple[str, float], ...]:
-    """Seconds per whole-run phase; empty when a mark is missing (runs recorded before the clock)."""
+    """Seconds per whole-run phase (QUEUE_PHASE when marked); empty when a required mark is missing
+    (runs recorded before the clock)."""
     marks = {**(result.get("timeline_unix") or {}), **(result.get("harness_timeline_unix") or {})}
     if any(marks.get(name) is None for _, start, end in WHOLE_RUN_PHASES for name in (start, end)):
         return ()
-    return tuple((phase, marks[end] - marks[start]) for phase, start, end in WHOLE_RUN_PHASES)
+    return tuple((phase, marks[end] - marks[start]) for phase, start, end in PHASE_COLUMNS
+                 if marks.get(start) is not None and marks.get(end) is not None)
 
 
 def _mean(values: list[float]) -> float | None:
@@ -145,8 +154,12 @@ class GroupStats:
 def _phase_means(timed: list[tuple[tuple[str, float], ...]]) -> tuple[tuple[str, float], ...]:
     if not timed:
         return ()
-    return tuple((phase, statistics.fmean(dict(run)[phase] for run in timed))
-                 for phase, _, _ in WHOLE_RUN_PHASES)
+    means = []
+    for phase, _, _ in PHASE_COLUMNS:
+        values = [dict(run)[phase] for run in timed if phase in dict(run)]
+        if values:
+            means.append((phase, statistics.fmean(values)))
+    return tuple(means)
 
 
 def group(samples: Iterable[Sample]) -> dict[GroupKey, GroupStats]:

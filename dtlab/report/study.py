@@ -12,7 +12,7 @@ import yaml
 FRAMEWORKS = ("ddp", "determined", "spark")
 # The study's three, then the platforms dtlab measures beyond it (their tables only, never the study's).
 DISPLAY_NAMES = {"ddp": "PyTorch DDP", "determined": "Determined AI", "spark": "Apache Spark",
-                 "ray": "Ray Train"}
+                 "ray": "Ray Train", "slurm": "Slurm"}
 TABLE_OF_FRAMEWORK = {"ddp": "5.1", "determined": "5.2", "spark": "5.3"}  # the study's run tables
 STUDY_SHORT_EPOCHS, STUDY_LONG_EPOCHS = 20, 100
 STUDY_BASE_GPUS, STUDY_SCALED_GPUS = 1, 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from dtlab.report.aggregate import WHOLE_RUN_PHASES, Derived, GroupKey, GroupStats
+from dtlab.report.aggregate import PHASE_COLUMNS, Derived, GroupKey, GroupStats
 from dtlab.report.numbers import Value, fmt, missing, num, ratio, text
 from dtlab.report.study import (
     DISPLAY_NAMES,
@@ -498,7 +498,8 @@ class TableBuilder:
                     text(self.name(framework)),
                     text(self.label(framework, gpus)),
                     text(str(epochs)),
-                    *(num(phases[phase], "time_s") for phase, _, _ in WHOLE_RUN_PHASES),
+                    *(num(phases[phase], "time_s") if phase in phases else missing()
+                      for phase, _, _ in PHASE_COLUMNS),
                     ratio(phases["end to end"], ddp_total),
                 ]
             )
@@ -506,7 +507,7 @@ class TableBuilder:
             "B.3",
             "table-b.3-whole-run",
             "The whole run, phase by phase: mean seconds (beyond the study)",
-            ["Framework", "Configuration", "Epochs", *(phase for phase, _, _ in WHOLE_RUN_PHASES),
+            ["Framework", "Configuration", "Epochs", *(phase for phase, _, _ in PHASE_COLUMNS),
              "End to end vs DDP"],
             rows,
             [
@@ -518,8 +519,10 @@ class TableBuilder:
                 "start-up too. This table adds what each platform costs around that span: from the "
                 "controller taking up the cell to the trainer process running (SSH, units, JVMs and "
                 "executors, containers), to the first optimizer step (imports, data, model, rendezvous), "
-                "and from the end of validation to the result recorded on the controller. Runs recorded "
-                "before dtlab kept this clock are left out of it.",
+                "and from the end of validation to the result recorded on the controller. \"Of which "
+                "queued\" is the part of the first phase a scheduler held the job in its queue (Slurm: from "
+                "sbatch's job id to the job leaving PENDING); platforms without a queue show —. Runs "
+                "recorded before dtlab kept this clock are left out of it.",
             ],
         )
 

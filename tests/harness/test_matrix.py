@@ -11,11 +11,11 @@ from trainer.config import parse_args
 RUN = "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]"
 
 
-def test_study_profile_is_the_reference_studys_matrix_plus_ray_beyond_it():
+def test_study_profile_is_the_reference_studys_matrix_plus_ray_and_slurm_beyond_it():
     study = matrix.load("study")
     keys = {cell.key for cell in study}
-    assert len(study) == 4 * 2 * 5 + 4 * 2 * 1
-    for framework in ("ddp", "spark", "determined", "ray"):
+    assert len(study) == 5 * 2 * 5 + 5 * 2 * 1
+    for framework in ("ddp", "spark", "determined", "ray", "slurm"):
         for gpus in (1, 2):
             assert {f"{framework}-g{gpus}-e20-s{seed}" for seed in range(1, 6)} <= keys
             assert f"{framework}-g{gpus}-e100-s1" in keys
@@ -36,10 +36,12 @@ def test_smoke_profile_runs_every_framework_on_one_and_two_workers_with_generate
         "spark-g1-e2-s0",
         "determined-g1-e2-s0",
         "ray-g1-e2-s0",
+        "slurm-g1-e2-s0",
         "ddp-g2-e2-s0",
         "spark-g2-e2-s0",
         "determined-g2-e2-s0",
         "ray-g2-e2-s0",
+        "slurm-g2-e2-s0",
     ]
     options = smoke.cells[0].trainer_config
     assert options["dataset"] == "generated" and options["model"].startswith("generated:")
@@ -82,7 +84,7 @@ def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
     [
         (
             "runs: [{frameworks: [ddp, horovod], gpus: 1, epochs: 1, seeds: 0}]",
-            "p.runs[0].frameworks[1]: must be one of ddp, spark, determined, ray; got 'horovod'",
+            "p.runs[0].frameworks[1]: must be one of ddp, spark, determined, ray, slurm; got 'horovod'",
         ),
         (
             "runs: [{frameworks: ddp, gpus: 1, epochs: 0, seeds: 0}]",
@@ -102,7 +104,7 @@ def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
         ),
         (
             "runs: [{frameworks: horovod, gpus: 1, epochs: 1, seeds: 0}]",
-            "p.runs[0].frameworks: must be one of ddp, spark, determined, ray; got 'horovod'",
+            "p.runs[0].frameworks: must be one of ddp, spark, determined, ray, slurm; got 'horovod'",
         ),
         (
             "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: x}]",
@@ -221,7 +223,7 @@ def test_only_filters_by_framework_gpus_and_globs():
     smoke = matrix.load("smoke")
     assert [c.key for c in smoke.select("ddp")] == ["ddp-g1-e2-s0", "ddp-g2-e2-s0"]
     assert [c.key for c in smoke.select("g2")] == ["ddp-g2-e2-s0", "spark-g2-e2-s0", "determined-g2-e2-s0",
-                                                 "ray-g2-e2-s0"]
+                                                 "ray-g2-e2-s0", "slurm-g2-e2-s0"]
     assert [c.key for c in smoke.select("spark-g1,determined-g2")] == [
         "spark-g1-e2-s0",
         "determined-g2-e2-s0",

@@ -238,7 +238,8 @@ def test_header_lists_cells_whose_last_attempt_failed_and_cells_with_no_run(tmp_
     missing = [note for note in notes if note.startswith("Cells of profile smoke with no successful run yet")]
     assert missing == [
         "Cells of profile smoke with no successful run yet: ddp-g2-e2-s0, "
-        "determined-g1-e2-s0, determined-g2-e2-s0, ray-g1-e2-s0, ray-g2-e2-s0, spark-g1-e2-s0."
+        "determined-g1-e2-s0, determined-g2-e2-s0, ray-g1-e2-s0, ray-g2-e2-s0, slurm-g1-e2-s0, "
+        "slurm-g2-e2-s0, spark-g1-e2-s0."
     ]
 
 
@@ -253,7 +254,8 @@ def test_this_over_study_ratios_compare_the_figures_as_printed():
 
 def test_whole_run_table_splits_each_platforms_time_and_compares_with_ddp(tmp_path, lookup):
     store = ResultStore(tmp_path / "results")
-    for framework, launch, total in (("ddp", 5.0, 40.0), ("spark", 85.0, 120.0), ("ray", 15.0, 60.0)):
+    runs = (("ddp", 5.0, 40.0), ("spark", 85.0, 120.0), ("ray", 15.0, 60.0), ("slurm", 8.0, 44.0))
+    for framework, launch, total in runs:
         result = made_up_result(
             framework, 1, 2, 0, time_total_s=30.0, final_accuracy=0.9, device="cpu"
         )
@@ -270,6 +272,8 @@ def test_whole_run_table_splits_each_platforms_time_and_compares_with_ddp(tmp_pa
             "units_ended": t0 + total - 1,
             "recorded": t0 + total,
         }
+        if framework == "slurm":  # the driver's marks: the job entered Slurm's queue, then left it
+            result["harness_timeline_unix"].update(queue_entered=t0 + 1.5, queue_left=t0 + 2.25)
         store.record_ok(
             Cell(framework, 1, 2, 0, "smoke"),
             result,
@@ -281,12 +285,16 @@ def test_whole_run_table_splits_each_platforms_time_and_compares_with_ddp(tmp_pa
     look = lookup(build_report(store))
     table = look.table("B.3")
     # Determined's run has no clock recorded: left out, not made up.
-    # Ray, beyond the study, follows the study's frameworks under its own name, on the same clock.
-    assert [row[0].text.split(" [")[0] for row in table.rows] == [DDP, SPARK, "Ray Train"]
+    # Ray and Slurm, beyond the study, follow the study's frameworks under their names, on the same clock;
+    # only Slurm's run went through a queue, its own column ("—" for the others).
+    assert [row[0].text.split(" [")[0] for row in table.rows] == [DDP, SPARK, "Ray Train", "Slurm"]
+    assert table.columns[3:5] == ["submit → trainer process", "of which queued"]
     spark = [value.text for value in table.rows[1]]
-    assert spark[3:] == ["85.00", "4.00", "29.00", "2.00", "120.00", "3.00×"]
+    assert spark[3:] == ["85.00", "—", "4.00", "29.00", "2.00", "120.00", "3.00×"]
     ray = [value.text for value in table.rows[2]]
-    assert ray[3:] == ["15.00", "4.00", "29.00", "12.00", "60.00", "1.50×"]
+    assert ray[3:] == ["15.00", "—", "4.00", "29.00", "12.00", "60.00", "1.50×"]
+    slurm = [value.text for value in table.rows[3]]
+    assert slurm[3:] == ["8.00", "0.75", "4.00", "29.00", "3.00", "44.00", "1.10×"]
     assert [value.text for value in table.rows[0]][-1] == "1.00×"
 
 
