@@ -8,6 +8,9 @@ Runs every selected cell once (forced, so nothing is skipped) through the same c
   of the last validation, the study's span), overhead = wall - trainer, and where it goes:
   preflight + prepare (harness SSH round trips), launch-to-training (process start, imports, data,
   rendezvous, JVM/Spark session: the framework's start-up, paid inside the run), record (store).
+Then, per framework against ddp's cell of the same GPU count and round (ratios taken per round, printed
+as median [min-max]): submit -> first optimizer step, and the steady-state step time (result.json's
+steady_step_time_s); with Slurm's time in its queue beside them.
 Target (issue 14): a ddp cell's wall time <= 10 s beyond the trainer's span (median).
 Results go to the inventory's store, like bench.all.
 """
@@ -33,7 +36,13 @@ launch:     units started -> rank 0's trainer process created (systemd-run, then
             Spark session, executor and Python worker / the Determined launcher)
 setup:      trainer process created -> training started (imports, data, tokenizer, model, rendezvous)
 after:      end of training -> every unit ended (result write, process and unit exit)
-harness:    wall minus the trainer process's lifetime = ssh+rec + launch (the target's measure)"""
+harness:    wall minus the trainer process's lifetime = ssh+rec + launch (the target's measure)
+queued:     Slurm only: sbatch's job id -> the job leaving PENDING (inside launch)"""
+
+
+def spread(values: list[float], digits: int = 1, unit: str = "") -> str:
+    return (f"{statistics.median(values):.{digits}f}{unit} "
+            f"[{min(values):.{digits}f}{unit}-{max(values):.{digits}f}{unit}]")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -85,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
                 - (timeline["training_started"] - timeline["process_started"])
                 - training_s,
                 "harness": outcome.seconds - process_s,
+                "first_step": timeline["first_step_done"] - result["harness_timeline_unix"]["submitted"],
+                "steady_step": result.get("steady_step_time_s"),
+                "queued": (marks.get("queue_left", 0) - marks.get("queue_entered", 0)) or None,
             }
         )
     rounds = max(1, args.repeat)
@@ -108,20 +120,38 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     verdict = []
     for (framework, gpus), samples in sorted(rows.items()):
-        cells = []
-        for key, _ in columns:
-            values = [sample[key] for sample in samples]
-            cells.append(f"{statistics.median(values):.1f} [{min(values):.1f}-{max(values):.1f}]")
+        cells = [spread([sample[key] for sample in samples]) for key, _ in columns]
         print(f"{framework:<11}{gpus:>5}" + "".join(f"{cell:>{width}}" for cell in cells))
         if framework == "ddp":
             verdict.append(statistics.median(s["beyond_training"] for s in samples) <= DDP_TARGET_S)
     print(LEGEND)
+    print_ratios_against_ddp(rows)
     if verdict:
         print(
             f"\nddp target: median wall - training <= {DDP_TARGET_S:.0f} s: "
             f"{'met' if all(verdict) else 'MISSED'}"
         )
     return 0
+
+
+def print_ratios_against_ddp(rows: dict) -> None:
+    """Submit -> first step and steady step per framework over ddp's, round by round (the i-th run of each
+    cell is round i: cells of one round ran back to back)."""
+    print("\nagainst ddp, per round: median [min-max]")
+    print(f"{'framework':<11}{'gpus':>5}{'submit->first step (s)':>26}{'x ddp':>24}{'steady step x ddp':>26}"
+          f"{'queued (s)':>22}")
+    for (framework, gpus), samples in sorted(rows.items()):
+        ddp = rows.get(("ddp", gpus))
+        if not ddp:
+            continue
+        rounds = list(zip(samples, ddp, strict=False))
+        first = [run["first_step"] / base["first_step"] for run, base in rounds]
+        steady = [run["steady_step"] / base["steady_step"] for run, base in rounds
+                  if run["steady_step"] and base["steady_step"]]
+        queued = [run["queued"] for run in samples if run["queued"] is not None]
+        print(f"{framework:<11}{gpus:>5}{spread([s['first_step'] for s in samples]):>26}"
+              f"{spread(first, 2, 'x'):>24}{spread(steady, 3, 'x') if steady else '-':>26}"
+              f"{spread(queued, 2) if queued else '-':>22}")
 
 
 if __name__ == "__main__":
