@@ -4,9 +4,43 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from dtlab.errors import DtlabError
+
+# The faults a fault plan can inject (dtlab.faults injects them; docs/faults.md says what each does).
+FAULT_KINDS = ("kill", "netdrop")
+# A fault's spec, also the suffix of its cell's key: kill-after1, kill-after1-node2, netdrop-after1-20s.
+_FAULT_SPEC = re.compile(
+    r"^(?P<kind>[a-z]+)-after(?P<after>\d+)(?:-(?P<seconds>\d+)s)?(?:-(?P<node>[A-Za-z0-9_.-]+))?$")
+
+
+@dataclass(frozen=True)
+class Fault:
+    """What a fault plan does to a cell: `kind` on `node` (None: the last worker the cell is placed on)
+    once epoch `after_epoch` is checkpointed; `seconds` is how long a netdrop lasts."""
+
+    kind: str
+    after_epoch: int
+    node: str | None = None
+    seconds: int | None = None
+
+    @property
+    def spec(self) -> str:
+        seconds = f"-{self.seconds}s" if self.seconds is not None else ""
+        return f"{self.kind}-after{self.after_epoch}{seconds}" + (f"-{self.node}" if self.node else "")
+
+    @classmethod
+    def parse(cls, spec: str) -> Fault:
+        match = _FAULT_SPEC.match(spec)
+        if not match or match["kind"] not in FAULT_KINDS:
+            raise DtlabError(f"fault {spec!r}: expected KIND-afterK[-Ns][-NODE] with KIND one of "
+                             f"{', '.join(FAULT_KINDS)}")
+        seconds = int(match["seconds"]) if match["seconds"] else None
+        return cls(match["kind"], int(match["after"]), match["node"], seconds)
 
 
 @dataclass(frozen=True, order=True)
@@ -20,10 +54,22 @@ class Cell:
     profile: str = "custom"
     # The trainer settings the cell runs with (hyperparameters, model, dataset); not part of identity.
     trainer_config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
+    # A fault plan's Fault.spec ("" for an undisturbed cell): part of the key, the identity and the hash.
+    fault: str = ""
 
     @property
     def key(self) -> str:
-        return f"{self.framework}-g{self.gpus}-e{self.epochs}-s{self.seed}"
+        base = f"{self.framework}-g{self.gpus}-e{self.epochs}-s{self.seed}"
+        return f"{base}-{self.fault}" if self.fault else base
+
+    @property
+    def fault_plan(self) -> Fault | None:
+        return Fault.parse(self.fault) if self.fault else None
+
+    @property
+    def undisturbed(self) -> Cell:
+        """The same cell without its fault: the run a faulted one is measured against."""
+        return Cell(self.framework, self.gpus, self.epochs, self.seed, self.profile, self.trainer_config)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -33,6 +79,7 @@ class Cell:
             "seed": self.seed,
             "profile": self.profile,
             "trainer_config": dict(self.trainer_config),
+            **({"fault": self.fault} if self.fault else {}),
         }
 
 
@@ -61,6 +108,8 @@ def config_hash(cell: Cell) -> str:
     )
 
     identity = {"gpus": cell.gpus, **trainer_options(cell)}
+    if cell.fault:  # an undisturbed cell's hash stays what it was before fault plans existed
+        identity["fault"] = cell.fault
     if identity.get("dataset") == GENERATED_DATASET:
         identity["generated_data_version"] = GENERATED_DATA_VERSION
     if str(identity.get("model", "")).startswith(GENERATED_MODEL_PREFIX):

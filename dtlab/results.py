@@ -65,12 +65,13 @@ from dtlab.paths import results_dir_for
 DB_FILENAME = "dtlab.sqlite"
 RUNS_DIRNAME = "runs"
 STATUSES = ("ok", "failed")
-_SCHEMA_VERSION = 1
+_SCHEMA_VERSION = 2
 _LOG_TAIL_LINES = 50
 _BUSY_TIMEOUT_S = 30.0
 _MAX_ATTEMPT_PROBES = 1000  # bounds the search for a free attempt directory
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
+_V2_COLUMNS = ("fault TEXT NOT NULL DEFAULT ''", "fault_record TEXT")
 _DDL = (
     """CREATE TABLE IF NOT EXISTS runs (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -96,6 +97,8 @@ _DDL = (
     result_json     TEXT,                      -- the trainer's result (ok; optional partial on failure)
     run_dir         TEXT    NOT NULL,          -- relative to the store's root
     recorded_at     TEXT    NOT NULL,
+    fault           TEXT    NOT NULL DEFAULT '',  -- the cell's fault plan (Fault.spec); '' undisturbed
+    fault_record    TEXT,                      -- JSON: what the fault plan did in this attempt's run
     UNIQUE (cell_key, attempt)
 )""",
     "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs (cell_key, config_hash, status)",
@@ -140,6 +143,8 @@ class Run:
     result: dict[str, Any] | None
     run_dir: Path
     recorded_at: str
+    # What a fault plan did in this attempt's run (dtlab.faults.FaultRecord.as_dict); None otherwise.
+    fault_record: dict[str, Any] | None = None
 
     @property
     def cell_key(self) -> str:
@@ -156,6 +161,11 @@ def _result_validator():
 
     schema = json.loads(resources.files("trainer").joinpath("result_schema.json").read_text())
     return jsonschema.Draft202012Validator(schema)
+
+
+def _column(row: Mapping[str, Any], name: str) -> Any:
+    """A column that a version-1 store (read before its first write upgrades it) does not have."""
+    return row[name] if name in row.keys() else None  # noqa: SIM118 (sqlite3.Row: `in` looks at values)
 
 
 def validate_result(result: Mapping[str, Any], *, where: str = "result") -> None:
@@ -231,7 +241,7 @@ class ResultStore:
             raise self._corrupt(str(error)) from None
         if problems != ["ok"]:
             raise self._corrupt(f"integrity check: {problems[0]}")
-        if version not in (0, _SCHEMA_VERSION):
+        if version not in (0, 1, _SCHEMA_VERSION):  # 1: read as is, upgraded by the first write
             raise DtlabError(
                 f"results store {db}: schema version {version}, this dtlab reads version {_SCHEMA_VERSION}; "
                 f"use the dtlab revision that wrote it, or move {self.root} aside to start a new store"
@@ -284,11 +294,14 @@ class ResultStore:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version == _SCHEMA_VERSION:
             return
-        if version not in (0, _SCHEMA_VERSION):
+        if version not in (0, 1, _SCHEMA_VERSION):
             raise DtlabError(
                 f"results store: schema version {version} is not {_SCHEMA_VERSION}; "
                 "use the dtlab revision that wrote it"
             )
+        if version == 1:  # fault plans came with version 2: two columns added, every row kept
+            for column in _V2_COLUMNS:
+                conn.execute(f"ALTER TABLE runs ADD COLUMN {column}")
         # Statement by statement: executescript would commit the open transaction first.
         for statement in _DDL:
             conn.execute(statement)
@@ -349,6 +362,7 @@ class ResultStore:
         log_dir: str | os.PathLike[str] | None = None,
         harness_time_s: float | None = None,
         attempt: int | None = None,
+        fault_record: Mapping[str, Any] | None = None,
     ) -> Run:
         """Record a successful attempt; the result is validated against the schema and the cell first."""
         where = f"results: {cell.key} result.json"
@@ -371,6 +385,7 @@ class ResultStore:
             harness_time_s=harness_time_s,
             trainer_time_s=float(result["time_total_s"]),
             attempt=attempt,
+            fault_record=fault_record,
         )
 
     def record_failure(
@@ -389,6 +404,7 @@ class ResultStore:
         harness_time_s: float | None = None,
         trainer_time_s: float | None = None,
         attempt: int | None = None,
+        fault_record: Mapping[str, Any] | None = None,
     ) -> Run:
         """Record a failed attempt: why, on which node, its exit code and last log lines."""
         if not reason:
@@ -405,6 +421,7 @@ class ResultStore:
             harness_time_s=harness_time_s,
             trainer_time_s=trainer_time_s,
             attempt=attempt,
+            fault_record=fault_record,
             reason=reason,
             node=node,
             exit_code=exit_code,
@@ -425,6 +442,7 @@ class ResultStore:
         harness_time_s: float | None,
         trainer_time_s: float | None,
         attempt: int | None,
+        fault_record: Mapping[str, Any] | None = None,
         reason: str | None = None,
         node: str | None = None,
         exit_code: int | None = None,
@@ -483,6 +501,8 @@ class ResultStore:
             "result_json": json.dumps(result, sort_keys=True) if result is not None else None,
             "run_dir": str(folder.relative_to(self.root)),
             "recorded_at": recorded_at,
+            "fault": cell.fault,
+            "fault_record": json.dumps(dict(fault_record), sort_keys=True) if fault_record else None,
         }
         columns = ", ".join(row)
         placeholders = ", ".join(f":{name}" for name in row)
@@ -568,6 +588,7 @@ class ResultStore:
             row["seed"],
             row["profile"],
             json.loads(row["trainer_config"]),
+            _column(row, "fault") or "",
         )
         return Run(
             id=row["id"],
@@ -587,4 +608,5 @@ class ResultStore:
             result=json.loads(row["result_json"]) if row["result_json"] else None,
             run_dir=self.root / row["run_dir"],
             recorded_at=row["recorded_at"],
+            fault_record=json.loads(record) if (record := _column(row, "fault_record")) else None,
         )

@@ -7,9 +7,9 @@ import threading
 import pytest
 from result_factory import made_up_result
 
-from dtlab.cell import Cell
+from dtlab.cell import Cell, Fault, config_hash
 from dtlab.errors import DtlabError
-from dtlab.results import DB_FILENAME, ResultStore
+from dtlab.results import _DDL, DB_FILENAME, ResultStore
 
 HASH = "0123456789abcdef"
 OTHER_HASH = "fedcba9876543210"
@@ -241,3 +241,47 @@ def test_delete_all_needs_explicit_confirmation(tmp_path):
     assert store.runs(None) == [] and not store.runs_dir.exists()
 
 
+
+
+def test_a_faulted_cell_is_its_own_cell_and_keeps_what_its_fault_plan_did(tmp_path):
+    store = ResultStore(tmp_path / "store")
+    faulted = Cell("ddp", 2, 3, 7, "faults", {"max_length": 64}, fault="kill-after1")
+    assert faulted.key == "ddp-g2-e3-s7-kill-after1" and faulted.undisturbed.key == "ddp-g2-e3-s7"
+    assert faulted != faulted.undisturbed and config_hash(faulted) != config_hash(faulted.undisturbed)
+    assert config_hash(CELL) == config_hash(Cell("ddp", 2, 3, 7, "x", {"max_length": 64}))  # unchanged
+    store.record_ok(faulted, result_for(faulted), config_hash=config_hash(faulted), git_rev=None,
+                    inventory="lab", fault_record={"injected_unix": 1.5, "node": "node2"})
+    [run] = store.runs("ok")
+    assert run.cell.fault == "kill-after1" and run.cell.fault_plan.kind == "kill"
+    assert run.fault_record == {"injected_unix": 1.5, "node": "node2"}
+    assert store.is_done(faulted, config_hash(faulted)) and not store.is_done(CELL, config_hash(CELL))
+
+
+@pytest.mark.parametrize("spec", ["kill", "crash-after1", "kill-after", "netdrop-afterx-20s"])
+def test_a_malformed_fault_spec_is_one_line(spec):
+    with pytest.raises(DtlabError, match=f"fault {spec!r}: expected KIND-afterK"):
+        Fault.parse(spec)
+
+
+def test_a_version_1_store_is_read_as_is_and_upgraded_by_its_next_write_with_every_run_kept(tmp_path):
+    # A store as dtlab wrote it before fault plans: version 1, without the two fault columns.
+    old = ResultStore(tmp_path / "old")
+    old.root.mkdir(parents=True)
+    v1_ddl = "\n".join(line for line in _DDL[0].splitlines() if not line.lstrip().startswith("fault"))
+    with sqlite3.connect(old.db_path) as conn:
+        conn.execute(v1_ddl)
+        assert "fault" not in [row[1] for row in conn.execute("PRAGMA table_info(runs)")]
+        conn.execute("INSERT INTO runs (cell_key, attempt, framework, gpus, epochs, seed, profile, "
+                     "trainer_config, config_hash, node_versions, status, reason, run_dir, recorded_at) "
+                     "VALUES "
+                     "('ddp-g2-e3-s7', 1, 'ddp', 2, 3, 7, 'smoke', '{}', ?, '{}', 'failed', 'boom', "
+                     "'runs/ddp-g2-e3-s7/attempt-1', '2026-01-01T00:00:00Z')", (HASH,))
+        conn.execute("PRAGMA user_version=1")
+    old.check(writable=False)
+    [read] = old.runs(status=None)
+    assert read.cell.fault == "" and read.fault_record is None and read.reason == "boom"
+    record_ok(old)  # the first write adds the columns; the old run stays, unchanged
+    runs = old.runs(status=None)
+    assert [(r.attempt, r.status, r.reason) for r in runs] == [(1, "failed", "boom"), (2, "ok", None)]
+    with sqlite3.connect(old.db_path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
