@@ -169,6 +169,19 @@ def bench_run(c, cell, inventory=None, profile=None, retries=1, timeout=None, ve
     sys.exit(0 if outcome.status == "ok" else 1)
 
 
+@task(name="faults", help={k: v for k, v in BENCH_HELP.items() if k != "profile"} | {
+    "profile": "matrix profile with a fault plan (default: faults)"})
+def bench_faults(c, inventory=None, profile="faults", only=None, force=False, retries=1, timeout=None,
+                 verbose=False, matrix=None, report=True):
+    """Fault recovery: each cell undisturbed, then with the profile's fault; the report's fault table."""
+    from dtlab import commands
+
+    options = _harness_call(commands.bench_options, profile, only, force, retries, timeout, verbose, matrix,
+                            report)
+    outcomes = _harness_call(commands.bench_all, inventory, options, needs_fault_plan=True)
+    sys.exit(1 if any(outcome.status == "failed" for outcome in outcomes) else 0)
+
+
 @task(name="report", help={
     "inventory": INVENTORY_HELP,
     "results_dir": "results folder to read instead of results/<cluster name>",
@@ -208,6 +221,6 @@ def demo(c, name=None):
 lab = Collection("lab", lab_up, lab_down, lab_status, lab_ssh, lab_restart_node)
 cluster = Collection("cluster", cluster_check, cluster_reset)
 trainer = Collection("trainer", trainer_deploy)
-bench = Collection("bench", bench_all, bench_run, bench_report)
+bench = Collection("bench", bench_all, bench_run, bench_faults, bench_report)
 
 ns = Collection(lab, cluster, trainer, bench, test, demo)

@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dtlab import faults, paths, probes, remote
 from dtlab import launch as launching
 from dtlab import matrix as matrix_module
-from dtlab import paths, probes, remote
 from dtlab.cell import Cell, config_hash
 from dtlab.display import Display
 from dtlab.errors import DtlabError
@@ -214,6 +214,8 @@ class Bench:
         self.marks: dict[str, float] = {}
         # The running attempt's SSH connections, one per node (see remote.Sessions); None between attempts.
         self.sessions: remote.Sessions | None = None
+        # A faulted cell's run (dtlab.faults): armed in each attempt until its fault has fired.
+        self.fault_run: faults.FaultRun | None = None
 
     # --- the matrix ----------------------------------------------------------------
 
@@ -233,8 +235,12 @@ class Bench:
 
     def check_before_start(self, selected: matrix_module.Matrix) -> None:
         """What can stop the whole matrix, checked before any cell starts or any attempt is reserved:
-        a results store that cannot take runs, and local model or dataset paths the workers lack."""
+        a results store that cannot take runs, a fault plan's node the cell does not run on, and local
+        model or dataset paths the workers lack."""
         self.store.check(writable=True)
+        for cell in selected.cells:
+            if cell.fault:
+                faults.target(self.cluster, cell, launching.place(self.cluster, cell).nodes)
         from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX, is_local_path
 
         wanted: dict[str, str] = {}  # path -> the option naming it
@@ -298,6 +304,7 @@ class Bench:
         started = time.monotonic()
         failure: AttemptFailure | None = None
         attempts = 0
+        self.fault_run = faults.FaultRun(self.cluster, cell) if cell.fault else None
         for attempts in range(1, self.options.retries + 2):
             if attempts > 1:
                 self.wait_for_nodes()
@@ -346,6 +353,8 @@ class Bench:
         try:
             return self._run_attempt(cell, number_in_run, timeout_s, fresh=fresh)
         finally:
+            if self.fault_run is not None:
+                self.fault_run.disarm()
             self.sessions.close()
             self.sessions = None
 
@@ -381,8 +390,14 @@ class Bench:
             phase("preflight")
             self.prepare(planned, fresh=fresh)
             phase("prepare")
+            if self.fault_run is not None:
+                say = self.display.note if self.display else print
+                self.fault_run.arm(planned.placement.nodes, planned.all_nodes, planned.paths.output_dir,
+                                   attempt.number, say)
             result, failure = self.execute(planned, attempt.log_dir, timeout_s)
             phase("run_and_fetch")
+            if self.fault_run is not None:
+                self.fault_run.disarm()
         except KeyboardInterrupt:
             self.stop_cell(cell)
             raise
@@ -405,6 +420,7 @@ class Bench:
                     result,
                     node_versions=versions,
                     harness_time_s=time.monotonic() - attempt_started,
+                    fault_record=self.fault_run and self.fault_run.finish(number_in_run, result),
                     **record,
                 )
                 phase("record")
@@ -416,9 +432,14 @@ class Bench:
         assert failure is not None
         if self.display:
             self.display.attempt_failed()
+        fault_record = None
+        if self.fault_run is not None and self.fault_run.record is not None:
+            self.fault_run.noticed_failure()
+            fault_record = self.fault_run.finish(number_in_run, None)
         self.stop_cell(cell)
         self.store.record_failure(
             cell,
+            fault_record=fault_record,
             reason=failure.reason,
             node=failure.node,
             exit_code=failure.exit_code,
@@ -566,6 +587,8 @@ class Bench:
                     )
                 if failure is None and remaining:
                     failure = watch.fault({futures[f].name for f in remaining})
+                if failure is not None and self.fault_run is not None:
+                    self.fault_run.noticed_failure()  # the harness knows from this moment
                 if failure is not None and remaining and stopped_at is None:
                     # The others would wait in a collective until the timeout: stop them now.
                     self.stop_cell(planned.cell, quiet=True)

@@ -64,11 +64,16 @@ def matrix_report(cluster: Cluster, profile: str | None, say=print) -> Path | No
     return Path(files.markdown)
 
 
-def bench_all(inventory: str | None, options: BenchOptions) -> list[CellOutcome]:
-    """invoke bench.all: validate inventory, matrix and flags, run every cell, then write the report."""
+def bench_all(inventory: str | None, options: BenchOptions, needs_fault_plan: bool = False
+              ) -> list[CellOutcome]:
+    """invoke bench.all: validate inventory, matrix and flags, run every cell, then write the report.
+    invoke bench.faults is the same over a profile with a fault plan (needs_fault_plan)."""
     cluster = load_cluster(inventory)
     bench = Bench(cluster, options)
     selected = bench.load_matrix()  # every bad flag or matrix fails here, before any node is touched
+    if needs_fault_plan and not any(cell.fault for cell in selected.cells):
+        raise DtlabError(f"bench.faults: profile {selected.profile} in {selected.source} has no fault plan; "
+                         "add `fault: {kind: kill, after_epoch: 1}` to it or use --profile faults")
     try:
         outcomes = bench.run_matrix(selected)
     except KeyboardInterrupt:
@@ -79,9 +84,9 @@ def bench_all(inventory: str | None, options: BenchOptions) -> list[CellOutcome]
     done = sum(o.status == "ok" for o in outcomes)
     failed_cells = [o for o in outcomes if o.status == "failed"]
     skipped = sum(o.status == "skipped" for o in outcomes)
-    print(
-        f"bench.all {selected.profile}: {done} ran ok, {skipped} already recorded, {len(failed_cells)} failed"
-    )
+    command = "bench.faults" if needs_fault_plan else "bench.all"
+    print(f"{command} {selected.profile}: {done} ran ok, {skipped} already recorded, "
+          f"{len(failed_cells)} failed")
     if options.report:
         matrix_report(cluster, selected.profile)
     return outcomes

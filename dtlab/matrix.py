@@ -23,7 +23,7 @@ import yaml
 from referencing import Registry, Resource
 
 from dtlab import paths
-from dtlab.cell import Cell
+from dtlab.cell import FAULT_KINDS, Cell, Fault
 from dtlab.errors import DtlabError
 from trainer import config as trainer_config
 from trainer.schema import first_error
@@ -88,6 +88,19 @@ SCHEMA = {
                     },
                 },
                 "runs": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/run"}},
+                "fault": {"$ref": "#/$defs/fault"},
+            },
+        },
+        # A fault plan: each cell runs undisturbed, then again with this fault (docs/faults.md).
+        "fault": {
+            "type": "object",
+            "required": ["kind", "after_epoch"],
+            "additionalProperties": False,
+            "properties": {
+                "kind": {"enum": list(FAULT_KINDS)},
+                "after_epoch": {**_POSITIVE_INTEGER, "x-message": "must be an epoch >= 1, got {value!r}"},
+                "node": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
+                "seconds": {**_POSITIVE_INTEGER, "x-message": "must be seconds >= 1, got {value!r}"},
             },
         },
         "run": {
@@ -175,11 +188,17 @@ def load(
     where = f"{path}: profiles.{profile}"
     trainer_options = dict(sorted((spec.get("trainer") or {}).items()))
     _check_trainer_rules(where, trainer_options, device)
+    fault = _fault(f"{where}.fault", spec.get("fault"))
     cells: list[Cell] = []
     first_seen: dict[Cell, str] = {}
     for index, run in enumerate(spec["runs"]):
         run_where = f"{where}.runs[{index}]"
-        for cell in _expand(run, profile, trainer_options):
+        for cell in _expand(run, profile, trainer_options, fault):
+            if fault is not None and fault.after_epoch >= cell.epochs:
+                raise DtlabError(
+                    f"{where}.fault.after_epoch: {fault.after_epoch}, but cell {cell.undisturbed.key} has "
+                    f"{cell.epochs} epochs: the fault would hit after training ended; lower after_epoch"
+                )
             if max_gpus is not None and cell.gpus > max_gpus:
                 raise DtlabError(
                     f"{run_where}.gpus: {cell.gpus} GPUs but the inventory offers {max_gpus}; "
@@ -241,15 +260,28 @@ def _check_trainer_rules(where: str, options: dict[str, Any], device: str | None
         raise DtlabError(f"{where}.trainer.{error}") from None
 
 
+def _fault(where: str, spec: dict[str, Any] | None) -> Fault | None:
+    if spec is None:
+        return None
+    seconds = spec.get("seconds")
+    if spec["kind"] == "netdrop" and seconds is None:
+        raise DtlabError(f"{where}.seconds: a netdrop needs seconds (how long the network stays down)")
+    if spec["kind"] != "netdrop" and seconds is not None:
+        raise DtlabError(f"{where}.seconds: only a netdrop lasts; {spec['kind']} takes no seconds")
+    return Fault(spec["kind"], spec["after_epoch"], spec.get("node"), seconds)
+
+
 def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
 
-def _expand(run: dict[str, Any], profile: str, trainer_options: dict[str, Any]) -> Iterator[Cell]:
+def _expand(
+    run: dict[str, Any], profile: str, trainer_options: dict[str, Any], fault: Fault | None = None
+) -> Iterator[Cell]:
     frameworks, gpus, epochs, seeds = (_as_list(run[key]) for key in RUN_KEYS)
     # Stable order: epochs, then seeds, then GPUs, then framework, so frameworks interleave in time.
     for epoch_count, seed, gpu_count, framework in itertools.product(epochs, seeds, gpus, frameworks):
-        yield Cell(
+        cell = Cell(
             framework=framework,
             gpus=gpu_count,
             epochs=epoch_count,
@@ -257,3 +289,6 @@ def _expand(run: dict[str, Any], profile: str, trainer_options: dict[str, Any]) 
             profile=profile,
             trainer_config=trainer_options,
         )
+        yield cell
+        if fault is not None:  # the faulted run right after its undisturbed twin, on the same nodes
+            yield dataclasses.replace(cell, fault=fault.spec)

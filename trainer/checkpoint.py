@@ -27,6 +27,11 @@ def epoch_dir_name(epoch: int) -> str:
     return f"epoch-{epoch:04d}"
 
 
+def epoch_of(epoch_dir: Path) -> int:
+    """The epoch an epoch directory (as latest_checkpoint gives it) holds."""
+    return int(_EPOCH_DIR.match(epoch_dir.name).group(1))
+
+
 def latest_checkpoint(checkpoint_dir: str | Path | None) -> Path | None:
     """The newest complete epoch directory in checkpoint_dir, or None."""
     if checkpoint_dir is None or not Path(checkpoint_dir).is_dir():

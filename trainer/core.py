@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import socket
 import time
 from pathlib import Path
 
@@ -119,6 +120,8 @@ class _Run:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.is_cuda = device.type == "cuda"
         self.config_hash = config_hash(cfg)
+        if cfg.output_dir:
+            progress.mark_rank(cfg.output_dir, self.rank)
 
     def log(self, message: str) -> None:
         if self.rank == 0:
@@ -225,15 +228,22 @@ class _Run:
     # --- resume ---
     def _resume(self) -> tuple[int, float, list[dict]]:
         """(epochs done, elapsed training-span seconds, their metrics) from the latest checkpoint."""
-        state = None
+        state, source = None, 0
         if self.rank == 0:
             path = self.hooks.resume_path()
             if path is not None:
                 self.log(f"resuming from {path}")
                 state = checkpoint.load(path)
+        if self.world_size > 1:
+            source = self._newest_checkpoint_holder(state["epoch"] if state else 0)
+            if source == self.rank != 0:
+                path = checkpoint.latest_checkpoint(self.cfg.checkpoint_dir)
+                print(f"{progress.LOG_PREFIX}resuming from {path} on {socket.gethostname()} (rank {source}: "
+                      "rank 0's node holds an older checkpoint or none)", flush=True)
+                state = checkpoint.load(path)
         holder = [state]
-        if self.world_size > 1:  # rank 0 reads; the others receive it, so no shared disk is needed
-            dist.broadcast_object_list(holder, src=0, device=self.device if self.is_cuda else None)
+        if self.world_size > 1:  # one rank reads; the others receive it, so no shared disk is needed
+            dist.broadcast_object_list(holder, src=source, device=self.device if self.is_cuda else None)
         state = holder[0]
         if state is None:
             return 0, 0.0, []
@@ -254,6 +264,15 @@ class _Run:
         checkpoint.restore_rng_states(state["rng"][self.rank])
         return state["epoch"], state["elapsed_s"], state["epoch_metrics"]
 
+    def _newest_checkpoint_holder(self, rank0_epoch: int) -> int:
+        """The rank whose node holds the newest checkpoint in checkpoint_dir (rank 0 on a tie). Spark and
+        Ray restart a worker group on any nodes, so rank 0 may now run where the checkpoint is not."""
+        own = 0
+        if self.rank != 0 and (found := checkpoint.latest_checkpoint(self.cfg.checkpoint_dir)):
+            own = checkpoint.epoch_of(found)
+        epochs = gather(rank0_epoch if self.rank == 0 else own)
+        return max(range(len(epochs)), key=lambda rank: (epochs[rank], -rank))
+
     def _save_checkpoint(self, epoch: int, elapsed: float, epoch_metrics: list[dict]) -> None:
         rng = gather(checkpoint.rng_states())  # every rank's generators, for an exact resume
         if self.rank != 0:
@@ -269,6 +288,8 @@ class _Run:
                 "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict(),
             }, directory)
+        if self.cfg.output_dir:
+            progress.mark_checkpointed(self.cfg.output_dir, epoch)
 
     # --- the loop ---
     def _to_device(self, batch: dict) -> dict:

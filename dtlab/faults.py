@@ -1,0 +1,201 @@
+"""Fault plans: one fault injected into a running cell over SSH once epoch k is checkpointed, and what
+recovering from it cost. bench runs a FaultRun beside a faulted cell's attempts; docs/faults.md.
+
+"After epoch k" is the same moment on every platform: rank 0 has written epoch k's checkpoint and says
+so in output_dir/checkpointed_epoch (trainer.progress). The fault hits the cell's last placed worker
+unless the plan names a node; each platform's own recovery then runs as configured (RECOVERY), with
+dtlab's retry from the checkpoint behind it.
+"""
+
+from __future__ import annotations
+
+import shlex
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from dtlab import remote
+from dtlab.cell import Cell, Fault
+from dtlab.errors import DtlabError
+from dtlab.inventory import Cluster, Node
+from trainer import progress
+
+POLL_S = 0.5  # how often the trigger reads checkpointed_epoch on the cell's nodes
+PROBE_TIMEOUT_S = 10
+DTLAB_RETRY = "dtlab retry from the newest checkpoint"
+
+
+def recovery(cluster: Cluster, cell: Cell) -> str:
+    """How the cell's platform recovers from a lost worker, as dtlab configures it (docs/faults.md)."""
+    return {
+        # The study's torchrun: static rendezvous, no --max-restarts; a user reruns it, as dtlab does.
+        "ddp": DTLAB_RETRY,
+        # --requeue acts on a node failure, not on a task that exits: a failed job is resubmitted.
+        "slurm": DTLAB_RETRY,
+        # A barrier ResultStage (TorchDistributor's collect) is aborted, never retried, by Spark.
+        "spark": DTLAB_RETRY,
+        "determined": ("the Determined master's trial restart" if cluster.has_determined_master
+                       else f"{DTLAB_RETRY}, a stand-in for the Determined master's trial restart"),
+        "ray": (f"Ray Train FailureConfig(max_failures={cluster.var('ray_max_failures', 1)}), "
+                f"then {DTLAB_RETRY}"),
+    }[cell.framework]
+
+
+@dataclass
+class FaultRecord:
+    """What a fault plan did in one run of a faulted cell: stored with each of its attempts (the newest
+    is the run's). Times: unix seconds; *_s: seconds after the fault."""
+
+    spec: str
+    kind: str
+    node: str
+    after_epoch: int
+    seconds: int | None
+    recovered_by: str
+    run_started_unix: float
+    injected_unix: float | None = None
+    injected_in_attempt: int | None = None
+    checkpointed_epoch: int | None = None
+    injection: str = ""
+    failure_noticed_unix: float | None = None
+    detected_s: float | None = None
+    detected_by: str = ""
+    training_again_s: float | None = None
+    epochs_redone: int | None = None
+    total_s: float | None = None
+    attempts: int = 0
+    outcome: str = "failed"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def target(cluster: Cluster, cell: Cell, placed: tuple[Node, ...]) -> Node:
+    """The node the fault hits: the plan's, which must be one the cell runs on, else its last worker."""
+    plan = cell.fault_plan
+    if plan.node is None:
+        return placed[-1]
+    chosen = [node for node in placed if node.name == plan.node]
+    if not chosen:
+        raise DtlabError(f"fault plan of {cell.key}: node {plan.node} is not among the workers the cell runs "
+                         f"on ({', '.join(node.name for node in placed)}); name one of them")
+    return chosen[0]
+
+
+def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str) -> str:
+    """Shell for the hit node; prints one line saying what it did, exits 3 when there was nothing to hit."""
+    if plan.kind == "kill":
+        # The trainer's own processes, by the PIDs each rank left on its node, checked to be the venv's
+        # Python before the kill: a finished rank's PID may have been reused.
+        ranks = shlex.quote(f"{output_dir}/{progress.RANKS_DIR}")
+        python = shlex.quote(cluster.python)
+        return (
+            f"want=$(readlink -f {python}); killed=; for file in {ranks}/*.pid; do "
+            '[ -f "$file" ] || continue; pid=$(cat "$file"); '
+            '[ "$(readlink -f /proc/$pid/exe 2>/dev/null)" = "$want" ] && kill -9 "$pid" '
+            '&& killed="$killed $pid"; '
+            'done; [ -n "$killed" ] || { echo "no live trainer process"; exit 3; }; '
+            'echo "kill -9 of trainer PID(s)$killed"'
+        )
+    # netdrop: the interface gloo and NCCL use goes down for N s, from a transient unit of its own,
+    # so it comes back up although this SSH session (over that interface) is cut.
+    env_file = shlex.quote(cluster.socket_env_file)
+    body = shlex.quote(f". {env_file}; ip link set \"$GLOO_SOCKET_IFNAME\" down; sleep {plan.seconds}; "
+                       "ip link set \"$GLOO_SOCKET_IFNAME\" up")
+    return (f". {env_file} && [ -n \"$GLOO_SOCKET_IFNAME\" ] || "
+            f"{{ echo 'no GLOO_SOCKET_IFNAME in {env_file}'; exit 3; }}; "
+            f"systemd-run --quiet --collect --unit={shlex.quote(unit)} sh -c {body} && "
+            f"echo \"$GLOO_SOCKET_IFNAME down for {plan.seconds} s\"")
+
+
+@dataclass
+class FaultRun:
+    """One faulted cell's run: arms the trigger in each attempt until the fault has fired, then turns
+    the attempts' outcomes into its FaultRecord."""
+
+    cluster: Cluster
+    cell: Cell
+    record: FaultRecord | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    @property
+    def fired(self) -> bool:
+        return self.record is not None and self.record.injected_unix is not None
+
+    def arm(self, placed: tuple[Node, ...], watched: tuple[Node, ...], output_dir: str, attempt: int,
+            say) -> None:
+        """Start watching this attempt: fire once checkpointed_epoch >= k on any of `watched`."""
+        plan = self.cell.fault_plan
+        node = target(self.cluster, self.cell, placed)
+        if self.record is None:
+            self.record = FaultRecord(plan.spec, plan.kind, node.name, plan.after_epoch, plan.seconds,
+                                      recovery(self.cluster, self.cell), run_started_unix=time.time())
+        if self.fired:
+            return
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, args=(node, watched, output_dir, attempt, say),
+                                        name="dtlab-fault", daemon=True)
+        self._thread.start()
+
+    def disarm(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(PROBE_TIMEOUT_S + 5)
+
+    def _watch(self, node: Node, watched: tuple[Node, ...], output_dir: str, attempt: int, say) -> None:
+        plan = self.cell.fault_plan
+        marker = shlex.quote(f"{output_dir}/{progress.CHECKPOINTED_FILE}")
+        while not self._stop.wait(POLL_S):
+            answers = remote.run_all(watched, f"cat {marker} 2>/dev/null || true", timeout=PROBE_TIMEOUT_S)
+            epochs = [int(text) for answer in answers.values() if not isinstance(answer, BaseException)
+                      and (text := answer.stdout.strip()).isdigit()]
+            if not epochs or max(epochs) < plan.after_epoch:
+                continue
+            unit = remote.unit_name(self.cell.key, "fault")
+            injected = time.time()
+            try:
+                answer = remote.run(node, inject_command(self.cluster, plan, output_dir, unit),
+                                    timeout=PROBE_TIMEOUT_S)
+                said = (answer.stdout or answer.stderr).strip().splitlines()[-1:] or ["(no output)"]
+                done = answer.ok
+            except DtlabError as error:
+                said, done = [str(error)], False
+            self.record.injection = f"{said[0]} on {node.name}" if done else f"not injected: {said[0]}"
+            if done:
+                self.record.injected_unix = injected
+                self.record.injected_in_attempt = attempt
+                self.record.checkpointed_epoch = max(epochs)
+            say(f"[magenta]fault {plan.spec}: {self.record.injection}[/]")
+            return
+
+    def noticed_failure(self) -> None:
+        """The harness has just seen the attempt fail (the first such moment after the fault counts)."""
+        if self.fired and self.record.failure_noticed_unix is None:
+            self.record.failure_noticed_unix = time.time()
+
+    def finish(self, attempts: int, result: dict[str, Any] | None) -> dict[str, Any]:
+        """The record as of this attempt's end (ok: `result` is the run's): stored with the attempt."""
+        record = self.record
+        record.attempts = attempts
+        record.outcome = "recovered" if result is not None and self.fired else (
+            "ok, not hit" if result is not None else "failed")
+        if result is None or not self.fired:
+            return record.as_dict()
+        injected = record.injected_unix
+        timeline = result.get("timeline_unix") or {}
+        if record.failure_noticed_unix is not None:
+            record.detected_s = record.failure_noticed_unix - injected
+            record.detected_by = "dtlab (attempt failed)"
+        elif restarted := [t for t in (timeline.get("process_started"), timeline.get("training_started"))
+                           if t and t > injected]:  # Ray may start the new rank 0 in an older, idle process
+            record.detected_s, record.detected_by = restarted[0] - injected, "the platform (restarted it)"
+        else:
+            record.detected_by = "nobody: training went on"
+        first_step = timeline.get("first_step_done")
+        record.training_again_s = first_step - injected if first_step and first_step > injected else None
+        record.epochs_redone = record.checkpointed_epoch - int(result.get("resumed_from_epoch") or 0)
+        recorded = (result.get("harness_timeline_unix") or {}).get("recorded")
+        record.total_s = recorded - record.run_started_unix if recorded else None
+        return record.as_dict()
