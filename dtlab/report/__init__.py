@@ -12,7 +12,8 @@ API (what dtlab.commands calls for `invoke bench.report` and `bench.all`)::
 
 Partial stores give partial reports: a missing cell is shown as missing on either side. Failed
 attempts are listed; only each cell's newest ok attempt of one profile (newest, or --profile) is used.
-Rounding: see dtlab.report.numbers.
+Rounding: see dtlab.report.numbers. Faulted cells (Cell.fault) are reported only in the "Fault recovery"
+section (dtlab.report.faults: Report.faults, Table B.5, Figure B.2), beside their undisturbed twins.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from typing import Any
 
 from dtlab.errors import DtlabError
 from dtlab.report.aggregate import GroupKey, GroupStats, Sample, group, long_epochs, primary_epochs
+from dtlab.report.faults import FaultSection, fault_section, is_faulted
 from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
 from dtlab.report.study import (
     DISPLAY_NAMES,
@@ -52,6 +53,7 @@ class Report:
     rounding: list[str] = field(default_factory=list)  # the rounding rule and the study's exception
     figures: list[dict[str, Any]] = field(default_factory=list)  # filled by render: {"title", "png", "svg"}
     from_study: bool = False  # `bench.report --study`: "this cluster" is the study's published runs
+    faults: FaultSection | None = None  # "Fault recovery", when faulted cells were run (any profile)
 
     def count_label(self, count: int) -> str:
         devices = {d for (_f, g, _e), s in self.groups.items() if g == count for d in s.devices}
@@ -59,7 +61,8 @@ class Report:
 
 
 def choose_profile(ok_runs: list[Run], profile: str | None) -> tuple[str | None, list[str]]:
-    """The profile to report: the one asked for, else that of the newest ok run (profiles never mix)."""
+    """The profile to report: the one asked for, else that of the newest ok run (profiles never mix);
+    an undisturbed run's, when there is one: faulted runs have their own section, from every profile."""
     present = sorted({run.cell.profile for run in ok_runs})
     if profile is not None:
         if present and profile not in present:
@@ -70,7 +73,7 @@ def choose_profile(ok_runs: list[Run], profile: str | None) -> tuple[str | None,
         return profile, [p for p in present if p != profile]
     if not ok_runs:
         return None, []
-    chosen = ok_runs[-1].cell.profile
+    chosen = ([run for run in ok_runs if not is_faulted(run)] or ok_runs)[-1].cell.profile
     return chosen, [p for p in present if p != chosen]
 
 
@@ -179,7 +182,7 @@ def incomparable_with_study(runs: list[Run]) -> str | None:
 
 def coverage_notes(profile: str | None, all_runs: list[Run], ok_runs: list[Run]) -> list[str]:
     """What the tables lack: cells whose latest attempt failed, and cells of the profile (as the matrix
-    file declares it now) with no successful run at all."""
+    file declares it now) with no successful run at all. Faulted cells are the fault section's."""
     latest: dict[str, Run] = {}
     for run in sorted(all_runs, key=lambda run: run.attempt):
         if profile is None or run.cell.profile == profile:
@@ -192,7 +195,7 @@ def coverage_notes(profile: str | None, all_runs: list[Run], ok_runs: list[Run])
         from dtlab import matrix
 
         try:
-            declared = {cell.key for cell in matrix.load(profile).cells}
+            declared = {cell.key for cell in matrix.load(profile).cells if not cell.fault}
         except DtlabError:  # a profile the matrix file no longer declares: nothing to compare with
             declared = set()
         missing = sorted(declared - {run.cell_key for run in ok_runs})
@@ -320,9 +323,14 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
             "run `invoke bench.all` (or bench.run) first, then `invoke bench.report`"
         )
     chosen, others = choose_profile(store.runs("ok"), profile)
-    ok_runs = store.latest_ok_runs(chosen) if chosen is not None else []
+    # A faulted cell's runs (its injected failures too) are measured in their own section, never in the
+    # study's tables, B.2 or B.4: their time is the fault's. Their undisturbed twins are ordinary cells.
+    faults = fault_section(all_runs)
+    study_runs = [run for run in all_runs if not is_faulted(run)]
+    newest_ok = store.latest_ok_runs(chosen) if chosen is not None else []
+    ok_runs = [run for run in newest_ok if not is_faulted(run)]
     failed = [
-        run for run in all_runs if run.status == "failed" and (chosen is None or run.cell.profile == chosen)
+        run for run in study_runs if run.status == "failed" and (chosen is None or run.cell.profile == chosen)
     ]
     pub = published()
     # A resumed run's time misses what the interruption cost (the lost epochs, the restart): only
@@ -339,15 +347,18 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     if failed:
         extra.append(failures_table(failed, ok_runs))
     if resumed:
-        extra.append(resumed_table(resumed_costs(resumed, all_runs, groups)))
+        extra.append(resumed_table(resumed_costs(resumed, study_runs, groups)))
     labels = Counter(
         (run.result["framework_label"], config_label(run.cell.gpus, run.result["device"]))
         for run in undisturbed
     )
     notes = []
     if not ok_runs:
-        notes.append("No successful runs are recorded yet: only the study's figures are shown.")
-    notes += coverage_notes(chosen, all_runs, ok_runs)
+        notes.append("No successful runs are recorded yet: only the study's figures are shown."
+                     if faults is None else
+                     "No successful undisturbed runs are recorded yet: only the study's figures are shown "
+                     "(faulted runs: see Fault recovery).")
+    notes += coverage_notes(chosen, study_runs, ok_runs)
     if incomparable:
         notes.append(f"This/study ratios are left out (—): {incomparable}.")
     if resumed:
@@ -375,6 +386,7 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
         long_epochs=long,
         notes=notes,
         rounding=[ROUNDING_RULE, STUDY_34_00_NOTE],
+        faults=faults,
     )
 
 

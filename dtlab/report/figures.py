@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -13,11 +14,15 @@ matplotlib.use("Agg")  # files only; never a display
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from dtlab.report.numbers import fmt  # noqa: E402
 from dtlab.report.study import DISPLAY_NAMES  # noqa: E402
+
+if TYPE_CHECKING:
+    from dtlab.report.faults import FaultOutcome
 
 FIGURE_SIZE_IN = (8.0, 4.5)
 WIDE_FIGURE_SIZE_IN = (11.0, 4.5)  # Figure 5.1 with this cluster and the study side by side
@@ -132,6 +137,70 @@ def accuracy_curves(
     axes.legend(fontsize="small")
     axes.grid(alpha=0.3)
     figure.tight_layout()
+    return figure
+
+
+# The fault timeline's moments: (FaultOutcome's seconds, marker, face colour, legend label). Black-edged
+# and in colours no framework has, so they show on every framework's bar.
+_FAULT_MOMENTS = (
+    ("fault", "X", "#ffd700", "fault injected"),
+    ("detected", "|", "black", "detected"),
+    ("training_again", ">", "white", "training again"),
+)
+
+
+def _moment_style(marker: str, face: str) -> dict:
+    return {"marker": marker, "linestyle": "", "markersize": 9, "markerfacecolor": face,
+            "markeredgecolor": "black", "markeredgewidth": 2 if marker == "|" else 1}
+
+
+_LEGEND_ROW_IN = 0.35
+
+
+def fault_timelines(outcomes: Sequence[FaultOutcome], *, title: str) -> Figure:
+    """One row per faulted run: its undisturbed twin's bar (0 -> its total, pale) above the faulted
+    run's (0 -> its total over every attempt), with the fault, its detection and training going on
+    again marked on the faulted bar. A run that did not recover is hatched; a missing twin says so."""
+    height = 1.3 + 0.75 * len(outcomes)
+    figure = Figure(figsize=(FIGURE_SIZE_IN[0], height), dpi=FIGURE_DPI)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    longest = max((t for o in outcomes for t in (o.total_s, o.undisturbed_s) if t is not None), default=1.0)
+    for row, outcome in enumerate(outcomes):
+        colour = FRAMEWORK_COLOURS.get(outcome.framework, _OTHER_COLOUR)
+        twin_y, faulted_y = row - 0.18, row + 0.18  # the y axis is inverted below
+        if outcome.undisturbed_s is not None:
+            axes.barh(twin_y, outcome.undisturbed_s, 0.32, color=colour, alpha=0.35)
+        else:
+            axes.text(0, twin_y, " no undisturbed run recorded", va="center", fontsize=7,
+                      color=_MISSING_COLOUR)
+        if outcome.total_s is not None:
+            axes.barh(faulted_y, outcome.total_s, 0.32, color=colour,
+                      hatch=None if outcome.recovered else "//", edgecolor="white")
+        if not outcome.recovered:
+            axes.text(outcome.total_s or 0, faulted_y, f" {outcome.state}", va="center", fontsize=7)
+        if outcome.fault_at_s is not None:
+            moments = {"fault": 0.0, "detected": outcome.detected_s,
+                       "training_again": outcome.training_again_s}
+            for name, marker, face, _label in _FAULT_MOMENTS:
+                if moments[name] is not None:
+                    axes.plot(outcome.fault_at_s + moments[name], faulted_y, **_moment_style(marker, face))
+    axes.set_yticks(range(len(outcomes)), [f"{o.name}\n{o.undisturbed_key}" for o in outcomes], fontsize=8)
+    axes.invert_yaxis()  # the table's order, top to bottom
+    axes.set_xlim(0, longest * 1.08)
+    axes.set_xlabel("Seconds from the run's first submit")
+    axes.grid(axis="x", alpha=0.3)
+    figure.legend(
+        handles=[
+            Patch(color=_OTHER_COLOUR, alpha=0.35, label="undisturbed run"),
+            Patch(color=_OTHER_COLOUR, label="faulted run, every attempt"),
+            *(Line2D([], [], label=label, **_moment_style(marker, face))
+              for _name, marker, face, label in _FAULT_MOMENTS),
+        ],
+        loc="lower center", ncol=5, fontsize="small", frameon=False,
+    )
+    axes.set_title(title, fontsize="medium")
+    figure.tight_layout(rect=(0, _LEGEND_ROW_IN / height, 1, 1))  # the legend's row below the axes
     return figure
 
 

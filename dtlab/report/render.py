@@ -94,6 +94,10 @@ def figure_5_1(report: Report) -> figures.Figure:
                              title="Figure 5.1: training time per framework (one scale)")
 
 
+def _fault_figures(report: Report) -> list[dict]:
+    return [report.faults.figure] if report.faults is not None and report.faults.figure else []
+
+
 def draw_figures(report: Report, figure_dir: Path) -> list[dict]:
     title = ("Figure 5.1: training time per framework (the study, as published)" if report.from_study
              else "Figure 5.1: training time per framework, this cluster beside the study")
@@ -117,7 +121,13 @@ def draw_figures(report: Report, figure_dir: Path) -> list[dict]:
                 "stem": "figure-b.1-accuracy",
             }
         )
-    for item in drawn:
+    if report.faults is not None:  # shown in its own section, saved with the others
+        report.faults.figure = {
+            "title": f"Figure B.2: {report.faults.figure_title} (beyond the study)",
+            "figure": figures.fault_timelines(report.faults.outcomes, title=report.faults.figure_title),
+            "stem": "figure-b.2-fault-recovery",
+        }
+    for item in [*drawn, *_fault_figures(report)]:
         png, svg = figures.save(item.pop("figure"), figure_dir / item["stem"])
         item["png"], item["svg"] = png, svg
         item["png_base64"] = base64.b64encode(png.read_bytes()).decode("ascii")
@@ -128,12 +138,14 @@ def write_report(report: Report, out_dir: Path) -> ReportFiles:
     out_dir.mkdir(parents=True, exist_ok=True)
     files = ReportFiles(out_dir, out_dir / "report.md", out_dir / "report.html")
     report.figures = draw_figures(report, out_dir / "figures")
-    for item in report.figures:
+    for item in [*report.figures, *_fault_figures(report)]:
         files.figures += [item["png"], item["svg"]]
         item["png_rel"] = item["png"].relative_to(out_dir).as_posix()
         item["svg_rel"] = item["svg"].relative_to(out_dir).as_posix()
     tables_dir = out_dir / "tables"
     all_tables = [*report.tables, *report.extra_tables] + ([report.node_table] if report.node_table else [])
+    if report.faults is not None:
+        all_tables.append(report.faults.table)
     for table in all_tables:
         path = tables_dir / f"{table.slug}.csv"
         atomic_write_text(path, table_csv(table))
