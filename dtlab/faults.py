@@ -35,7 +35,9 @@ def recovery(cluster: Cluster, cell: Cell) -> str:
         "slurm": DTLAB_RETRY,
         # A barrier ResultStage (TorchDistributor's collect) is aborted, never retried, by Spark.
         "spark": DTLAB_RETRY,
-        "determined": ("the Determined master's trial restart" if cluster.has_determined_master
+        "determined": (f"the Determined master's trial restart (max_restarts: "
+                       f"{cluster.var('determined_fault_max_restarts', 1)}), then {DTLAB_RETRY}"
+                       if cluster.has_determined_master
                        else f"{DTLAB_RETRY}, a stand-in for the Determined master's trial restart"),
         "ray": (f"Ray Train FailureConfig(max_failures={cluster.var('ray_max_failures', 1)}), "
                 f"then {DTLAB_RETRY}"),

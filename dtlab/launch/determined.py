@@ -83,6 +83,8 @@ def render_experiment(cluster: Cluster, cell: Cell, config: dict[str, Any]) -> d
     hyperparameters = {k: v for k, v in config.items() if k not in NOT_HYPERPARAMETERS and v is not None}
     rendered["hyperparameters"] = {**(rendered.get("hyperparameters") or {}), **hyperparameters}
     rendered["reproducibility"] = {"experiment_seed": cell.seed}
+    if cell.fault:  # a fault plan measures the master's own recovery: it restarts the trial
+        rendered["max_restarts"] = int(cluster.require("determined_fault_max_restarts"))
     rendered["entrypoint"] = (
         f"{rendered['entrypoint'].strip()} --output-dir {config['output_dir']} "
         f"--cache-dir {config['cache_dir']}"

@@ -252,3 +252,42 @@ def test_config_hash_changes_with_the_generated_tokenizer(monkeypatch):
     monkeypatch.setattr(trainer.config, "GENERATED_TOKENIZER_VERSION", next_version)
     assert config_hash(smoke_ddp) != before[0]
     assert config_hash(study_ddp) == before[1]  # IMDB and the hub's bert-tiny: named by their ids
+
+
+def test_the_faults_profile_runs_each_platform_undisturbed_then_with_its_fault():
+    faults = matrix.load("faults")
+    keys = [cell.key for cell in faults]
+    assert keys[:2] == ["ddp-g2-e3-s0", "ddp-g2-e3-s0-kill-after1"]
+    assert {cell.framework for cell in faults} == {"ddp", "spark", "determined", "ray", "slurm"}
+    for undisturbed, faulted in zip(faults.cells[::2], faults.cells[1::2], strict=True):
+        assert faulted.undisturbed == undisturbed and not undisturbed.fault
+        assert faulted.fault_plan.kind == "kill" and faulted.fault_plan.after_epoch == 1
+        assert config_hash(faulted) != config_hash(undisturbed)
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        ("{kind: kill, after_epoch: 2}", "p.fault.after_epoch: 2, but cell ddp-g1-e2-s0 has 2 epochs"),
+        ("{kind: crash, after_epoch: 1}", "p.fault.kind: must be one of kill, netdrop"),
+        ("{kind: kill, after_epoch: 0}", "p.fault.after_epoch: must be an epoch >= 1, got 0"),
+        ("{kind: netdrop, after_epoch: 1}", "p.fault.seconds: a netdrop needs seconds"),
+        ("{kind: kill, after_epoch: 1, seconds: 5}", "p.fault.seconds: only a netdrop lasts"),
+        ("{kind: kill, after_epoch: 1, nodes: node2}", "p.fault.nodes: unknown key; did you mean node?"),
+    ],
+)
+def test_a_bad_fault_plan_fails_with_one_line_naming_the_key(matrix_file, fault, message):
+    path = matrix_file(f"fault: {fault}\nruns: [{{frameworks: ddp, gpus: 1, epochs: 2, seeds: 0}}]")
+    with pytest.raises(DtlabError) as failure:
+        matrix.load("p", path, max_gpus=2)
+    text = str(failure.value)
+    assert text.startswith(f"{path}: ") and message in text and "\n" not in text
+
+
+def test_a_fault_plan_with_a_node_and_a_netdrop_names_both_in_the_cell_key(matrix_file):
+    path = matrix_file("fault: {kind: netdrop, after_epoch: 1, seconds: 20, node: node2}\n"
+                       "runs: [{frameworks: ray, gpus: 2, epochs: 3, seeds: 4}]")
+    [_, faulted] = matrix.load("p", path, max_gpus=2)
+    assert faulted.key == "ray-g2-e3-s4-netdrop-after1-20s-node2"
+    plan = faulted.fault_plan
+    assert (plan.kind, plan.after_epoch, plan.seconds, plan.node) == ("netdrop", 1, 20, "node2")

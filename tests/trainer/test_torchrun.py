@@ -2,8 +2,10 @@
 
 import contextlib
 import json
+import shutil
 import subprocess
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -18,6 +20,7 @@ from tests.trainer.conftest import (
     trainer_env,
     write_config,
 )
+from trainer import progress
 from trainer.core import train
 from trainer.model import build_model
 from trainer.result import validate_result
@@ -127,6 +130,26 @@ def test_killed_run_resumes_to_the_unbroken_result(two_worker_run, tmp_path):
         assert [m[key] for m in resumed["epoch_metrics"]] == [m[key] for m in unbroken["epoch_metrics"]], key
     unbroken_weights = final_weights(unbroken_root / "ckpt", 3)
     assert max_weight_difference(final_weights(tmp_path / "ckpt", 3), unbroken_weights) == 0
+
+
+@pytest.mark.slow  # over 10 s on 2 cores: not in `invoke test --fast`
+def test_a_rank_whose_node_holds_the_newest_checkpoint_is_the_one_every_rank_resumes_from(
+        two_worker_run, tmp_path):
+    cfg, unbroken_root, _ = two_worker_run
+    shutil.copytree(unbroken_root / "ckpt" / "epoch-0002", tmp_path / "ckpt" / "epoch-0002")
+    moved = type(cfg)(**{**cfg.as_dict(), "output_dir": str(tmp_path / "out"),
+                         "checkpoint_dir": str(tmp_path / "ckpt")})
+    command = torchrun_command(2, "--config", str(write_config(moved, tmp_path / "run.yml")))
+    module = command.index("trainer.launchers.torchrun")
+    command[module - 1:module + 1] = [str(Path(__file__).with_name("rank0_without_checkpoint.py"))]
+    completed = run(command)
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["resumed_from_epoch"] == 2 and "(rank 1: rank 0's node holds" in completed.stdout
+    assert max_weight_difference(final_weights(tmp_path / "ckpt", 3),
+                                 final_weights(unbroken_root / "ckpt", 3)) == 0
+    # What fault plans read: the last checkpointed epoch, and each rank's PID on its node.
+    assert (tmp_path / "out" / progress.CHECKPOINTED_FILE).read_text() == "3\n"
+    assert sorted(p.name for p in (tmp_path / "out" / progress.RANKS_DIR).iterdir()) == ["0.pid", "1.pid"]
 
 
 def test_the_harness_agent_is_torchrun_with_its_output_and_exit_status(tmp_path):

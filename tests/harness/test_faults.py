@@ -1,0 +1,118 @@
+"""Fault plans (dtlab.faults): which node a fault hits, the shell that hits it, and what a run's
+record says it cost. The injection over SSH and the recoveries run on the lab (test_bench_lab.py)."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
+
+from dtlab import faults, launch
+from dtlab.cell import Cell, Fault
+from dtlab.errors import DtlabError
+from dtlab.inventory import load_cluster
+from trainer import progress
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    # The controller's own venv as the nodes' one: the kill below checks /proc/PID/exe against it.
+    site = CPU_SITE_VARS + f"dtlab_venv_dir: {sys.prefix}\n"
+    return load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": site}))
+
+
+CONFIG = {"output_dir": "/runs/out", "cache_dir": "/data/cache", "checkpoint_dir": "/runs/ck", "epochs": 3}
+
+
+def faulted(framework="ddp", spec="kill-after1") -> Cell:
+    return Cell(framework, 2, 3, 0, "faults", {}, fault=spec)
+
+
+def test_a_fault_hits_the_cells_last_worker_unless_the_plan_names_one_it_runs_on(cluster):
+    placed = launch.place(cluster, faulted()).nodes
+    assert faults.target(cluster, faulted(), placed).name == placed[-1].name
+    assert faults.target(cluster, faulted(spec=f"kill-after1-{placed[0].name}"), placed) == placed[0]
+    with pytest.raises(DtlabError, match=r"node n0 is not among the workers the cell runs on \(n1, n2\)"):
+        faults.target(cluster, faulted(spec="kill-after1-n0"), placed)
+
+
+def test_the_kill_ends_the_trainer_processes_named_in_the_ranks_files_and_nothing_else(cluster, tmp_path):
+    output_dir = tmp_path / "out"
+    trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    bystander = subprocess.Popen(["sleep", "60"])  # not the venv's Python: left alone though listed
+    try:
+        progress.mark_rank(output_dir, 0)  # this test's own PID: replaced below by the trainer's
+        (output_dir / progress.RANKS_DIR / "0.pid").write_text(f"{trainer.pid}\n")
+        (output_dir / progress.RANKS_DIR / "1.pid").write_text(f"{bystander.pid}\n")
+        command = faults.inject_command(cluster, Fault("kill", 1), str(output_dir), "unused")
+        done = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 0 and done.stdout.strip() == f"kill -9 of trainer PID(s) {trainer.pid}"
+        assert trainer.wait(timeout=10) == -9 and bystander.poll() is None
+        again = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=30)
+        assert again.returncode == 3 and again.stdout.strip() == "no live trainer process"
+    finally:
+        for process in (trainer, bystander):
+            process.kill()
+            process.wait()
+
+
+def test_a_netdrop_runs_from_a_unit_of_its_own_and_brings_the_interface_back(cluster):
+    command = faults.inject_command(cluster, Fault("netdrop", 1, seconds=20), "/unused", "dtlab-x-fault")
+    subprocess.run(["bash", "-n", "-c", command], check=True, timeout=10)  # well-formed shell
+    assert "systemd-run --quiet --collect --unit=dtlab-x-fault sh -c" in command
+    assert 'down; sleep 20; ip link set "$GLOO_SOCKET_IFNAME" up' in command
+    assert command.startswith(". /etc/dtlab/veth9.env &&")
+
+
+def _fired(cluster, cell, injected: float, checkpointed: int = 1) -> faults.FaultRun:
+    run = faults.FaultRun(cluster, cell)
+    run.record = faults.FaultRecord("kill-after1", "kill", "n2", 1, None, faults.recovery(cluster, cell),
+                                    run_started_unix=injected - 30)
+    run.record.injected_unix, run.record.injected_in_attempt = injected, 1
+    run.record.checkpointed_epoch = checkpointed
+    return run
+
+
+def _result(process_started, training_started, first_step, resumed, recorded):
+    return {"timeline_unix": {"process_started": process_started, "training_started": training_started,
+                              "first_step_done": first_step},
+            "resumed_from_epoch": resumed, "harness_timeline_unix": {"recorded": recorded}}
+
+
+def test_a_run_recovered_by_dtlabs_retry_is_measured_from_the_failure_the_harness_noticed(cluster):
+    now = time.time()
+    run = _fired(cluster, faulted(), injected=now - 100)
+    run.noticed_failure()  # the attempt's failure: the harness knows now
+    first = run.finish(1, None)
+    assert first["outcome"] == "failed" and first["detected_s"] is None  # measures come with the end
+    record = run.finish(2, _result(now - 80, now - 79, now - 70, resumed=1, recorded=now))
+    assert record["outcome"] == "recovered" and record["attempts"] == 2
+    assert record["detected_by"] == "dtlab (attempt failed)" and 99 < record["detected_s"] < 101
+    assert record["training_again_s"] == pytest.approx(30) and record["epochs_redone"] == 0
+    assert record["total_s"] == pytest.approx(130) and record["recovered_by"] == faults.DTLAB_RETRY
+
+
+def test_a_run_the_platform_restarted_itself_is_detected_when_its_new_trainer_started(cluster):
+    now = time.time()
+    run = _fired(cluster, faulted("ray"), injected=now - 100, checkpointed=2)
+    # Ray placed the new rank 0 in a process older than the fault: its training start tells.
+    record = run.finish(1, _result(now - 200, now - 90, now - 85, resumed=0, recorded=now))
+    assert record["detected_by"] == "the platform (restarted it)"
+    assert record["detected_s"] == pytest.approx(10) and record["training_again_s"] == pytest.approx(15)
+    assert record["epochs_redone"] == 2 and record["recovered_by"].startswith("Ray Train FailureConfig(")
+
+
+def test_determined_off_cluster_says_dtlabs_retry_stands_in_for_the_master(cluster, tmp_path):
+    assert faults.recovery(cluster, faulted("determined")).startswith(
+        "the Determined master's trial restart (max_restarts: 1)")
+    site = CPU_SITE_VARS + "determined_install_binaries: false\n"  # as on the lab
+    off_cluster = load_cluster(write_inventory(tmp_path / "lab", CPU_CLUSTER_3, group_vars={"all": site}))
+    assert faults.recovery(off_cluster, faulted("determined")) == (
+        f"{faults.DTLAB_RETRY}, a stand-in for the Determined master's trial restart")
+
+
+def test_a_faulted_determined_cell_lets_the_master_restart_its_trial(cluster):
+    undisturbed = launch.determined.render_experiment(cluster, faulted("determined").undisturbed, CONFIG)
+    assert undisturbed["max_restarts"] == 0  # a failure of an ordinary cell is the harness's to retry
+    assert launch.determined.render_experiment(cluster, faulted("determined"), CONFIG)["max_restarts"] == 1
