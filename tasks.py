@@ -210,12 +210,12 @@ def test(c, lint=True, fast=False, pytest_args=""):
         sys.exit(1)
 
 
-@task(help={"name": LAB_NAME_HELP})
-def demo(c, name=None):
+@task(help={"name": LAB_NAME_HELP, "faults": "then bench.faults: every platform with a worker killed"})
+def demo(c, name=None, faults=False):
     """lab.up, ansible-playbook site.yml, trainer.deploy, bench.all --profile smoke, then the report."""
     from dtlab import commands
 
-    _harness_call(commands.demo, name)
+    _harness_call(commands.demo, name, faults)
 
 
 lab = Collection("lab", lab_up, lab_down, lab_status, lab_ssh, lab_restart_node)

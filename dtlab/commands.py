@@ -87,8 +87,8 @@ def bench_all(inventory: str | None, options: BenchOptions, needs_fault_plan: bo
     command = "bench.faults" if needs_fault_plan else "bench.all"
     print(f"{command} {selected.profile}: {done} ran ok, {skipped} already recorded, "
           f"{len(failed_cells)} failed")
-    if options.report:
-        matrix_report(cluster, selected.profile)
+    if options.report:  # bench.faults: its fault section beside the tables of the newest undisturbed runs
+        matrix_report(cluster, None if needs_fault_plan else selected.profile)
     return outcomes
 
 
@@ -145,8 +145,9 @@ def bench_report(
 # --- the demo ----------------------------------------------------------------------------
 
 
-def demo(name: str | None) -> list[CellOutcome]:
-    """lab.up, site.yml (shown as it runs), trainer.deploy, bench.all --profile smoke and its report."""
+def demo(name: str | None, faults: bool = False) -> list[CellOutcome]:
+    """lab.up, site.yml (shown as it runs), trainer.deploy, bench.all --profile smoke and its report;
+    with `faults`, then bench.faults (the smoke cells are its undisturbed twins) and the report again."""
     import dtlab.lab
     from dtlab.deploy import deploy
     from dtlab.provision import converge
@@ -161,7 +162,11 @@ def demo(name: str | None) -> list[CellOutcome]:
     print("demo 2/4: trainer.deploy")
     deploy(load_cluster(inventory))
     print("demo 3/4: bench.all --profile smoke (then 4/4: the report)")
-    return bench_all(inventory, BenchOptions(profile="smoke"))
+    outcomes = bench_all(inventory, BenchOptions(profile="smoke"))
+    if faults:
+        print("demo --faults: bench.faults (a worker killed after epoch 1, per platform), then the report")
+        outcomes += bench_all(inventory, BenchOptions(profile="faults"), needs_fault_plan=True)
+    return outcomes
 
 
 # --- invoke test ---------------------------------------------------------------
