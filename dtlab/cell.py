@@ -12,7 +12,7 @@ from typing import Any
 from dtlab.errors import DtlabError
 
 # The faults a fault plan can inject (dtlab.faults injects them; docs/faults.md says what each does).
-FAULT_KINDS = ("kill", "netdrop")
+FAULT_KINDS = ("kill", "netdrop", "restart")
 # A fault's spec, also the suffix of its cell's key: kill-after1, kill-after1-node2, netdrop-after1-20s.
 _FAULT_SPEC = re.compile(
     r"^(?P<kind>[a-z]+)-after(?P<after>\d+)(?:-(?P<seconds>\d+)s)?(?:-(?P<node>[A-Za-z0-9_.-]+))?$")

@@ -10,6 +10,7 @@ dtlab's retry from the checkpoint behind it.
 from __future__ import annotations
 
 import shlex
+import subprocess
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -100,6 +101,9 @@ def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str) ->
             'done; [ -n "$killed" ] || { echo "no live trainer process"; exit 3; }; '
             'echo "kill -9 of trainer PID(s)$killed"'
         )
+    if plan.kind == "restart":  # a transient unit, a second from now: this SSH session ends cleanly first
+        return (f"systemd-run --quiet --collect --on-active=1 --unit={shlex.quote(unit)} systemctl reboot "
+                "&& echo 'systemctl reboot in 1 s'")
     # netdrop: the interface gloo and NCCL use goes down for N s, from a transient unit of its own,
     # so it comes back up although this SSH session (over that interface) is cut.
     env_file = shlex.quote(cluster.socket_env_file)
@@ -109,6 +113,36 @@ def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str) ->
             f"{{ echo 'no GLOO_SOCKET_IFNAME in {env_file}'; exit 3; }}; "
             f"systemd-run --quiet --collect --unit={shlex.quote(unit)} sh -c {body} && "
             f"echo \"$GLOO_SOCKET_IFNAME down for {plan.seconds} s\"")
+
+
+def inject(cluster: Cluster, plan: Fault, node: Node, output_dir: str, unit: str) -> tuple[bool, str]:
+    """Do it: (done, one line on what was done or why not). A kill always goes over SSH. The lab's nodes
+    are containers on this machine without the right to take their own link down or to come back after
+    a reboot: there a netdrop takes the node's cable (its host-side veth) down, and a restart powers the
+    node off and on, as a hypervisor would; on a real cluster both go over SSH."""
+    lab = cluster.var("dtlab_lab_name")
+    if lab and plan.kind == "netdrop":
+        from dtlab.lab.config import load_config
+
+        veth = load_config(lab).veth_host_ifname(node.name)
+        # Its own session: the link comes back up even if the harness is interrupted meanwhile.
+        cut = f"ip link set {veth} down && sleep {plan.seconds}; ip link set {veth} up"
+        subprocess.Popen(["sh", "-c", cut], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return True, f"the lab's link to {node.name} ({veth}) down for {plan.seconds} s"
+    if lab and plan.kind == "restart":
+        import dtlab.lab
+
+        # Not a daemon: the interpreter waits for the node to be back before it exits.
+        threading.Thread(target=dtlab.lab.restart_node, args=(node.name, lab),
+                         name="dtlab-fault-restart").start()
+        return True, f"{node.name} powered off and on (lab.restart_node)"
+    try:
+        answer = remote.run(node, inject_command(cluster, plan, output_dir, unit), timeout=PROBE_TIMEOUT_S)
+    except DtlabError as error:
+        return False, str(error)
+    said = ((answer.stdout or answer.stderr).strip().splitlines() or ["(no output)"])[-1]
+    return answer.ok, f"{said} on {node.name}"
 
 
 @dataclass
@@ -155,16 +189,10 @@ class FaultRun:
                       and (text := answer.stdout.strip()).isdigit()]
             if not epochs or max(epochs) < plan.after_epoch:
                 continue
-            unit = remote.unit_name(self.cell.key, "fault")
             injected = time.time()
-            try:
-                answer = remote.run(node, inject_command(self.cluster, plan, output_dir, unit),
-                                    timeout=PROBE_TIMEOUT_S)
-                said = (answer.stdout or answer.stderr).strip().splitlines()[-1:] or ["(no output)"]
-                done = answer.ok
-            except DtlabError as error:
-                said, done = [str(error)], False
-            self.record.injection = f"{said[0]} on {node.name}" if done else f"not injected: {said[0]}"
+            unit = remote.unit_name(self.cell.key, "fault")
+            done, said = inject(self.cluster, plan, node, output_dir, unit)
+            self.record.injection = said if done else f"not injected: {said}"
             if done:
                 self.record.injected_unix = injected
                 self.record.injected_in_attempt = attempt

@@ -6,6 +6,7 @@ Needs root; uses the session lab (tests/conftest.py `lab`) provisioned by `ansib
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -309,14 +310,6 @@ def test_a_cell_over_its_timeout_is_stopped_by_systemd_and_recorded_as_timed_out
 DETECTED_WITHIN_S = 60
 
 
-@pytest.fixture
-def lab_config(request):
-    """The session lab's LabConfig (its veths, its name): only for the session's own test lab."""
-    if os.environ.get("DTLAB_HARNESS_TEST_INVENTORY"):
-        pytest.skip("needs the session's own test lab (its veths and node restarts)")
-    return request.getfixturevalue("lab")
-
-
 def _fault_mid_cell(harness_lab, tmp_path, seed: int, inject, framework: str = "ddp") -> dict:
     """Run a 2-worker cell, call `inject(rank0, worker)` once epoch 1 is checkpointed; return what
     the harness did: the outcome, its attempts, its printed lines and when the fault was noticed.
@@ -393,38 +386,64 @@ def test_a_pattern_kill_on_a_worker_is_noticed_within_a_minute(harness_lab, tmp_
     assert seen["result"].result["resumed_from_epoch"] >= 1
 
 
-def test_a_worker_restarted_mid_cell_is_waited_for_and_the_retry_completes(harness_lab, lab_config,
-                                                                           tmp_path):
-    import dtlab.lab
+def _fault_plan_cell(harness_lab, tmp_path, seed: int, fault: str) -> dict:
+    """A 2-worker ddp cell under a fault plan (`fault`: the profile's fault: YAML), its twin left out;
+    returns its newest run, every attempt of it and the lines the harness said."""
+    from dtlab.bench import Bench, BenchOptions, Display
 
-    def restart(rank0, worker):
-        threading.Thread(target=dtlab.lab.restart_node, args=(worker.name, lab_config.name)).start()
+    cluster, _ = harness_lab
+    matrix_file = tmp_path / "matrix.yml"
+    matrix_file.write_text(f"""\
+profiles:
+  fault:
+    timeout_s: 900
+    trainer: {{model: "generated:bert-tiny", dataset: generated, generated_train_size: 1024,
+              generated_test_size: 128, generated_median_words: 40, max_length: 64, batch_size: 16,
+              learning_rate: 5.0e-4, warmup_steps: 4}}
+    fault: {fault}
+    runs: [{{frameworks: [ddp], gpus: [2], epochs: [4], seeds: [{seed}]}}]
+""")
+    store = ResultStore.for_cluster(cluster.name)
+    before = {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
+    lines: list[str] = []
 
-    seen = _fault_mid_cell(harness_lab, tmp_path, 22, restart)
-    assert seen["failed_at"] is not None and seen["failed_at"] - seen["injected_at"] < DETECTED_WITHIN_S
-    statuses = [r.status for r in seen["attempts"]]
-    assert statuses == ["failed", "ok"], [r.reason for r in seen["attempts"]]
-    assert not seen["attempts"][-1].reason
+    class Recording(Display):
+        def note(self, message: str) -> None:
+            lines.append(message)
+            super().note(message)
+
+    bench = Bench(cluster, BenchOptions(profile="fault", matrix_path=matrix_file, force=True, retries=1),
+                  display=Recording(1, verbose=False))
+    loaded = bench.load_matrix()
+    [faulted] = [cell for cell in loaded.cells if cell.fault]
+    bench.run_matrix(dataclasses.replace(loaded, cells=(faulted,)))
+    attempts = [r for r in store.runs(status=None, cell_key=faulted.key)
+                if (r.cell_key, r.attempt, r.status, r.recorded_at) not in before]
+    assert before <= {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
+    assert not any(cell_units(cluster).values()), cell_units(cluster)
+    return {"run": attempts[-1], "attempts": attempts, "lines": lines}
 
 
-def test_a_silent_partition_is_said_live_and_never_recorded_as_a_timing(harness_lab, lab_config, tmp_path):
-    def partition(rank0, worker):
-        veth = lab_config.veth_host_ifname(worker.name)
+def test_a_worker_restarted_by_a_fault_plan_is_waited_for_and_the_retry_completes(harness_lab, tmp_path):
+    seen = _fault_plan_cell(harness_lab, tmp_path, 22, "{kind: restart, after_epoch: 1}")
+    run, record = seen["run"], seen["run"].fault_record
+    assert record["injection"].endswith("powered off and on (lab.restart_node)"), record
+    assert [r.status for r in seen["attempts"]] == ["failed", "ok"], [r.reason for r in seen["attempts"]]
+    assert record["outcome"] == "recovered" and record["detected_s"] < DETECTED_WITHIN_S, record
+    assert run.result["resumed_from_epoch"] >= 1 and record["epochs_redone"] >= 0
 
-        def cut_then_heal():
-            subprocess.run(["ip", "link", "set", veth, "down"], check=True)
-            time.sleep(90)
-            subprocess.run(["ip", "link", "set", veth, "up"], check=True)
 
-        threading.Thread(target=cut_then_heal).start()
-
-    seen = _fault_mid_cell(harness_lab, tmp_path, 23, partition)
-    said = [(at, line) for at, line in seen["lines"] if "has not answered" in line]
-    assert said and said[0][0] - seen["injected_at"] < DETECTED_WITHIN_S, seen["lines"]
+def test_a_netdrop_is_said_live_and_never_recorded_as_a_timing(harness_lab, tmp_path):
+    seen = _fault_plan_cell(harness_lab, tmp_path, 23, "{kind: netdrop, after_epoch: 1, seconds: 90}")
+    record = seen["run"].fault_record
+    assert "down for 90 s" in record["injection"], record
+    said = [line for line in seen["lines"] if "has not answered" in line]
+    noticed = record["failure_noticed_unix"] - record["injected_unix"]
+    assert said and noticed < DETECTED_WITHIN_S, seen["lines"]
     [failed, *rest] = seen["attempts"]
     assert failed.status == "failed" and "network partition" in failed.reason
     # The stalled attempt is a failure, never a timing: the cell either completed after a retry
     # (resumed, so kept out of the tables) or stands recorded as failed with the reason.
     assert [r.status for r in rest] in (["ok"], ["failed"])
     if rest and rest[0].status == "ok":
-        assert rest[0].result["resumed_from_epoch"] >= 1
+        assert rest[0].result["resumed_from_epoch"] >= 1 and record["outcome"] == "recovered"
