@@ -237,10 +237,10 @@ class Bench:
         """What can stop the whole matrix, checked before any cell starts or any attempt is reserved:
         a results store that cannot take runs, a fault plan's node the cell does not run on, and local
         model or dataset paths the workers lack."""
-        self.store.check(writable=True)
         for cell in selected.cells:
             if cell.fault:
                 faults.target(self.cluster, cell, launching.place(self.cluster, cell).nodes)
+        self.store.check(writable=True)
         from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX, is_local_path
 
         wanted: dict[str, str] = {}  # path -> the option naming it

@@ -54,6 +54,24 @@ def test_bad_bench_flags_fail_with_one_line_before_any_node_is_contacted(
     assert not (tmp_path / "r").exists()  # nothing started, nothing recorded
 
 
+def test_bench_faults_refuses_a_profile_without_a_fault_plan_and_a_node_the_cell_does_not_use(
+    loopback_inventory, tmp_path
+):
+    env = {"DTLAB_RESULTS_DIR": str(tmp_path / "r")}
+    plain = invoke("bench.faults", "-i", str(loopback_inventory), "--profile", "smoke", env=env)
+    assert plain.returncode == 2 and len(plain.stderr.strip().splitlines()) == 1, plain.stderr
+    assert "bench.faults: profile smoke in " in plain.stderr and "has no fault plan" in plain.stderr
+    elsewhere = tmp_path / "matrix.yml"
+    elsewhere.write_text("profiles:\n  f:\n    fault: {kind: kill, after_epoch: 1, node: n0}\n"
+                         "    runs: [{frameworks: ddp, gpus: 2, epochs: 2, seeds: 0}]\n")
+    answer = invoke("bench.faults", "-i", str(loopback_inventory), "--matrix", str(elsewhere),
+                    "--profile", "f", env=env)
+    assert answer.returncode == 2 and answer.stderr.strip() == (
+        "error: fault plan of ddp-g2-e2-s0-kill-after1-n0: node n0 is not among the workers the cell runs "
+        "on (n1, n2); name one of them")
+    assert not (tmp_path / "r").exists()  # nothing started, nothing recorded
+
+
 def test_bench_run_of_an_unknown_cell_names_the_cells_there_are(loopback_inventory):
     answer = invoke("bench.run", "ddp-g9-e2-s0", "-i", str(loopback_inventory))
     assert answer.returncode == 2
