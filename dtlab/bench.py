@@ -392,8 +392,10 @@ class Bench:
             phase("prepare")
             if self.fault_run is not None:
                 say = self.display.note if self.display else print
-                self.fault_run.arm(planned.placement.nodes, planned.all_nodes, planned.paths.output_dir,
-                                   attempt.number, say)
+                # Rank 0 runs on a worker: dtlab's first placed one, or any (Spark and Ray choose).
+                workers = tuple(node for node in planned.prepare_nodes if node in self.cluster.workers)
+                self.fault_run.arm(planned.placement.nodes, workers, planned.paths.output_dir,
+                                   attempt.number, say, self.sessions)
             result, failure = self.execute(planned, attempt.log_dir, timeout_s)
             phase("run_and_fetch")
             if self.fault_run is not None:

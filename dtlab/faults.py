@@ -161,8 +161,9 @@ class FaultRun:
         return self.record is not None and self.record.injected_unix is not None
 
     def arm(self, placed: tuple[Node, ...], watched: tuple[Node, ...], output_dir: str, attempt: int,
-            say) -> None:
-        """Start watching this attempt: fire once checkpointed_epoch >= k on any of `watched`."""
+            say, sessions: remote.Sessions | None = None) -> None:
+        """Start watching this attempt: fire once checkpointed_epoch >= k on any of `watched`, over the
+        attempt's own connections (`sessions`): a new SSH handshake per poll would load the nodes."""
         plan = self.cell.fault_plan
         node = target(self.cluster, self.cell, placed)
         if self.record is None:
@@ -171,8 +172,8 @@ class FaultRun:
         if self.fired:
             return
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, args=(node, watched, output_dir, attempt, say),
-                                        name="dtlab-fault", daemon=True)
+        self._thread = threading.Thread(target=self._watch, name="dtlab-fault", daemon=True,
+                                        args=(node, watched, output_dir, attempt, say, sessions))
         self._thread.start()
 
     def disarm(self) -> None:
@@ -180,11 +181,13 @@ class FaultRun:
         if self._thread is not None:
             self._thread.join(PROBE_TIMEOUT_S + 5)
 
-    def _watch(self, node: Node, watched: tuple[Node, ...], output_dir: str, attempt: int, say) -> None:
+    def _watch(self, node: Node, watched: tuple[Node, ...], output_dir: str, attempt: int, say,
+               sessions: remote.Sessions | None) -> None:
         plan = self.cell.fault_plan
         marker = shlex.quote(f"{output_dir}/{progress.CHECKPOINTED_FILE}")
         while not self._stop.wait(POLL_S):
-            answers = remote.run_all(watched, f"cat {marker} 2>/dev/null || true", timeout=PROBE_TIMEOUT_S)
+            answers = remote.run_all(watched, f"cat {marker} 2>/dev/null || true", timeout=PROBE_TIMEOUT_S,
+                                     sessions=sessions)
             epochs = [int(text) for answer in answers.values() if not isinstance(answer, BaseException)
                       and (text := answer.stdout.strip()).isdigit()]
             if not epochs or max(epochs) < plan.after_epoch:
