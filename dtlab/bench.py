@@ -455,6 +455,10 @@ class Bench:
     def preflight(self, planned: launching.Launch) -> None:
         """Each node the cell needs answers and has the trainer env; needed services are up."""
         cluster = self.cluster
+        shared = cluster.shared_checkpoint_dir
+        shared_check = "" if not shared else (
+            f"test -d {shlex.quote(shared)} || {{ echo '{shared} (dtlab_shared_checkpoint_dir) is missing: "
+            "mount it on every node, or set it to \"\" to keep checkpoints on each node'; exit 3; }; ")
         check = (
             f"test -x {cluster.python} || {{ echo 'no trainer venv at {cluster.venv_dir}'; exit 3; }}; "
             f"test -f {cluster.code_dir}/trainer/core.py || "
@@ -463,8 +467,9 @@ class Bench:
             # The units read gloo's and NCCL's interface from it; without it they would not start.
             f"test -s {shlex.quote(cluster.socket_env_file)} || {{ echo 'no {cluster.socket_env_file} (the "
             "interface for gloo and NCCL): run ansible-playbook site.yml'; exit 3; }; "
+            + shared_check
             # Another cell still running here would share the node and skew both measurements.
-            "echo running=$(systemctl list-units --plain --no-legend --state=active,activating "
+            + "echo running=$(systemctl list-units --plain --no-legend --state=active,activating "
             + " ".join(shlex.quote(p + ".service") for p in remote.CELL_UNIT_PATTERNS)
             + " | awk '{print $1}' | tr '\\n' ' ')"
         )
@@ -542,6 +547,10 @@ class Bench:
             + launching.prepare_command(planned, self.cluster.user, fresh=fresh)
         )
         answers = remote.run_all(planned.prepare_nodes, command, timeout=60, sessions=self.sessions)
+        shared = launching.shared_checkpoint_command(planned, self.cluster.user, fresh=fresh)
+        if shared is not None:  # after the stale units are stopped everywhere
+            first = planned.placement.nodes[0]
+            answers[first.name] = remote.run(first, shared, timeout=60, sessions=self.sessions)
         for name, answer in answers.items():
             if isinstance(answer, BaseException):
                 raise DtlabError(f"host {name}: cannot prepare the cell: {answer}")

@@ -628,11 +628,14 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
 
     say("[bold]6/7[/] clearing scratch and checkpoints of unfinished cells (recorded results stay)")
     keep = " ".join(shlex.quote(k) for k in sorted(recorded_cells or ()))
-    clear = (
-        f'cd {shlex.quote(cluster.runs_dir)} 2>/dev/null || exit 0; for d in *; do [ -d "$d" ] || continue; '
-        f'case " {keep} " in *" $d "*) continue;; esac; rm -rf -- "$d"; done'
-    )
-    step(cluster.nodes, clear, "clear scratch", 120)
+
+    def clear(directory: str) -> str:
+        return (f'cd {shlex.quote(directory)} 2>/dev/null || exit 0; for d in *; do [ -d "$d" ] || continue; '
+                f'case " {keep} " in *" $d "*) continue;; esac; rm -rf -- "$d"; done')
+
+    step(cluster.nodes, clear(cluster.runs_dir), "clear scratch", 120)
+    if cluster.shared_checkpoint_dir and on(cluster.workers):  # one mount: cleared from one node
+        step(on(cluster.workers)[:1], clear(cluster.shared_checkpoint_dir), "clear shared checkpoints", 120)
 
     say("[bold]7/7[/] waiting for Spark workers to register, Ray workers to join and Slurm nodes to be idle, "
         "then cluster.check")

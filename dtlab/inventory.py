@@ -151,6 +151,11 @@ class Cluster:
         return str(self.require("dtlab_runs_dir"))
 
     @property
+    def shared_checkpoint_dir(self) -> str | None:
+        """Where every worker reads and writes checkpoints (one mount on all), or None: each its own disk."""
+        return str(self.var("dtlab_shared_checkpoint_dir") or "") or None
+
+    @property
     def rendezvous_port(self) -> int:
         return int(self.require("dtlab_rendezvous_port"))
 

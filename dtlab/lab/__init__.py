@@ -81,7 +81,7 @@ def up(name: str | None = None, node_count: int | None = None, subnet: str | Non
             host_keys[node] = nodes.host_public_key(root)
         access.write_known_hosts(config, host_keys)
         for node in to_start:
-            nodes.start(config, node, nodes.root_dir(config, node), node_binds)
+            nodes.start(config, node, nodes.root_dir(config, node), node_binds, _shared_bind(config))
         access.wait_ready(config, config.node_names)
         inventory.write(config)
     return config
@@ -123,6 +123,16 @@ def _remove_empty_run_dir(config: LabConfig) -> None:
             config.run_dir.rmdir()  # fails, harmlessly, if another command just started using it
 
 
+def _shared_bind(config: LabConfig) -> dict[str, str]:
+    """The lab's shared disk, read-write in every node: one host directory, open to every node's users
+    (sticky, as /tmp: the trainer user's uid is the nodes' business); none if the lab sets no mount."""
+    if not config.shared_checkpoint_mount:
+        return {}
+    config.shared_dir.mkdir(parents=True, exist_ok=True)
+    config.shared_dir.chmod(0o1777)
+    return {str(config.shared_dir): config.shared_checkpoint_mount}
+
+
 def restart_node(node: str, name: str | None = None) -> None:
     """Power one node off (clean, bounded) and boot it again; waits until it is ready."""
     host.require_root()
@@ -137,7 +147,7 @@ def restart_node(node: str, name: str | None = None) -> None:
         node_image = state.node(node).get("image")
         root, _ = nodes.ensure_root(config, state, node, node_image)
         node_binds = {str(paths.WHEELHOUSE_DIR): config.wheelhouse_mount, **state.data.get("binds", {})}
-        nodes.start(config, node, root, node_binds)
+        nodes.start(config, node, root, node_binds, _shared_bind(config))
         access.wait_ready(config, [node])
 
 

@@ -42,6 +42,7 @@ class LabConfig:
     image_extra_packages: tuple[str, ...]
     wheelhouse_mount: str
     node_ifname: str  # the node side of each veth (lab_node_ifname), named like a KVM guest NIC
+    shared_checkpoint_mount: str = ""  # dtlab_shared_checkpoint_dir: the lab's shared disk in each node
 
     # --- names --------------------------------------------------------------
     @property
@@ -94,6 +95,11 @@ class LabConfig:
 
     def node_dir(self, node: str) -> Path:
         return self.run_dir / node
+
+    @property
+    def shared_dir(self) -> Path:
+        """The host directory every node mounts read-write at shared_checkpoint_mount (its "NFS")."""
+        return self.run_dir / "shared"
 
     @property
     def controller_dir(self) -> Path:
@@ -177,4 +183,5 @@ def load_config(name: str | None = None, node_count: int | None = None,
         image_extra_packages=tuple(key("lab_image_extra_packages")),
         wheelhouse_mount=str(key("lab_wheelhouse_mount")),
         node_ifname=str(key("lab_node_ifname")),
+        shared_checkpoint_mount=str(lab_vars.get("dtlab_shared_checkpoint_dir") or ""),
     )

@@ -205,8 +205,10 @@ def _enter_cgroups(cgroups: list[Path]):
     return enter
 
 
-def start(config: LabConfig, node: str, root: Path, binds: dict[str, str]) -> int:
-    """Boot the node in the background (it outlives this process); its console goes to console.log."""
+def start(config: LabConfig, node: str, root: Path, binds: dict[str, str],
+          writable_binds: dict[str, str] | None = None) -> int:
+    """Boot the node in the background (it outlives this process); its console goes to console.log.
+    `binds` are mounted read-only, `writable_binds` read-write: host directory -> node directory."""
     nspawn = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit",
               # The machine name must be unique on the host (nspawn keys /run/systemd/nspawn/* on it).
               "-D", str(root), f"--machine={config.name}-{node}", f"--hostname={node}",
@@ -217,9 +219,10 @@ def start(config: LabConfig, node: str, root: Path, binds: dict[str, str]) -> in
     # lacks the cgroup2 mount nspawn needs: mount it again, the same hierarchy.
     argv = ["ip", "netns", "exec", config.netns_name(node),
             "sh", "-c", 'mount -t cgroup2 cgroup2 /sys/fs/cgroup && exec "$@"', "sh", *nspawn]
-    for source in binds:
+    for source in [*binds, *(writable_binds or {})]:
         Path(source).mkdir(parents=True, exist_ok=True)  # nspawn refuses to start on a missing source
     argv += [f"--bind-ro={source}:{target}" for source, target in sorted(binds.items())]
+    argv += [f"--bind={source}:{target}" for source, target in sorted((writable_binds or {}).items())]
     kill_remnants(config, node)  # a node left running by a crashed nspawn would hold its address
     remove_cgroups(config, node)  # empty leftovers of the node's previous boot
     cgroups = node_cgroups(config, node)

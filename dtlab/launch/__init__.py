@@ -8,7 +8,14 @@ from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
 from dtlab.launch import ddp, determined, ray, slurm, spark
-from dtlab.launch.common import CellPaths, Launch, Placement, place, prepare_command
+from dtlab.launch.common import (
+    CellPaths,
+    Launch,
+    Placement,
+    place,
+    prepare_command,
+    shared_checkpoint_command,
+)
 
 BUILDERS = {"ddp": ddp.build, "spark": spark.build, "determined": determined.build,
             "ray": ray.build, "slurm": slurm.build}
@@ -21,4 +28,5 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     return BUILDERS[cell.framework](cluster, cell, attempt, timeout_s)
 
 
-__all__ = ["BUILDERS", "CellPaths", "Launch", "Placement", "build", "place", "prepare_command"]
+__all__ = ["BUILDERS", "CellPaths", "Launch", "Placement", "build", "place", "prepare_command",
+           "shared_checkpoint_command"]

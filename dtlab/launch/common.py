@@ -97,8 +97,14 @@ class CellPaths:
         return f"{self.output_dir}/result.json"
 
     @property
+    def checkpoint_root(self) -> str:
+        """The cell's folder that holds its checkpoints: on the shared mount when the inventory has one."""
+        shared = self.cluster.shared_checkpoint_dir
+        return f"{shared}/{self.cell.key}" if shared else self.cell_dir
+
+    @property
     def checkpoint_dir(self) -> str:
-        return f"{self.cell_dir}/checkpoints"
+        return f"{self.checkpoint_root}/checkpoints"
 
     @property
     def config_path(self) -> str:
@@ -212,19 +218,33 @@ def driver_on_master(
 
 
 def prepare_command(launch: Launch, owner: str, fresh: bool) -> str:
-    """Shell run on each prepared node: attempt dirs owned by the trainer user, the config file.
+    """Shell run on each prepared node: attempt dirs owned by the trainer user, the config file, and
+    (on its own disk) the checkpoint dir. A shared one is shared_checkpoint_command's, from one node.
 
     fresh: drop the cell's old checkpoints (a new run); a retry keeps them and the trainer resumes.
     """
     p = launch.paths
+    local_checkpoints = not p.cluster.shared_checkpoint_dir
     config_text = yaml.safe_dump(launch.trainer_config, sort_keys=True)
-    dirs = " ".join(shlex.quote(d) for d in (p.output_dir, p.checkpoint_dir, p.cache_dir))
-    drop = f"rm -rf {shlex.quote(p.checkpoint_dir)} && " if fresh else ""
+    dirs = " ".join(shlex.quote(d) for d in (p.output_dir, p.cache_dir,
+                                             *((p.checkpoint_dir,) if local_checkpoints else ())))
+    drop = f"rm -rf {shlex.quote(p.checkpoint_dir)} && " if fresh and local_checkpoints else ""
     return (
         f"{drop}rm -rf {shlex.quote(p.attempt_dir)} && mkdir -p {dirs} && "
         f"printf %s {shlex.quote(config_text)} > {shlex.quote(p.config_path)} && "
         f"chown -R {shlex.quote(owner)} {shlex.quote(p.cell_dir)} {shlex.quote(p.cache_dir)}"
     )
+
+
+def shared_checkpoint_command(launch: Launch, owner: str, fresh: bool) -> str | None:
+    """The cell's checkpoint dir on the shared mount, prepared once from one node (nodes doing it at
+    once would race each other's rm and chown); None without a shared checkpoint dir."""
+    p = launch.paths
+    if not p.cluster.shared_checkpoint_dir:
+        return None
+    drop = f"rm -rf {shlex.quote(p.checkpoint_dir)} && " if fresh else ""
+    return (f"{drop}mkdir -p {shlex.quote(p.checkpoint_dir)} && "
+            f"chown -R {shlex.quote(owner)} {shlex.quote(p.checkpoint_root)}")
 
 
 def unit(cell: Cell, node: Node) -> str:

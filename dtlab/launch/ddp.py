@@ -69,6 +69,7 @@ def docker_argv(
         f"{cluster.runs_dir}:{cluster.runs_dir}",
         "-v",
         f"{cluster.data_dir}:{cluster.data_dir}",
+        *(("-v", f"{shared}:{shared}") if (shared := cluster.shared_checkpoint_dir) else ()),
         "-w",
         "/app",
         f"--env-file={cluster.socket_env_file}",  # gloo's and NCCL's interface on this node

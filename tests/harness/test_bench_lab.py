@@ -162,6 +162,11 @@ def test_bench_faults_kills_a_worker_of_every_platform_and_reports_what_recoveri
         else:  # dtlab's retry; Spark's from the newest checkpoint, on whichever worker holds it
             assert record["attempts"] == 2 and record["detected_by"] == "dtlab (attempt failed)"
             assert run.result["resumed_from_epoch"] == 1, key
+    # The checkpoints are on the shared mount (the lab's bind, as NFS on a cluster): every worker sees them.
+    shared = cluster.shared_checkpoint_dir
+    seen = remote.run_all(cluster.workers, f"ls {shared}/spark-g2-e2-s0-kill-after1/checkpoints")
+    assert {name: answer.stdout.split() for name, answer in seen.items()} == dict.fromkeys(
+        (node.name for node in cluster.workers), ["epoch-0001", "epoch-0002"]), seen
     rows = _fault_rows(store)  # the report's fault table: every platform, each beside its twin
     assert set(rows) == set(FRAMEWORKS) and all("identical" in row for row in rows.values()), rows
     assert "a stand-in for the Determined master's trial restart" in rows["determined"]

@@ -164,6 +164,34 @@ def test_prepare_command_keeps_checkpoints_on_retry_and_drops_them_on_a_fresh_ru
     assert "epochs: 2" in retry and "chown -R dtlab" in retry
 
 
+def test_with_a_shared_checkpoint_dir_every_node_checkpoints_there_and_one_node_prepares_it(tmp_path):
+    from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
+
+    from dtlab.inventory import load_cluster
+
+    site = CPU_SITE_VARS + "dtlab_shared_checkpoint_dir: /mnt/nfs/dtlab\n"
+    cluster = load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": site}))
+    planned = launch.build(cluster, cell("spark", gpus=2), attempt=1, timeout_s=60)
+    assert planned.paths.checkpoint_dir == "/mnt/nfs/dtlab/spark-g2-e2-s0/checkpoints"
+    assert planned.trainer_config["checkpoint_dir"] == planned.paths.checkpoint_dir
+    each_node = launch.prepare_command(planned, "dtlab", fresh=True)
+    # Each node leaves the mount alone (they would race each other's rm and chown); its config names it.
+    before_config, _, after_config = each_node.partition("printf")
+    assert "/mnt/nfs" not in before_config and "/mnt/nfs" not in after_config.split("&& chown")[1]
+    once = launch.shared_checkpoint_command(planned, "dtlab", fresh=True)
+    assert once == ("rm -rf /mnt/nfs/dtlab/spark-g2-e2-s0/checkpoints && mkdir -p /mnt/nfs/dtlab/"
+                    "spark-g2-e2-s0/checkpoints && chown -R dtlab /mnt/nfs/dtlab/spark-g2-e2-s0")
+    assert launch.shared_checkpoint_command(planned, "dtlab", fresh=False).startswith("mkdir -p ")
+    ddp = launch.build(cluster, cell("ddp", gpus=2), attempt=1, timeout_s=60)
+    assert ddp.paths.checkpoint_dir.startswith("/mnt/nfs/dtlab/")  # every framework alike, for fairness
+
+
+def test_without_a_shared_checkpoint_dir_nothing_is_prepared_once(cpu_cluster):
+    planned = launch.build(cpu_cluster, cell("spark", gpus=2), attempt=1, timeout_s=60)
+    assert launch.shared_checkpoint_command(planned, "dtlab", fresh=True) is None
+    assert planned.paths.checkpoint_dir == "/var/lib/dtlab/runs/spark-g2-e2-s0/checkpoints"
+
+
 def test_determined_with_a_master_renders_a_valid_experiment_for_the_cell(gpu_cluster):
     planned = launch.build(
         gpu_cluster, cell("determined", gpus=2, epochs=20, seed=3), attempt=1, timeout_s=60
