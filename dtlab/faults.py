@@ -153,6 +153,8 @@ class FaultRun:
     cluster: Cluster
     cell: Cell
     record: FaultRecord | None = None
+    # The run's clock starts with its first attempt, as an undisturbed run's does (its "submitted").
+    started_unix: float = field(default_factory=time.time)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -168,7 +170,7 @@ class FaultRun:
         node = target(self.cluster, self.cell, placed)
         if self.record is None:
             self.record = FaultRecord(plan.spec, plan.kind, node.name, plan.after_epoch, plan.seconds,
-                                      recovery(self.cluster, self.cell), run_started_unix=time.time())
+                                      recovery(self.cluster, self.cell), run_started_unix=self.started_unix)
         if self.fired:
             return
         self._stop = threading.Event()
