@@ -315,14 +315,10 @@ def test_a_cell_over_its_timeout_is_stopped_by_systemd_and_recorded_as_timed_out
 DETECTED_WITHIN_S = 60
 
 
-def _fault_mid_cell(harness_lab, tmp_path, seed: int, inject, framework: str = "ddp") -> dict:
-    """Run a 2-worker cell, call `inject(rank0, worker)` once epoch 1 is checkpointed; return what
-    the harness did: the outcome, its attempts, its printed lines and when the fault was noticed.
-    rank0 is the worker holding the checkpoint (Ray and Spark choose it; ddp: the first worker)."""
-    from dtlab.bench import Bench, BenchOptions, Display
-
-    cluster, _ = harness_lab
+def _fault_matrix(tmp_path, framework: str, seed: int, fault: str | None = None) -> Path:
+    """A matrix file with profile `fault`: one 2-worker, 4-epoch cell (and `fault:`, the YAML, if given)."""
     matrix_file = tmp_path / "matrix.yml"
+    plan = f"    fault: {fault}\n" if fault else ""
     matrix_file.write_text(f"""\
 profiles:
   fault:
@@ -330,8 +326,19 @@ profiles:
     trainer: {{model: "generated:bert-tiny", dataset: generated, generated_train_size: 1024,
               generated_test_size: 128, generated_median_words: 40, max_length: 64, batch_size: 16,
               learning_rate: 5.0e-4, warmup_steps: 4}}
-    runs: [{{frameworks: [{framework}], gpus: [2], epochs: [4], seeds: [{seed}]}}]
+{plan}    runs: [{{frameworks: [{framework}], gpus: [2], epochs: [4], seeds: [{seed}]}}]
 """)
+    return matrix_file
+
+
+def _fault_mid_cell(harness_lab, tmp_path, seed: int, inject, framework: str = "ddp") -> dict:
+    """Run a 2-worker cell, call `inject(rank0, worker)` once epoch 1 is checkpointed; return what
+    the harness did: the outcome, its attempts, its printed lines and when the fault was noticed.
+    rank0 is the worker holding the checkpoint (Ray and Spark choose it; ddp: the first worker)."""
+    from dtlab.bench import Bench, BenchOptions, Display
+
+    cluster, _ = harness_lab
+    matrix_file = _fault_matrix(tmp_path, framework, seed)
     store = ResultStore.for_cluster(cluster.name)
     before = {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
     lines: list[tuple[float, str]] = []
@@ -397,17 +404,7 @@ def _fault_plan_cell(harness_lab, tmp_path, seed: int, fault: str) -> dict:
     from dtlab.bench import Bench, BenchOptions, Display
 
     cluster, _ = harness_lab
-    matrix_file = tmp_path / "matrix.yml"
-    matrix_file.write_text(f"""\
-profiles:
-  fault:
-    timeout_s: 900
-    trainer: {{model: "generated:bert-tiny", dataset: generated, generated_train_size: 1024,
-              generated_test_size: 128, generated_median_words: 40, max_length: 64, batch_size: 16,
-              learning_rate: 5.0e-4, warmup_steps: 4}}
-    fault: {fault}
-    runs: [{{frameworks: [ddp], gpus: [2], epochs: [4], seeds: [{seed}]}}]
-""")
+    matrix_file = _fault_matrix(tmp_path, "ddp", seed, fault)
     store = ResultStore.for_cluster(cluster.name)
     before = {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
     lines: list[str] = []
