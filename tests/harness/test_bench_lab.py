@@ -355,7 +355,9 @@ def _fault_mid_cell(harness_lab, tmp_path, seed: int, inject, framework: str = "
     runner = threading.Thread(target=lambda: outcome.update(result=bench.run_matrix(selected)))
     runner.start()
     cell_key = f"{framework}-g2-e4-s{seed}"
-    checkpoint = f"{cluster.runs_dir}/{cell_key}/checkpoints/epoch-0001/checkpoint.pt"
+    # On the shared checkpoint mount where the inventory has one (the lab does), else on each node.
+    root = cluster.shared_checkpoint_dir or cluster.runs_dir
+    checkpoint = f"{root}/{cell_key}/checkpoints/epoch-0001/checkpoint.pt"
 
     def checkpointed_on() -> list:
         answers = remote.run_all(cluster.workers, f"test -f {checkpoint}")
