@@ -37,10 +37,10 @@ def recovery(cluster: Cluster, cell: Cell) -> str:
         # A barrier ResultStage (TorchDistributor's collect) is aborted, never retried, by Spark.
         "spark": DTLAB_RETRY,
         "determined": (f"the Determined master's trial restart (max_restarts: "
-                       f"{cluster.var('determined_fault_max_restarts', 1)}), then {DTLAB_RETRY}"
+                       f"{cluster.require('determined_fault_max_restarts')}), then {DTLAB_RETRY}"
                        if cluster.has_determined_master
                        else f"{DTLAB_RETRY}, a stand-in for the Determined master's trial restart"),
-        "ray": (f"Ray Train FailureConfig(max_failures={cluster.var('ray_max_failures', 1)}), "
+        "ray": (f"Ray Train FailureConfig(max_failures={cluster.require('ray_max_failures')}), "
                 f"then {DTLAB_RETRY}"),
     }[cell.framework]
 

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtlab.cell import config_hash
+from dtlab.report.aggregate import WHOLE_RUN_PHASES, whole_run_phases
 from dtlab.report.numbers import PLACES, Value, fmt, missing, num, ratio, text
 from dtlab.report.study import DISPLAY_NAMES
 from dtlab.report.tables import Table
 from dtlab.results import Run
 
+END_TO_END = WHOLE_RUN_PHASES[-1][0]  # submitted -> recorded
 # The per-epoch metrics that must match the twin's exactly for "identical".
 COMPARED_METRICS = ("train_loss", "val_loss", "val_accuracy")
 IDENTICAL = "identical"
@@ -100,11 +102,8 @@ class FaultSection:
 
 
 def _whole_run_s(run: Run) -> float | None:
-    """Submit to recorded on the controller's clock, else the harness's own wall time."""
-    marks = (run.result or {}).get("harness_timeline_unix") or {}
-    if "recorded" in marks and "submitted" in marks:
-        return float(marks["recorded"]) - float(marks["submitted"])
-    return run.harness_time_s
+    """The whole-run clock's end to end (submit to recorded), else the harness's own wall time."""
+    return dict(whole_run_phases(run.result or {})).get(END_TO_END, run.harness_time_s)
 
 
 def _epochs(result: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
