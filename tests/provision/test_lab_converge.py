@@ -3,6 +3,7 @@ then verify for real what each component promises (PostgreSQL, Spark, SSH, Deter
 identical trainer environments). Needs root; brings up the session's test lab."""
 
 import json
+import re
 import shlex
 import subprocess
 import time
@@ -377,7 +378,11 @@ def test_slurm_refuses_a_job_signed_with_a_wrong_munge_key(provisioned_lab, clus
              f"sed '/^AuthInfo=/d' {conf} > {scratch}/slurm.conf && echo AuthInfo=socket={scratch}/socket "
              f">> {scratch}/slurm.conf")
     master = cluster.master.name
-    controller_log = "/var/log/slurm/slurmctld.log"
+    # The controller's own word for where it logs, not a copy of the role's path.
+    shown = on(lab, master, "scontrol show config").stdout
+    found = re.search(r"^SlurmctldLogFile\s*=\s*(\S+)", shown, re.MULTILINE)
+    assert found, shown[-2000:]
+    controller_log = found.group(1)
     try:
         started = on(lab, master, start)
         assert started.returncode == 0, started.stderr
