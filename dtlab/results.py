@@ -66,6 +66,8 @@ DB_FILENAME = "dtlab.sqlite"
 RUNS_DIRNAME = "runs"
 STATUSES = ("ok", "failed")
 _SCHEMA_VERSION = 2
+# 0: a new file, 1: read as is and upgraded by the first write.
+_READABLE_VERSIONS = (0, 1, _SCHEMA_VERSION)
 _LOG_TAIL_LINES = 50
 _BUSY_TIMEOUT_S = 30.0
 _MAX_ATTEMPT_PROBES = 1000  # bounds the search for a free attempt directory
@@ -241,10 +243,11 @@ class ResultStore:
             raise self._corrupt(str(error)) from None
         if problems != ["ok"]:
             raise self._corrupt(f"integrity check: {problems[0]}")
-        if version not in (0, 1, _SCHEMA_VERSION):  # 1: read as is, upgraded by the first write
+        if version not in _READABLE_VERSIONS:
             raise DtlabError(
-                f"results store {db}: schema version {version}, this dtlab reads version {_SCHEMA_VERSION}; "
-                f"use the dtlab revision that wrote it, or move {self.root} aside to start a new store"
+                f"results store {db}: schema version {version}, this dtlab reads versions 1 to "
+                f"{_SCHEMA_VERSION}; use the dtlab revision that wrote it, or move {self.root} aside "
+                "to start a new store"
             )
         if writable:
             try:  # takes the write lock and gives it back: the database file is not changed
@@ -294,10 +297,10 @@ class ResultStore:
         version = conn.execute("PRAGMA user_version").fetchone()[0]
         if version == _SCHEMA_VERSION:
             return
-        if version not in (0, 1, _SCHEMA_VERSION):
+        if version not in _READABLE_VERSIONS:
             raise DtlabError(
-                f"results store: schema version {version} is not {_SCHEMA_VERSION}; "
-                "use the dtlab revision that wrote it"
+                f"results store: schema version {version}, this dtlab reads versions 1 to "
+                f"{_SCHEMA_VERSION}; use the dtlab revision that wrote it"
             )
         if version == 1:  # fault plans came with version 2: two columns added, every row kept
             for column in _V2_COLUMNS:
