@@ -56,7 +56,6 @@ class FaultOutcome:
     node: str | None
     after_epoch: int
     seconds: int | None
-    recovered: bool  # the run ended ok (fault_record["outcome"] == "recovered")
     state: str  # "recovered", "not recovered", "not finished" or "no fault record"
     recovered_by: str  # the mechanism, or "not recovered: <reason>" (and "not finished", "not tested")
     attempts: int | None
@@ -68,6 +67,11 @@ class FaultOutcome:
     total_s: float | None  # every attempt, recovered or not
     undisturbed_s: float | None  # None: no twin recorded
     metrics: Value  # "identical", the last epoch's differences, or missing
+
+    @property
+    def recovered(self) -> bool:
+        """The run ended ok and its fault record says recovered: one fact, kept in `state`."""
+        return self.state == "recovered"
 
     @property
     def measured(self) -> bool:
@@ -178,7 +182,6 @@ def outcome_of(run: Run, twin: Run | None) -> FaultOutcome:
         node=record.get("node") or plan.node,
         after_epoch=int(record.get("after_epoch", plan.after_epoch)),
         seconds=record.get("seconds", plan.seconds),
-        recovered=recovered,
         state=state,
         recovered_by=recovered_by,
         attempts=record.get("attempts"),
