@@ -17,7 +17,7 @@ import pytest
 from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
 
 from tests.raycluster import RayCluster
-from tests.trainer.conftest import TINY, run, torchrun_command, trainer_env, write_config
+from tests.trainer.conftest import TINY, free_loopback_port, run, torchrun_command, trainer_env, write_config
 from trainer.config import TrainConfig
 from trainer.launchers.ray import LABEL, PROG
 from trainer.result import validate_result
@@ -73,8 +73,9 @@ def assert_same_epochs(result: dict, reference: dict) -> None:
 
 @pytest.mark.slow
 def test_two_workers_train_as_under_torchrun(ray_cluster, torchrun_reference, make_config, tmp_path):
+    """device auto: the driver asks Ray's cluster for GPUs; this one offers none, so CPU (gloo) everywhere."""
     reference, _ = torchrun_reference
-    cfg = make_config(epochs=EPOCHS, checkpoint_dir=str(tmp_path / "ckpt"))
+    cfg = make_config(epochs=EPOCHS, checkpoint_dir=str(tmp_path / "ckpt"), device="auto")
     started = time.time()
     launched = subprocess.run(ray_command(ray_cluster, cfg, tmp_path, "--num-workers", "2"),
                               env=ray_env(ray_cluster), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
@@ -161,15 +162,26 @@ def test_cluster_processes_are_stopped_by_pid():
 
 
 @pytest.mark.parametrize(("argv", "line"), [
-    (["--num-workers", "0", "--address", "127.0.0.1:1"], "--num-workers: must be an integer >= 1, got 0"),
+    (["--num-workers", "0", "--address", "127.0.0.1:1"],
+     "argument --num-workers: must be an integer >= 1, got 0 (--help lists the flags)"),
     (["--num-workers", "2"], "the following arguments are required: --address (--help lists the flags)"),
-    (["--max-failures", "-1", "--address", "127.0.0.1:1"], "--max-failures: must be an integer >= 0, got -1"),
+    (["--max-failures", "-1", "--address", "127.0.0.1:1"],
+     "argument --max-failures: must be an integer >= 0, got -1 (--help lists the flags)"),
+    (["--address", "auto"], "--address: must be HOST:PORT of Ray's GCS, got 'auto'"),
+    # A head that is down: one line at once, not ray.init's minutes of retries.
+    (["--address", "127.0.0.1:{closed}"],
+     "--address: nothing answers at 127.0.0.1:{closed} (Connection refused); is Ray's GCS running there?"),
 ])
 def test_bad_flags_fail_with_one_line_before_ray_starts(argv, line, tmp_path):
+    closed = free_loopback_port()  # nothing listens there
+    argv = [word.format(closed=closed) for word in argv]
     command = [sys.executable, "-m", "trainer.launchers.ray", *argv, "--output-dir", str(tmp_path)]
+    started = time.monotonic()
     failed = subprocess.run(command, env=trainer_env(), capture_output=True, text=True, timeout=120)
     assert failed.returncode == 2
-    assert failed.stderr.strip().splitlines() == [f"{PROG}: error: {line}"]
+    assert failed.stderr.strip().splitlines() == [f"{PROG}: error: {line.format(closed=closed)}"]
+    assert time.monotonic() - started < 60  # the import of Ray and torch, no connection retries
+    assert not (tmp_path / "ray-run").exists()
 
 
 @pytest.mark.parametrize("launcher", sorted(p.name for p in LAUNCHERS.glob("[!_]*.py")))

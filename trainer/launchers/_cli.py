@@ -1,7 +1,8 @@
-"""The command line the Spark and Determined launchers share: trainer options plus their own flags."""
+"""The command line the launchers share: trainer options plus their own flags, one-line errors, exit."""
 
 import argparse
 import gc
+import socket
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -17,6 +18,29 @@ def parse(argv: list[str] | None, prog: str, doc: str,
     add_flags(build_parser(prog, doc)).parse_args(argv)
     own, trainer_argv = add_flags(OneLineArgumentParser(add_help=False)).parse_known_args(argv)
     return parse_args(trainer_argv, prog), own
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An argparse type: an integer >= low, else the flag's one-line error."""
+    def integer(text: str) -> int:
+        if not text.lstrip("-").isdigit() or int(text) < low:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text}")
+        return int(text)
+    return integer
+
+
+def reachable(address: str, what: str, timeout_s: float = 10.0) -> str:
+    """`address` (HOST:PORT) once something there accepts a TCP connection, else a ConfigError: a client
+    library's own connect (ray.init) retries for minutes before it says anything."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--address: must be HOST:PORT of {what}, got {address!r}")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as error:
+        raise ConfigError(f"--address: nothing answers at {address} ({error.strerror or error}); "
+                          f"is {what} running there?") from None
+    return address
 
 
 def exit_code(prog: str, launch: Callable[[], object]) -> int:

@@ -1,5 +1,4 @@
 """Ray launcher: `python -m trainer.launchers.ray --config F.yml --num-workers 2 --address HOST:6379`.
-
 TorchTrainer runs the core on N workers in the group Ray forms. Checkpoints: trainer/README.md, Under Ray."""
 
 import os
@@ -9,7 +8,7 @@ import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from trainer import progress
-from trainer.config import ConfigError, from_dict
+from trainer.config import from_dict
 from trainer.core import TrainHooks, train
 from trainer.launchers import _cli
 from trainer.result import write_result
@@ -23,9 +22,9 @@ PLAIN_PRINT = {"RAY_TRAIN_ENABLE_PRINT_PATCH": "0"}  # Ray's print logs each lin
 def add_ray_flags(parser):
     parser.conflict_handler = "resolve"  # --num-workers is Ray's here; the trainer keeps --num_workers
     group = parser.add_argument_group("ray")
-    group.add_argument("--num-workers", type=int, default=2, help="training processes (Ray Train workers)")
+    group.add_argument("--num-workers", type=_cli.at_least(1), default=2, help="training processes")
     group.add_argument("--address", required=True, help="Ray's GCS, HOST:PORT (token: $RAY_AUTH_TOKEN_PATH)")
-    group.add_argument("--max-failures", type=int, default=1, help="worker-group restarts Ray may make")
+    group.add_argument("--max-failures", type=_cli.at_least(0), default=1, help="group restarts Ray may make")
     return parser
 
 
@@ -49,15 +48,15 @@ class RayHooks(TrainHooks):
 
 
 def launch(cfg, args) -> None:
-    for flag, value, low in ("--num-workers", args.num_workers, 1), ("--max-failures", args.max_failures, 0):
-        if value < low:
-            raise ConfigError(f"{flag}: must be an integer >= {low}, got {value}")
-    cfg = from_dict({**cfg.as_dict(), "framework": "ray", **{key: str(Path(value).resolve()) for key in (
-        "output_dir", "checkpoint_dir", "cache_dir") if (value := getattr(cfg, key))}})  # Ray picks their cwd
-    run_dir = Path(cfg.checkpoint_dir or Path(cfg.output_dir, "ray-run"))
     env = {key: os.environ[key] for key in FORWARDED if key in os.environ} | PLAIN_PRINT
-    ray.init(args.address, runtime_env={"env_vars": env})
-    cpu_slot = {"CPU": cfg.threads} if cfg.device != "cuda" else None  # else one GPU per worker
+    ray.init(_cli.reachable(args.address, "Ray's GCS"), runtime_env={"env_vars": env})
+    # auto: GPUs when the cluster offers any (every worker then asks Ray for one), else CPU everywhere
+    gpus = cfg.device == "cuda" or (cfg.device == "auto" and ray.cluster_resources().get("GPU", 0) >= 1)
+    absolute = {key: str(Path(value).resolve()) for key in ("output_dir", "checkpoint_dir", "cache_dir")
+                if (value := getattr(cfg, key))}  # Ray picks the workers' cwd
+    cfg = from_dict({**cfg.as_dict(), **absolute, "framework": "ray", "device": "cuda" if gpus else "cpu"})
+    run_dir = Path(cfg.checkpoint_dir or Path(cfg.output_dir, "ray-run"))
+    cpu_slot = None if gpus else {"CPU": cfg.threads}  # else one GPU per worker
     trainer = TorchTrainer(  # placed as dtlab places ddp: on CPU one worker a node, GPUs filled node by node
         lambda _: train(cfg, RayHooks()), torch_config=TorchConfig(backend="gloo" if cpu_slot else "nccl"),
         scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers, use_gpu=not cpu_slot,
