@@ -11,10 +11,11 @@ import time
 import pytest
 import yaml
 
-from dtlab import provision
+from dtlab import paths, probes, provision
 from dtlab.inventory import load_cluster
 from dtlab.lab.access import run_on_node, ssh_argv
 from dtlab.pins import pinned
+from dtlab.waiting import wait_until
 
 # The first test also pays for the session's first converge (cold: several minutes on 2 cores).
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -338,6 +339,34 @@ def test_ray_token_file_belongs_to_the_service_user_alone(provisioned_lab, clust
         assert on(lab, node.name, f"cat {path}").stdout == token, node.name
         assert token not in on(lab, node.name, "systemctl show --property=Environment 'dtlab-ray-*'").stdout
     assert token not in first.output
+
+
+def test_a_ray_unit_deletes_all_but_the_newest_sessions_before_it_starts(provisioned_lab, cluster):
+    """Ray deletes none of its session directories; each start of a unit deletes all but the newest few."""
+    lab, _ = provisioned_lab
+    worker = cluster.workers[-1]
+    temp_dir = cluster.var("ray_temp_dir")
+    keep = yaml.safe_load((paths.REPO_ROOT / "roles/ray/defaults/main.yml").read_text())["ray_keep_sessions"]
+    sessions = f"ls -1d {temp_dir}/session_2* | sort"
+    current = on(lab, worker.name, sessions).stdout.split()
+    assert current, "the running worker has a session directory"
+    # Older than any real session (by name, as Ray's are by time): one more than is kept.
+    old = [f"{temp_dir}/session_2000-01-{day:02d}_00-00-00_000000_1" for day in range(1, keep + 2)]
+    made = on(lab, worker.name, as_service_user(cluster, f"mkdir {' '.join(old)}"))
+    assert made.returncode == 0, made.stderr
+    before = current + old
+    joined_before = {node["node_id"] for node in probes.ray_alive_workers(cluster)}
+    restarted = on(lab, worker.name, f"systemctl restart {cluster.var('ray_worker_service')}")
+    assert restarted.returncode == 0, restarted.stderr
+    try:
+        after = on(lab, worker.name, sessions).stdout.split()
+        assert after == sorted(before)[-keep:], after  # the newest kept: every real one, then the newest old
+        assert current[-1] in after
+    finally:  # the restarted raylet joins again as a new Ray node, beside the other workers
+        def rejoined() -> bool:
+            alive = {node["node_id"] for node in probes.ray_alive_workers(cluster)}
+            return len(alive) == len(cluster.workers) and bool(alive - joined_before)
+        assert wait_until(rejoined, timeout_s=120, every_s=2), "the restarted worker did not rejoin Ray"
 
 
 # --- Slurm -------------------------------------------------------------------------------------------
