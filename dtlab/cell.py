@@ -20,8 +20,8 @@ _FAULT_SPEC = re.compile(
 
 @dataclass(frozen=True)
 class Fault:
-    """What a fault plan does to a cell: `kind` on `node` (None: the last worker the cell is placed on)
-    once epoch `after_epoch` is checkpointed; `seconds` is how long a netdrop lasts."""
+    """What a fault plan does to a cell: `kind` on `node` (None: the last worker running the cell's ranks,
+    faults.hit_node) once epoch `after_epoch` is checkpointed; `seconds` is how long a netdrop lasts."""
 
     kind: str
     after_epoch: int

@@ -2,9 +2,9 @@
 recovering from it cost. bench runs a FaultRun beside a faulted cell's attempts; docs/faults.md.
 
 "After epoch k" is the same moment on every platform: rank 0 has written epoch k's checkpoint and says
-so in output_dir/checkpointed_epoch (trainer.progress). The fault hits the cell's last placed worker
-unless the plan names a node; each platform's own recovery then runs as configured (RECOVERY), with
-dtlab's retry from the checkpoint behind it.
+so in output_dir/checkpointed_epoch (trainer.progress). The fault hits the node the plan names, else the
+last worker that runs ranks of the attempt (`hit_node`); each platform's own recovery then runs as
+configured (`recovery`), with dtlab's retry from the checkpoint behind it.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ class FaultRecord:
 
 
 def target(cluster: Cluster, cell: Cell, placed: tuple[Node, ...]) -> Node:
-    """The node the fault hits: the plan's, which must be one the cell runs on, else its last worker."""
+    """The node the fault hits as planned: the plan's, which must be one the cell runs on, else its last
+    placed worker (`hit_node` may move a plan without a node to where the platform put the ranks)."""
     plan = cell.fault_plan
     if plan.node is None:
         return placed[-1]
@@ -84,6 +85,31 @@ def target(cluster: Cluster, cell: Cell, placed: tuple[Node, ...]) -> Node:
         raise DtlabError(f"fault plan of {cell.key}: node {plan.node} is not among the workers the cell runs "
                          f"on ({', '.join(node.name for node in placed)}); name one of them")
     return chosen[0]
+
+
+def poll_command(output_dir: str) -> str:
+    """Shell for each watched worker: line 1 the epoch rank 0 says is checkpointed (empty where it does not
+    run), line 2 how many of the attempt's ranks left their PID file on this node."""
+    marker = shlex.quote(f"{output_dir}/{progress.CHECKPOINTED_FILE}")
+    ranks = shlex.quote(f"{output_dir}/{progress.RANKS_DIR}")
+    return f"cat {marker} 2>/dev/null; echo; ls {ranks} 2>/dev/null | grep -c '[.]pid$'; true"
+
+
+def parse_poll(stdout: str) -> tuple[int | None, int]:
+    """(checkpointed epoch or None, rank PID files) from one node's poll_command output."""
+    epoch, _, ranks = stdout.partition("\n")
+    epoch, ranks = epoch.strip(), ranks.strip()
+    return (int(epoch) if epoch.isdigit() else None), (int(ranks) if ranks.isdigit() else 0)
+
+
+def hit_node(plan: Fault, planned: Node, watched: tuple[Node, ...], ranks_on: dict[str, int]) -> Node:
+    """Where the fault hits when it fires: a named node as planned; without one, the last watched worker
+    that runs ranks of this attempt. That is ddp's and Slurm's last placed worker, and for Spark and Ray,
+    which pick their own workers (a 1-worker cell may run on any), wherever they put one."""
+    if plan.node is not None:
+        return planned
+    running = [node for node in watched if ranks_on.get(node.name, 0) > 0]
+    return running[-1] if running else planned
 
 
 def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str) -> str:
@@ -186,15 +212,17 @@ class FaultRun:
     def _watch(self, node: Node, watched: tuple[Node, ...], output_dir: str, attempt: int, say,
                sessions: remote.Sessions | None) -> None:
         plan = self.cell.fault_plan
-        marker = shlex.quote(f"{output_dir}/{progress.CHECKPOINTED_FILE}")
         while not self._stop.wait(POLL_S):
-            answers = remote.run_all(watched, f"cat {marker} 2>/dev/null || true", timeout=PROBE_TIMEOUT_S,
+            answers = remote.run_all(watched, poll_command(output_dir), timeout=PROBE_TIMEOUT_S,
                                      sessions=sessions)
-            epochs = [int(text) for answer in answers.values() if not isinstance(answer, BaseException)
-                      and (text := answer.stdout.strip()).isdigit()]
+            polled = {name: parse_poll(answer.stdout) for name, answer in answers.items()
+                      if not isinstance(answer, BaseException)}
+            epochs = [epoch for epoch, _ in polled.values() if epoch is not None]
             if not epochs or max(epochs) < plan.after_epoch:
                 continue
             injected = time.time()
+            node = hit_node(plan, node, watched, {name: ranks for name, (_, ranks) in polled.items()})
+            self.record.node = node.name
             unit = remote.unit_name(self.cell.key, "fault")
             done, said = inject(self.cluster, plan, node, output_dir, unit)
             self.record.injection = said if done else f"not injected: {said}"

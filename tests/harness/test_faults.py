@@ -37,6 +37,34 @@ def test_a_fault_hits_the_cells_last_worker_unless_the_plan_names_one_it_runs_on
         faults.target(cluster, faulted(spec="kill-after1-n0"), placed)
 
 
+def test_the_poll_reads_rank_0s_checkpointed_epoch_and_the_ranks_running_on_the_node(tmp_path):
+    output_dir = tmp_path / "out"
+
+    def poll() -> tuple[int | None, int]:
+        answer = subprocess.run(["bash", "-c", faults.poll_command(str(output_dir))], capture_output=True,
+                                text=True, timeout=30)
+        assert answer.returncode == 0, answer.stderr
+        return faults.parse_poll(answer.stdout)
+
+    assert poll() == (None, 0)  # before the attempt has written anything here
+    progress.mark_rank(output_dir, 1)
+    progress.mark_rank(output_dir, 2)
+    assert poll() == (None, 2)  # ranks run here, rank 0 elsewhere
+    (output_dir / progress.CHECKPOINTED_FILE).write_text("2\n")
+    assert poll() == (2, 2)
+
+
+def test_a_plan_without_a_node_hits_the_last_worker_where_the_platform_put_ranks(cluster):
+    """Spark and Ray pick their workers: a 1-worker cell planned on n1 may run on n2."""
+    n0, n1, n2 = cluster.nodes
+    watched, unnamed = (n1, n2), Fault("kill", 1)
+    assert faults.hit_node(unnamed, n1, watched, {"n1": 0, "n2": 1}) == n2
+    assert faults.hit_node(unnamed, n1, watched, {"n1": 2, "n2": 1}) == n2
+    assert faults.hit_node(unnamed, n2, watched, {"n1": 1}) == n1
+    assert faults.hit_node(unnamed, n1, watched, {}) == n1  # no rank seen: as planned
+    assert faults.hit_node(Fault("kill", 1, node="n1"), n1, watched, {"n2": 1}) == n1  # named: kept
+
+
 def test_the_kill_ends_the_trainer_processes_named_in_the_ranks_files_and_nothing_else(cluster, tmp_path):
     output_dir = tmp_path / "out"
     trainer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
