@@ -56,7 +56,7 @@ def test_the_poll_reads_rank_0s_checkpointed_epoch_and_the_ranks_running_on_the_
 
 def test_a_plan_without_a_node_hits_the_last_worker_where_the_platform_put_ranks(cluster):
     """Spark and Ray pick their workers: a 1-worker cell planned on n1 may run on n2."""
-    n0, n1, n2 = cluster.nodes
+    _, n1, n2 = cluster.nodes
     watched, unnamed = (n1, n2), Fault("kill", 1)
     assert faults.hit_node(unnamed, n1, watched, {"n1": 0, "n2": 1}) == n2
     assert faults.hit_node(unnamed, n1, watched, {"n1": 2, "n2": 1}) == n2

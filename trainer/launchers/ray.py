@@ -56,11 +56,11 @@ def launch(cfg, args) -> None:
                 if (value := getattr(cfg, key))}  # Ray picks the workers' cwd
     cfg = from_dict({**cfg.as_dict(), **absolute, "framework": "ray", "device": "cuda" if gpus else "cpu"})
     run_dir = Path(cfg.checkpoint_dir or Path(cfg.output_dir, "ray-run"))
-    cpu_slot = None if gpus else {"CPU": cfg.threads}  # else one GPU per worker
     trainer = TorchTrainer(  # placed as dtlab places ddp: on CPU one worker a node, GPUs filled node by node
-        lambda _: train(cfg, RayHooks()), torch_config=TorchConfig(backend="gloo" if cpu_slot else "nccl"),
-        scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers, use_gpu=not cpu_slot,
-            resources_per_worker=cpu_slot, placement_strategy="SPREAD" if cpu_slot else "PACK"),
+        lambda _: train(cfg, RayHooks()), torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
+        scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers, use_gpu=gpus,  # 1 GPU a worker
+            resources_per_worker=None if gpus else {"CPU": cfg.threads},
+            placement_strategy="PACK" if gpus else "SPREAD"),
         run_config=ray.train.RunConfig(storage_path=str(run_dir.parent), name=run_dir.name,
                                        failure_config=ray.train.FailureConfig(max_failures=args.max_failures)))
     try:
