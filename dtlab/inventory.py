@@ -274,7 +274,7 @@ PLACEHOLDER_NETWORKS = tuple(
 )
 # Every variable named *_port (ansible_port, dtlab_rendezvous_port, spark_master_port, ...) is a TCP port.
 PORT_SUFFIX = "_port"
-_YAML_SUFFIXES = (".yml", ".yaml", ".json")
+YAML_SUFFIXES = (".yml", ".yaml", ".json")
 
 
 def load_cluster(inventory: str | Path | None = None, *, allow_placeholders: bool = False) -> Cluster:
@@ -284,8 +284,7 @@ def load_cluster(inventory: str | Path | None = None, *, allow_placeholders: boo
     lookups never run here) and Ansible's fact cache is not opened. With allow_placeholders, the
     documentation addresses of inventory/cluster.example.yml pass (for commands that contact no node).
     """
-    path = inventory_path(inventory)
-    _check_yaml_syntax(path)
+    path = check_source_readable(inventory)
     loader, manager, variables = _read(path)
     where = f"inventory {path}"
     hosts = manager.get_hosts()
@@ -314,6 +313,16 @@ def inventory_path(inventory: str | Path | None = None) -> Path:
     return path
 
 
+def check_source_readable(inventory: str | Path | None = None) -> Path:
+    """The inventory's path once it exists and its YAML (and its group_vars' and host_vars') parses.
+
+    The checks Ansible's inventory plugins only warn about; also run by the dtlab_inventory plugin, so
+    ansible-playbook refuses the same source with the same line."""
+    path = inventory_path(inventory)
+    _check_yaml_syntax(path)
+    return path
+
+
 def _check_yaml_syntax(path: Path) -> None:
     """YAML syntax errors in the inventory and its group_vars/host_vars, in the YAML parser's own words."""
     import yaml
@@ -333,10 +342,10 @@ def _check_yaml_syntax(path: Path) -> None:
 def _yaml_files(path: Path) -> list[Path]:
     """The YAML files Ansible reads for an inventory: the file (or a folder's), group_vars, host_vars."""
     if path.is_file():
-        files, inventory_dir = ([path] if path.suffix in _YAML_SUFFIXES else []), path.parent
+        files, inventory_dir = ([path] if path.suffix in YAML_SUFFIXES else []), path.parent
     else:
         files, inventory_dir = (
-            sorted(f for f in path.iterdir() if f.is_file() and f.suffix in _YAML_SUFFIXES),
+            sorted(f for f in path.iterdir() if f.is_file() and f.suffix in YAML_SUFFIXES),
             path,
         )
     for vars_dir in (inventory_dir / "group_vars", inventory_dir / "host_vars"):
@@ -345,7 +354,7 @@ def _yaml_files(path: Path) -> list[Path]:
                 f
                 for f in vars_dir.rglob("*")
                 if f.is_file()
-                and (f.suffix in _YAML_SUFFIXES or not f.suffix)
+                and (f.suffix in YAML_SUFFIXES or not f.suffix)
                 and not any(part.startswith(".") for part in f.relative_to(vars_dir).parts)
             )
     return files
@@ -390,7 +399,7 @@ def _read(path: Path) -> tuple[Any, Any, Any]:
             raise DtlabError(f"inventory {path}: cannot be parsed: {_first_line(exc)}") from None
     if not manager.get_hosts():
         if failures:  # the reason of the plugin meant for this file: yaml for .yml, else ini
-            preferred = "yaml" if path.suffix in _YAML_SUFFIXES else "ini"
+            preferred = "yaml" if path.suffix in YAML_SUFFIXES else "ini"
             reason = failures.get(preferred) or next(iter(failures.values()))
             raise DtlabError(
                 f"inventory {path}: not an Ansible inventory: {reason.rstrip('.')};"

@@ -83,7 +83,12 @@ def play(path, playbook="ansible/validate.yml", *extra):
 
 
 def play_message(result):
-    """The one failure site.yml's validation play reports (its `fatal:` line's msg)."""
+    """The one failure site.yml reports: a source that is missing or whose YAML does not parse is refused
+    by the dtlab_inventory plugin before any play, as `error: <line>` alone and exit 2; every other check
+    by the validation play (its `fatal:` line's msg)."""
+    if result.returncode == 2 and not result.stdout and result.stderr.startswith("error: "):
+        assert result.stderr.count("\n") == 1, result.stderr  # one line, no Ansible warning around it
+        return result.stderr.removeprefix("error: ").rstrip("\n")
     fatal = [line for line in result.stdout.splitlines() if line.startswith("fatal:")]
     assert len(fatal) == 1, result.stdout[-3000:]
     return json.loads(fatal[0].split("=> ", 1)[1])["msg"]
@@ -239,7 +244,18 @@ def test_a_mistyped_inventory_path_is_one_line_from_both(tmp_path):
                 " `inventory =` line")
     assert harness_message(typo) == expected
     result = play(typo)
-    assert result.returncode != 0 and play_message(result) == expected
+    # Refused before any play, in that one line alone: no warnings from Ansible's inventory plugins.
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", f"error: {expected}\n")
+    assert play_message(result) == expected
+
+
+@pytest.mark.parametrize("case", ["YAML: unclosed flow mapping", "YAML: tab in group_vars"])
+def test_ansible_playbook_says_a_yaml_error_in_one_line_before_any_play(tmp_path, case):
+    layout, files, _, _ = BAD_INVENTORIES[case]
+    path = write(tmp_path, layout, files)
+    result = play(path, "site.yml")
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr == f"error: {harness_message(path)}\n"
 
 
 def test_the_reference_layout_passes_both(tmp_path):
