@@ -49,7 +49,7 @@ import json
 import os
 import shutil
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
@@ -181,6 +181,28 @@ def validate_result(result: Mapping[str, Any], *, where: str = "result") -> None
             f"{where}: {location}: {first.message}{more}; "
             "the trainer must write JSON matching trainer/result_schema.json"
         )
+
+
+def newest_per_cell(runs: Iterable[Run], profile: str | None = None) -> list[Run]:
+    """The newest of the given runs for each cell key (of one profile, if given), oldest cell first."""
+    newest: dict[str, Run] = {}
+    for run in sorted(runs, key=lambda run: run.id):
+        if profile is None or run.cell.profile == profile:
+            newest[run.cell_key] = run
+    return sorted(newest.values(), key=lambda run: run.id)
+
+
+def unreadable_reason(run: Run) -> str | None:
+    """Why an ok run's stored result cannot be reported (a field missing or malformed), or None."""
+    if run.status != "ok":
+        return None
+    if not isinstance(run.result, Mapping):
+        return "no result JSON"
+    try:
+        validate_result(run.result, where="result")
+    except DtlabError as error:
+        return str(error).removeprefix("result: ").split("; the trainer must")[0]
+    return None
 
 
 def _now() -> str:
@@ -577,11 +599,7 @@ class ResultStore:
 
     def latest_ok_runs(self, profile: str | None = None) -> list[Run]:
         """The newest ok attempt of each cell key (of one profile, if given); older ones stay recorded."""
-        newest: dict[str, Run] = {}
-        for run in self.runs("ok"):
-            if profile is None or run.cell.profile == profile:
-                newest[run.cell_key] = run
-        return sorted(newest.values(), key=lambda run: run.id)
+        return newest_per_cell(self.runs("ok"), profile)
 
     def _run_from_row(self, row: Mapping[str, Any]) -> Run:
         cell = Cell(

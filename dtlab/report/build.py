@@ -22,7 +22,7 @@ from dtlab.report.study import (
     published,
 )
 from dtlab.report.tables import ResumedCost, Table, TableBuilder, config_label, failures_table, resumed_table
-from dtlab.results import ResultStore, Run
+from dtlab.results import ResultStore, Run, newest_per_cell, unreadable_reason
 from trainer import progress
 from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX
 
@@ -316,18 +316,24 @@ def resumed_costs(resumed: list[Run], all_runs: list[Run], groups: dict[GroupKey
 def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     """Read the store and build every table; raises EmptyStoreError when nothing is recorded."""
     store.check(writable=False)
-    all_runs = store.runs(status=None)
-    if not all_runs:
+    recorded = store.runs(status=None)
+    if not recorded:
         raise EmptyStoreError(
             f"bench.report: no recorded runs in {store.root}; "
             "run `invoke bench.all` (or bench.run) first, then `invoke bench.report`"
         )
-    chosen, others = choose_profile(store.runs("ok"), profile)
+    # A stored result that lacks a field (an older or damaged row) is named in the header and left out;
+    # it never stops the report. Its raw files stay in runs/ as recorded.
+    unreadable = [(run, reason) for run in recorded if (reason := unreadable_reason(run))]
+    left_out = {run.id for run, _ in unreadable}
+    all_runs = [run for run in recorded if run.id not in left_out]
+    readable_ok = [run for run in all_runs if run.status == "ok"]
+    chosen, others = choose_profile(readable_ok, profile)
     # A faulted cell's runs (its injected failures too) are measured in their own section, never in the
     # study's tables, B.2 or B.4: their time is the fault's. Their undisturbed twins are ordinary cells.
     faults = fault_section(all_runs)
     study_runs = [run for run in all_runs if not is_faulted(run)]
-    newest_ok = store.latest_ok_runs(chosen) if chosen is not None else []
+    newest_ok = newest_per_cell(readable_ok, chosen) if chosen is not None else []
     ok_runs = [run for run in newest_ok if not is_faulted(run)]
     failed = [
         run for run in study_runs if run.status == "failed" and (chosen is None or run.cell.profile == chosen)
@@ -353,6 +359,9 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
         for run in undisturbed
     )
     notes = []
+    if unreadable:
+        named = "; ".join(f"{run.cell_key} attempt {run.attempt} ({reason})" for run, reason in unreadable)
+        notes.append(f"Unreadable recorded run(s), left out of every table: {named}.")
     if not ok_runs:
         notes.append("No successful runs are recorded yet: only the study's figures are shown."
                      if faults is None else

@@ -1,5 +1,7 @@
 """Partial, empty and CPU stores; profiles; GPU counts beyond the study's."""
 
+import sqlite3
+
 import pytest
 from report_helpers import figure_panels, fill_with_study_runs, record, record_failure
 from result_factory import made_up_result
@@ -319,3 +321,22 @@ def test_accuracy_after_other_epoch_counts_gets_no_ratio(tmp_path, lookup):
     look = lookup(build_report(store))
     assert look.cell("5.5", (DDP,), "This/study") == "—"  # 5 epochs here against the study's 20
     assert look.cell("5.4", (DDP, "1 GPU"), "This/study") == "1.00×"  # per-epoch times still compare
+
+
+def test_a_stored_run_that_lacks_a_field_is_named_and_left_out_not_a_crash(tmp_path, lookup):
+    """An older or damaged row (its result without epoch_metrics) must not stop bench.report."""
+    store = ResultStore(tmp_path / "results")
+    record(store, Cell("ddp", 1, 20, 1), time_total_s=700.0, final_accuracy=0.8)
+    record(store, Cell("ddp", 1, 20, 2), time_total_s=720.0, final_accuracy=0.8)
+    # The store takes only valid results and is append-only: a damaged row can only come from outside.
+    with sqlite3.connect(store.db_path) as conn:
+        columns = [row[1] for row in conn.execute("PRAGMA table_info(runs)") if row[1] != "id"]
+        copied = ", ".join("attempt + 1" if c == "attempt" else
+                           "json_remove(result_json, '$.epoch_metrics')" if c == "result_json" else c
+                           for c in columns)
+        conn.execute(f"INSERT INTO runs ({', '.join(columns)}) SELECT {copied} FROM runs WHERE seed = 2")
+    report = build_report(store)
+    [note] = [note for note in report.notes if note.startswith("Unreadable recorded run(s)")]
+    assert "ddp-g1-e20-s2 attempt 2" in note and "epoch_metrics" in note, note
+    # Seed 2's newest readable attempt stands in the tables, beside seed 1.
+    assert lookup(report).rows("5.1", "1 GPU", "20")[0][2:4] == ["2", "710.00"]
