@@ -97,7 +97,8 @@ def _harness_call(function, *args, **kwargs):
     try:
         return function(*args, **kwargs)
     except DtlabError as error:
-        print(f"error: {error}", file=sys.stderr)
+        for line in str(error).splitlines():  # the health gate's refusal: one line per failure
+            print(f"error: {line}", file=sys.stderr)
         sys.exit(getattr(error, "exit_code", DtlabError.exit_code) or 0)
     except KeyboardInterrupt:
         sys.exit(130)
@@ -109,6 +110,16 @@ def cluster_check(c, inventory=None):
     from dtlab import commands
 
     _harness_call(commands.cluster_check, inventory)
+
+
+@task(name="doctor", help={"inventory": INVENTORY_HELP,
+                           "json": "print one JSON document (a verdict per check, the failures, the "
+                                   "all-reduce pairs) instead of the tables"})
+def cluster_doctor(c, inventory=None, json=False):
+    """bench.all's health gate: cluster.check and all-reduce between workers; exit 0 ok, 1 failed, 2 error."""
+    from dtlab import commands
+
+    _harness_call(commands.cluster_doctor, inventory, as_json=json)
 
 
 @task(name="reset", help={"inventory": INVENTORY_HELP})
@@ -142,23 +153,25 @@ BENCH_HELP = {
     "verbose": "stream every log line, not only epochs and errors",
     "matrix": "matrix file (default experiments/matrix.yml)",
     "report": "write the report at the end (default: yes)",
+    "skip_gate": "start without the health gate (cluster.doctor) and never drain a node a cell failed on",
 }
 
 
 @task(name="all", help=BENCH_HELP)
 def bench_all(c, inventory=None, profile=None, only=None, force=False, retries=1, timeout=None, verbose=False,
-              matrix=None, report=True):
-    """Run the whole matrix over SSH in a stable order (resumable), then write the report."""
+              matrix=None, report=True, skip_gate=False):
+    """The health gate, then the whole matrix over SSH in a stable order (resumable), then the report."""
     from dtlab import commands
 
     options = _harness_call(commands.bench_options, profile, only, force, retries, timeout, verbose, matrix,
-                            report)
+                            report, skip_gate)
     outcomes = _harness_call(commands.bench_all, inventory, options)
     sys.exit(1 if any(outcome.status == "failed" for outcome in outcomes) else 0)
 
 
 @task(name="run", help={"cell": "cell key, e.g. ddp-g2-e2-s0 (see bench.all's list)",
-                        **{k: v for k, v in BENCH_HELP.items() if k not in ("only", "force", "report")}})
+                        **{k: v for k, v in BENCH_HELP.items()
+                           if k not in ("only", "force", "report", "skip_gate")}})
 def bench_run(c, cell, inventory=None, profile=None, retries=1, timeout=None, verbose=False, matrix=None):
     """Run one matrix cell now (even if recorded) and record it."""
     from dtlab import commands
@@ -172,12 +185,12 @@ def bench_run(c, cell, inventory=None, profile=None, retries=1, timeout=None, ve
 @task(name="faults", help={k: v for k, v in BENCH_HELP.items() if k != "profile"} | {
     "profile": "matrix profile with a fault plan (default: faults)"})
 def bench_faults(c, inventory=None, profile="faults", only=None, force=False, retries=1, timeout=None,
-                 verbose=False, matrix=None, report=True):
+                 verbose=False, matrix=None, report=True, skip_gate=False):
     """Fault recovery: each cell undisturbed, then with the profile's fault; the report's fault table."""
     from dtlab import commands
 
     options = _harness_call(commands.bench_options, profile, only, force, retries, timeout, verbose, matrix,
-                            report)
+                            report, skip_gate)
     outcomes = _harness_call(commands.bench_all, inventory, options, needs_fault_plan=True)
     sys.exit(1 if any(outcome.status == "failed" for outcome in outcomes) else 0)
 
@@ -219,7 +232,7 @@ def demo(c, name=None, faults=False):
 
 
 lab = Collection("lab", lab_up, lab_down, lab_status, lab_ssh, lab_restart_node)
-cluster = Collection("cluster", cluster_check, cluster_reset)
+cluster = Collection("cluster", cluster_check, cluster_doctor, cluster_reset)
 trainer = Collection("trainer", trainer_deploy)
 bench = Collection("bench", bench_all, bench_run, bench_faults, bench_report)
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dtlab import faults, paths, probes, remote
+from dtlab import doctor, faults, paths, probes, remote
 from dtlab import launch as launching
 from dtlab import matrix as matrix_module
 from dtlab.cell import Cell, config_hash
@@ -68,6 +68,8 @@ class BenchOptions:
     verbose: bool = False  # stream every log line, not only epochs and errors
     matrix_path: Path | None = None
     report: bool = True
+    # No health gate before the matrix, and no re-check of a node a cell failed on (so no drains).
+    skip_gate: bool = False
 
 
 @dataclass
@@ -89,6 +91,8 @@ class CellOutcome:
     result: dict[str, Any] | None = None
     phases: dict[str, float] = field(default_factory=dict)  # seconds per harness phase, last attempt
     marks: dict[str, float] = field(default_factory=dict)  # wall clock (time.time) of units start/end
+    # A skipped cell that is not recorded: why it did not run ("node2 drained (ssh: ...)").
+    skipped_because: str | None = None
 
 
 class UnitWatch:
@@ -216,6 +220,10 @@ class Bench:
         self.sessions: remote.Sessions | None = None
         # A faulted cell's run (dtlab.faults): armed in each attempt until its fault has fired.
         self.fault_run: faults.FaultRun | None = None
+        # The health gate's file beside the results (None before the matrix passed it), and the nodes
+        # drained for the rest of this matrix: name -> the failed check that drained it.
+        self.gate: doctor.GateFile | None = None
+        self.drained: dict[str, str] = {}
 
     # --- the matrix ----------------------------------------------------------------
 
@@ -233,13 +241,17 @@ class Bench:
             raise DtlabError(f"--timeout {self.options.timeout_s}: must be a positive number of seconds")
         return selected
 
+    def check_fault_plans(self, selected: matrix_module.Matrix) -> None:
+        """Each fault plan's node is one its cell runs on (the controller alone decides)."""
+        for cell in selected.cells:
+            if cell.fault:
+                faults.target(self.cluster, cell, launching.place(self.cluster, cell).nodes)
+
     def check_before_start(self, selected: matrix_module.Matrix) -> None:
         """What can stop the whole matrix, checked before any cell starts or any attempt is reserved:
         a results store that cannot take runs, a fault plan's node the cell does not run on, and local
         model or dataset paths the workers lack."""
-        for cell in selected.cells:
-            if cell.fault:
-                faults.target(self.cluster, cell, launching.place(self.cluster, cell).nodes)
+        self.check_fault_plans(selected)
         self.store.check(writable=True)
         from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX, is_local_path
 
@@ -270,8 +282,15 @@ class Bench:
         return int(self.options.timeout_s or selected.timeout_s)
 
     def run_matrix(self, selected: matrix_module.Matrix) -> list[CellOutcome]:
-        """Every selected cell in the matrix's stable order; recorded ones skipped unless --force."""
+        """The health gate, then every selected cell in the matrix's stable order; recorded ones skipped
+        unless --force, and those that need a node drained during the matrix."""
+        self.check_fault_plans(selected)
+        self.store.check(writable=False)  # a store that cannot be read is one line before the gate
+        passed = None if self.options.skip_gate else self.run_gate()  # refused: nothing written yet
         self.check_before_start(selected)
+        self.gate = doctor.GateFile.write(self.store.root / paths.GATE_DIRNAME, passed,
+                                          {"profile": selected.profile, "source": str(selected.source),
+                                           "cells": [cell.key for cell in selected.cells]})
         display = self.display or Display(len(selected), self.options.verbose)
         self.display = display
         outcomes: list[CellOutcome] = []
@@ -282,15 +301,66 @@ class Bench:
         )
         with display:
             for cell in selected.cells:
+                drained = self.drained_nodes_of(cell, self.timeout_for(selected))
                 if not self.options.force and self.store.is_done(cell, config_hash(cell)):
                     display.pending.remove(cell)
                     outcome = CellOutcome(cell, "skipped")
                     display.note(f"[dim]· {cell.key}: recorded (same config hash), skipped[/]")
+                elif drained:
+                    display.pending.remove(cell)
+                    why = f"{drained[0]} drained ({self.drained[drained[0]]})"
+                    outcome = CellOutcome(cell, "skipped", skipped_because=why)
+                    display.note(f"[yellow]· {cell.key}: skipped: {why}[/]")
                 else:
                     outcome = self.run_cell(cell, self.timeout_for(selected))
                 display.finish_cell(outcome)
                 outcomes.append(outcome)
+                if outcome.status == "failed":
+                    self.recheck_after(outcome)
         return outcomes
+
+    # --- the health gate (dtlab.doctor) ------------------------------------------------
+
+    def run_gate(self) -> doctor.Diagnosis:
+        """The whole cluster, before the first cell: GateRefused (one line per failure) if it fails."""
+        say = self.display.note if self.display else print
+        say(f"health gate: checking {self.cluster.name} (services, clocks, disks, GPUs, all-reduce between "
+            "workers; --skip-gate skips it)")
+        diagnosis = doctor.diagnose(self.cluster)
+        if not diagnosis.healthy:
+            raise doctor.GateRefused(diagnosis)
+        say(f"health gate passed: {diagnosis.summary()}")
+        return diagnosis
+
+    def recheck_after(self, outcome: CellOutcome) -> None:
+        """A cell failed on a node: that node's checks and all-reduce again; drained if they fail."""
+        node = outcome.failure.node if outcome.failure else None
+        if (self.options.skip_gate or node is None or node in self.drained
+                or node not in {n.name for n in self.cluster.nodes}):
+            return
+        say = self.display.note if self.display else print
+        say(f"health gate: {outcome.cell.key} failed on {node}; checking {node} again")
+        diagnosis = doctor.diagnose_node(self.cluster, node, self.drained)
+        if diagnosis.healthy:
+            say(f"health gate: {node} passes ({diagnosis.summary()}); it stays in the matrix")
+        else:
+            first = diagnosis.failed_rows[0]
+            more = len(diagnosis.failed_rows) - 1
+            self.drained[node] = f"{first.check}: {first.detail}" + (f"; and {more} more" if more else "")
+            say(f"[yellow]health gate: {node} drained for the rest of this matrix, its cells skipped: "
+                f"{'; '.join(diagnosis.failures)}[/]")
+        if self.gate is not None:
+            self.gate.add_recheck(diagnosis, outcome.cell.key, drained=not diagnosis.healthy)
+
+    def drained_nodes_of(self, cell: Cell, timeout_s: int) -> list[str]:
+        """The drained nodes this cell would run on or prepare (its launch's nodes)."""
+        if not self.drained:
+            return []
+        try:
+            planned = launching.build(self.cluster, cell, 1, timeout_s)
+        except DtlabError:  # run_cell says what is wrong with the cell
+            return []
+        return [node.name for node in planned.all_nodes if node.name in self.drained]
 
     # --- one cell --------------------------------------------------------------------
 

@@ -26,8 +26,6 @@ from dtlab.errors import DtlabError
 from dtlab.gpucompat import code_runs_on
 from dtlab.inventory import Cluster, Node
 
-MAX_CLOCK_SKEW_S = 1.0
-MIN_FREE_DISK_GB_DEFAULT = 2.0
 SERVICES_READY_TIMEOUT_S = 90  # after a reset: Spark workers registered, Ray workers joined
 @dataclass(frozen=True)
 class CheckRow:
@@ -36,6 +34,20 @@ class CheckRow:
     ok: bool
     detail: str
     required: bool = True  # informational rows never fail the check
+    value: float | None = None  # the measured number the verdict judged (clock skew s, free GiB), for JSON
+
+
+def threshold(cluster: Cluster, key: str) -> float:
+    """A health threshold from the inventory (group_vars/all.yml, the lab's in lab.yml): a number >= 0."""
+    value = cluster.require(key)
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = -1.0
+    if isinstance(value, bool) or not number >= 0:
+        raise DtlabError(f"inventory {cluster.inventory_path}: {key} {value!r} is not a threshold; "
+                         "use a number >= 0 (group_vars/all.yml has the default)")
+    return number
 
 
 # The systemd units check and reset look for, each named by its variable in the inventory's group_vars.
@@ -90,7 +102,8 @@ def _parse_probe(text: str) -> dict[str, str]:
 
 def check(cluster: Cluster) -> list[CheckRow]:
     rows: list[CheckRow] = []
-    min_free_gb = float(cluster.var("dtlab_min_free_disk_gb", MIN_FREE_DISK_GB_DEFAULT))
+    max_skew_s = threshold(cluster, "dtlab_max_clock_skew_s")
+    min_free_gb = threshold(cluster, "dtlab_min_free_disk_gb")
     node_states: dict[str, dict[str, str]] = {}  # per node: the probe script's key=value answers
 
     def probe(node: Node) -> tuple[float, remote.CommandResult, float]:
@@ -116,8 +129,9 @@ def check(cluster: Cluster) -> list[CheckRow]:
                 CheckRow(
                     "clock skew",
                     node.name,
-                    abs(skew) <= MAX_CLOCK_SKEW_S + (received - sent) / 2,
-                    f"{skew:+.2f} s (limit ±{MAX_CLOCK_SKEW_S:.0f} s, round trip {received - sent:.2f} s)",
+                    abs(skew) <= max_skew_s + (received - sent) / 2,
+                    f"{skew:+.2f} s (limit ±{max_skew_s:g} s, round trip {received - sent:.2f} s)",
+                    value=skew,
                 )
             )
         except (KeyError, ValueError):
@@ -129,7 +143,8 @@ def check(cluster: Cluster) -> list[CheckRow]:
                     "free disk",
                     node.name,
                     free_gb >= min_free_gb,
-                    f"{free_gb:.1f} GiB free under {cluster.runs_dir} (need {min_free_gb:.0f})",
+                    f"{free_gb:.1f} GiB free under {cluster.runs_dir} (need {min_free_gb:g})",
+                    value=free_gb,
                 )
             )
         except (KeyError, ValueError):
@@ -545,12 +560,12 @@ def failed(rows: list[CheckRow]) -> list[CheckRow]:
     return [r for r in rows if r.required and not r.ok]
 
 
-def render(rows: list[CheckRow], cluster: Cluster, console=None) -> None:
+def render(rows: list[CheckRow], cluster: Cluster, console=None, command: str = "cluster.check") -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = console or Console(highlight=False)
-    table = Table(title=f"cluster.check: {cluster.name} ({cluster.inventory_path.name})", show_lines=False)
+    table = Table(title=f"{command}: {cluster.name} ({cluster.inventory_path.name})", show_lines=False)
     for column in ("check", "node", "status", "detail"):
         table.add_column(column, overflow="fold")
     for row in rows:

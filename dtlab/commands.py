@@ -3,11 +3,13 @@ harness, print what a user needs. Bad input raises DtlabError, which tasks.py pr
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 from pathlib import Path
 
 from dtlab import cluster as cluster_module
+from dtlab import doctor
 from dtlab.bench import Bench, BenchOptions, CellOutcome, Display
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, load_cluster
@@ -21,6 +23,25 @@ from dtlab.results import ResultStore
 
 def cluster_check(inventory: str | None) -> None:
     cluster_module.check_or_raise(load_cluster(inventory))
+
+
+def cluster_doctor(inventory: str | None, as_json: bool = False) -> doctor.Diagnosis:
+    """invoke cluster.doctor: the health gate's diagnosis, as a table or (as_json) one JSON document.
+    Exit 0 healthy, 1 a check failed (DoctorFailed), 2 it could not run (DtlabError: its one line, and
+    with --json a JSON document with status "error" too, so a script always gets JSON)."""
+    try:
+        diagnosis = doctor.diagnose(load_cluster(inventory))
+    except DtlabError as error:
+        if as_json:
+            print(json.dumps({"format": doctor.GATE_FORMAT, "status": "error", "error": str(error)}))
+        raise
+    if as_json:
+        print(json.dumps(diagnosis.as_json(), indent=2))
+    else:
+        doctor.render(diagnosis)
+    if not diagnosis.healthy:
+        raise doctor.DoctorFailed(f"cluster.doctor: {diagnosis.summary()} on {diagnosis.cluster.name}")
+    return diagnosis
 
 
 def cluster_reset(inventory: str | None) -> None:
@@ -43,14 +64,34 @@ def trainer_deploy(inventory: str | None) -> None:
 # --- bench -----------------------------------------------------------------------------
 
 
-def bench_options(profile, only, force, retries, timeout, verbose, matrix, report=True) -> BenchOptions:
+def bench_options(profile, only, force, retries, timeout, verbose, matrix, report=True,
+                  skip_gate=False) -> BenchOptions:
     """The bench flags as given on the command line (strings), checked."""
     try:
         retries, timeout = int(retries), (int(timeout) if timeout not in (None, "") else None)
     except ValueError:
         raise DtlabError(f"--retries {retries} / --timeout {timeout}: must be whole numbers") from None
     return BenchOptions(profile=profile, only=only, force=force, retries=retries, timeout_s=timeout,
-                        verbose=verbose, matrix_path=Path(matrix) if matrix else None, report=report)
+                        verbose=verbose, matrix_path=Path(matrix) if matrix else None, report=report,
+                        skip_gate=skip_gate)
+
+
+def matrix_summary(command: str, profile: str, outcomes: list[CellOutcome], drained: dict[str, str]
+                   ) -> list[str]:
+    """The lines that end a matrix: what ran, what was recorded before, what failed, and each node the
+    health gate drained with the cells skipped for it."""
+    done = sum(o.status == "ok" for o in outcomes)
+    failed_cells = sum(o.status == "failed" for o in outcomes)
+    recorded = sum(o.status == "skipped" and not o.skipped_because for o in outcomes)
+    skipped = [o for o in outcomes if o.skipped_because]
+    line = f"{command} {profile}: {done} ran ok, {recorded} already recorded, {failed_cells} failed"
+    if skipped:
+        line += f", {len(skipped)} skipped ({', '.join(drained)} drained)"
+    lines = [line]
+    for node, reason in drained.items():
+        keys = [o.cell.key for o in skipped if o.skipped_because.startswith(f"{node} drained")]
+        lines.append(f"drained: {node} ({reason}); skipped: {', '.join(keys) or 'no later cell needed it'}")
+    return lines
 
 
 def matrix_report(cluster: Cluster, profile: str | None, say=print) -> Path | None:
@@ -81,12 +122,9 @@ def bench_all(inventory: str | None, options: BenchOptions, needs_fault_plan: bo
             "interrupted: the running cell's units are stopped on every node; recorded results are intact"
         )
         raise
-    done = sum(o.status == "ok" for o in outcomes)
-    failed_cells = [o for o in outcomes if o.status == "failed"]
-    skipped = sum(o.status == "skipped" for o in outcomes)
     command = "bench.faults" if needs_fault_plan else "bench.all"
-    print(f"{command} {selected.profile}: {done} ran ok, {skipped} already recorded, "
-          f"{len(failed_cells)} failed")
+    for line in matrix_summary(command, selected.profile, outcomes, bench.drained):
+        print(line)
     if options.report:  # bench.faults: its fault section beside the tables of the newest undisturbed runs
         matrix_report(cluster, None if needs_fault_plan else selected.profile)
     return outcomes

@@ -22,5 +22,9 @@ SITE_PLAYBOOK = REPO_ROOT / "site.yml"
 ANSIBLE_CFG = REPO_ROOT / "ansible.cfg"
 
 
+# Inside results/<cluster>/: the health gate that preceded each matrix (dtlab.doctor), as JSON.
+GATE_DIRNAME = "gate"
+
+
 def results_dir_for(cluster_name: str) -> Path:
     return RESULTS_DIR / cluster_name
