@@ -14,6 +14,8 @@ Partial stores give partial reports: a missing cell is shown as missing on eithe
 attempts are listed; only each cell's newest ok attempt of one profile (newest, or --profile) is used.
 Rounding: see dtlab.report.numbers. Faulted cells (Cell.fault) are reported only in the "Fault recovery"
 section (dtlab.report.faults: Report.faults, Table B.5, Figure B.2), beside their undisturbed twins.
+The health gate that preceded the profile's matrix (results/<cluster>/gate/, written by bench.all) is
+the "Health gate" section (dtlab.report.gate: Report.gate, Table B.6).
 """
 
 from __future__ import annotations

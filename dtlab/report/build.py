@@ -10,6 +10,7 @@ from typing import Any
 from dtlab.errors import DtlabError
 from dtlab.report.aggregate import GroupKey, GroupStats, Sample, group, long_epochs, primary_epochs
 from dtlab.report.faults import FaultSection, fault_section, is_faulted
+from dtlab.report.gate import GateSection, gate_section
 from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
 from dtlab.report.study import (
     DISPLAY_NAMES,
@@ -54,6 +55,7 @@ class Report:
     figures: list[dict[str, Any]] = field(default_factory=list)  # filled by render: {"title", "png", "svg"}
     from_study: bool = False  # `bench.report --study`: "this cluster" is the study's published runs
     faults: FaultSection | None = None  # "Fault recovery", when faulted cells were run (any profile)
+    gate: GateSection | None = None  # "Health gate": the newest gate before this profile's matrix
 
     def count_label(self, count: int) -> str:
         devices = {d for (_f, g, _e), s in self.groups.items() if g == count for d in s.devices}
@@ -396,6 +398,7 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
         notes=notes,
         rounding=[ROUNDING_RULE, STUDY_34_00_NOTE],
         faults=faults,
+        gate=gate_section(store.root, chosen),
     )
 
 

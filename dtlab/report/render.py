@@ -146,6 +146,8 @@ def write_report(report: Report, out_dir: Path) -> ReportFiles:
     all_tables = [*report.tables, *report.extra_tables] + ([report.node_table] if report.node_table else [])
     if report.faults is not None:
         all_tables.append(report.faults.table)
+    if report.gate is not None and report.gate.table is not None:
+        all_tables.append(report.gate.table)
     for table in all_tables:
         path = tables_dir / f"{table.slug}.csv"
         atomic_write_text(path, table_csv(table))
