@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from dtlab import gpucompat
+from dtlab import gpucompat, paths
 from dtlab.errors import DtlabError
 from dtlab.gpucompat import NodeGpus
 from dtlab.pins import pinned
@@ -40,6 +40,15 @@ def test_each_build_installs_from_its_own_extra_index_keeping_the_main_one(compa
 ])
 def test_which_builds_run_a_capability(compat, gpu_capability, builds):
     assert [b.name for b in compat.builds if b.supports(gpu_capability)] == builds
+
+
+def test_the_reference_cluster_gets_cu126_on_the_inventorys_driver_branch(compat):
+    """group_vars/all.yml's nvidia_driver_branch (580): Pascal's last branch, and cu126 still runs it."""
+    group_vars = yaml.safe_load((paths.INVENTORY_DIR / "group_vars" / "all.yml").read_text())
+    branch = group_vars["nvidia_driver_branch"]
+    build = compat.choose([GTX_1060, NodeGpus("node0", ("GTX 1060",), ("6.1",))], driver_branch=branch)
+    assert (branch, build.name) == ("580", "cu126")
+    assert compat.generation("6.1")["last_driver_branch"] == int(branch)  # never past it for Pascal
 
 
 def test_the_study_cluster_gets_cu126_on_driver_535(compat):

@@ -82,29 +82,40 @@ def test_gpu_tasks_run_in_check_mode_with_the_gpu_fact_forced_on(controller_inve
         "-e", "nvidia_install_source=cuda_repo",  # the distribution source asks Ubuntu's archive, not here
         # The controller's running kernel may not be Debian's: ask for the flavour's headers only.
         "-e", '{"nvidia_kernel_header_packages": ["linux-headers-amd64"]}',
-        "-e", f"nvidia_cuda_repo_base_url={key_server}/cuda",
+        "-e", f"nvidia_cuda_repo_base_url={key_server}/cuda", "-e", "nvidia_cuda_repo_pin_origin=127.0.0.1",
         "-e", f"docker_repo_base_url={key_server}/docker",
         "-e", f"docker_nvidia_toolkit_key_url={key_server}/libnvidia-container/gpgkey",
-        "-e", f"docker_nvidia_toolkit_repo_url={key_server}/libnvidia-container/stable/deb/amd64")
+        "-e", f"docker_nvidia_toolkit_repo_url={key_server}/libnvidia-container/stable/deb/amd64", "--diff")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     out = result.stdout
     # The GPU plan, step by step: what each GPU-only step would do on a fresh node.
     for task in ("Ask whether Secure Boot is on (read-only)", "Blacklist nouveau",
                  "Install NVIDIA's cuda-keyring (the CUDA repository's signing key and source list)",
-                 "Prefer NVIDIA's repository for NVIDIA's packages (apt pin)",
+                 "Pin NVIDIA's driver packages to the branch (apt preferences)",
                  "Install the kernel headers (DKMS builds the module against them)"):
         assert f"TASK [nvidia : {task}]" in out, task
     assert ("nvidia: check mode, CUDA repository not configured yet; would install now: "
-            "linux-headers-amd64, cuda-drivers-535, and hold the driver") in out
-    assert "nvidia: check mode, controller would reboot to load driver 535; persistence mode and the " \
+            "linux-headers-amd64, cuda-drivers-580, and hold the packages of branch 580 that dpkg lists "
+            "after that") in out
+    # The pin holds NVIDIA's driver packages to branch 580 (tests/provision/test_gpu_plan.py runs it in apt).
+    assert ("+Package: *nvidia* cuda-drivers*\n+Pin: version 580.*\n+Pin-Priority: 600\n" in out
+            and "+Package: *nvidia* cuda-drivers*\n+Pin: origin 127.0.0.1\n+Pin-Priority: -1\n" in out), out
+    assert ("nvidia: check mode, controller would hold the installed packages of branch 580 after the "
+            "install; installed now: none") in out
+    assert "nvidia: check mode, controller would reboot to load driver 580; persistence mode and the " \
            "nvidia-smi checks run after that reboot" in out
     assert "TASK [docker : Add NVIDIA's container toolkit repository with its signing key]" in out
     assert "TASK [docker : Register the nvidia runtime with Docker (nvidia-ctk)]" in out
+    # GPU containers keep their GPUs across systemctl daemon-reload: the cgroup driver and the udev rule.
+    assert '+    "exec-opts": [\n+        "native.cgroupdriver=cgroupfs"\n+    ],' in out, out
+    assert ('+ACTION=="add", DEVPATH=="/bus/pci/drivers/nvidia", RUN+="/usr/bin/nvidia-ctk system '
+            'create-dev-char-symlinks --create-all"') in out
     assert "no NVIDIA GPU" not in out
     # Check mode changed nothing on the controller.
     assert sorted(os.listdir("/etc/apt/sources.list.d")) == sources_before
     assert sorted(os.listdir("/etc/apt/preferences.d")) == preferences_before
     assert not os.path.exists("/etc/modprobe.d/dtlab-blacklist-nouveau.conf")
+    assert not os.path.exists("/etc/udev/rules.d/71-nvidia-dev-char.rules")
 
 
 @pytest.mark.slow  # an ansible-playbook check-mode run: not in `invoke test --fast`
@@ -117,8 +128,8 @@ def test_a_deferred_reboot_skips_the_checks_saying_so(controller_inventory):
         "--tags", "nvidia")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     out = result.stdout
-    assert "TASK [nvidia : Hold the driver against unattended upgrades (apt-mark hold)]" in out
-    assert ("nvidia: controller must reboot to load driver 535, and nvidia_reboot_skip is set: persistence "
+    assert "TASK [nvidia : Hold the branch's packages against upgrades (apt-mark hold)]" in out
+    assert ("nvidia: controller must reboot to load driver 580, and nvidia_reboot_skip is set: persistence "
             "mode and the nvidia-smi checks are skipped") in out
     assert "TASK [nvidia : Reboot to load the NVIDIA driver]" in out  # listed, skipped
     assert "TASK [nvidia : Query the GPUs with nvidia-smi (read-only)]" not in out
@@ -127,10 +138,12 @@ def test_a_deferred_reboot_skips_the_checks_saying_so(controller_inventory):
 @pytest.mark.slow  # an ansible-playbook check-mode run: not in `invoke test --fast`
 def test_gpu_tasks_skip_with_their_message_without_a_gpu(controller_inventory):
     result = run_check_mode(controller_inventory, "-e", "dtlab_gpu_count=0",
-                            "-e", "docker_install_source=distribution")
+                            "-e", "docker_install_source=distribution", "--diff")
     assert result.returncode == 0, result.stdout[-4000:]
     out = result.stdout
     assert ("nvidia: no NVIDIA GPU on controller (lspci); "
             "skipping driver, CUDA, cuDNN and persistence mode") in out
     assert "docker: no NVIDIA GPU on controller (lspci); skipping the NVIDIA container toolkit" in out
     assert "TASK [nvidia : Add NVIDIA's CUDA apt repository" not in result.stdout
+    assert '+    "log-driver": "json-file",' in out  # daemon.json's diff is shown...
+    assert "native.cgroupdriver" not in out  # ...and Docker keeps its cgroup driver where no GPU is
