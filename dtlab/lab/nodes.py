@@ -212,7 +212,10 @@ def start(config: LabConfig, node: str, root: Path, binds: dict[str, str],
     nspawn = ["systemd-nspawn", "--boot", "--register=no", "--keep-unit",
               # The machine name must be unique on the host (nspawn keys /run/systemd/nspawn/* on it).
               "-D", str(root), f"--machine={config.name}-{node}", f"--hostname={node}",
-              "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=passive"]
+              "--resolv-conf=off", "--timezone=off", "--link-journal=no", "--console=passive",
+              # The firewall role loads nftables rules in the node. CAP_NET_ADMIN acts only on the
+              # network namespace the node runs in, its own (below), never on the host's.
+              "--capability=CAP_NET_ADMIN"]
     # nspawn runs inside the node's netns, under `ip netns exec`, which mounts a sysfs of that netns: nspawn
     # passes /sys on to the node, so /sys/class/net (what Ansible's interface facts read) lists the node's
     # own interfaces, as on a VM. (--network-namespace-path would leave the host's there.) The fresh /sys
