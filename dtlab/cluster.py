@@ -176,6 +176,7 @@ def check(cluster: Cluster) -> list[CheckRow]:
     rows += _check_services(cluster, node_states)
     rows += check_socket_interfaces(cluster, [n for n in cluster.nodes if n.name in node_states])
     rows += check_gpus(cluster, [n for n in cluster.workers if n.name in node_states])
+    rows += check_determined_trial_image(cluster, [n for n in cluster.workers if n.name in node_states])
     return rows
 
 
@@ -353,6 +354,18 @@ def _check_slurm(
                              f"{slurmd_unit} {daemon or 'not installed'}, "
                              f"{munge_unit} {munge or 'not installed'}; Slurm says {slurm_state}"))
     return rows
+
+
+def check_determined_trial_image(cluster: Cluster, workers: list[Node]) -> list[CheckRow]:
+    """Per agent: Docker there has determined_trial_image and its python3 can install the pins, as
+    startup-hook.sh will ask it to in every trial (dtlab.launch.determined.check_trial_image)."""
+    if not cluster.has_determined_master:
+        return [CheckRow("determined trial image", worker.name, True, "Determined not installed here",
+                         required=False) for worker in workers]
+    from dtlab.launch import determined
+
+    return [CheckRow("determined trial image", verdict.node, verdict.ok, verdict.detail)
+            for verdict in determined.check_trial_image(cluster, workers)]
 
 
 def spark_worker_gpus(cluster: Cluster) -> int:

@@ -2,24 +2,32 @@
 without one (the lab: no Determined binaries), the Core API entry run off-cluster under torchrun.
 
 Off-cluster cells are labelled "determined (Core API, off-cluster)", never as a Determined cluster run.
+Every trial runs in determined_trial_image; check_trial_image asks each agent whether that image's
+python3 can install the pins (cluster.check's rows, and the preflight of each cell on a master).
 """
 
 from __future__ import annotations
 
+import base64
 import copy
+import shlex
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dtlab import detmaster
+from dtlab import detmaster, remote
 from dtlab import paths as dtlab_paths
 from dtlab.cell import Cell
 from dtlab.errors import DtlabError
-from dtlab.inventory import Cluster
+from dtlab.inventory import Cluster, Node
 from dtlab.launch import ddp
 from dtlab.launch.common import CellPaths, Launch, place, trainer_config
 from dtlab.waiting import wait_until
+
+if TYPE_CHECKING:
+    from dtlab.detconfig import TrialImageVerdict
 
 OFF_CLUSTER_LABEL = "determined (Core API, off-cluster)"
 CLUSTER_LABEL = "determined (Core API, cluster)"
@@ -29,6 +37,7 @@ POLL_S = 10
 FINAL_STATES = ("COMPLETED", "CANCELED", "ERROR", "DELETED")  # words in the state's name
 # Node paths go to the entrypoint as flags; a trial checkpoints into the master's checkpoint storage.
 NOT_HYPERPARAMETERS = ("output_dir", "checkpoint_dir", "cache_dir")
+TRIAL_IMAGE_PROBE_TIMEOUT_S = 300  # a first `docker run` of a large image (copying its layers) included
 
 
 def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
@@ -83,6 +92,10 @@ def render_experiment(cluster: Cluster, cell: Cell, config: dict[str, Any]) -> d
     hyperparameters = {k: v for k, v in config.items() if k not in NOT_HYPERPARAMETERS and v is not None}
     rendered["hyperparameters"] = {**(rendered.get("hyperparameters") or {}), **hyperparameters}
     rendered["reproducibility"] = {"experiment_seed": cell.seed}
+    # One image for CPU and CUDA slots. force_pull_image false: the agent then runs the image Docker has
+    # (the trainer role builds it on every node) and pulls only when it is missing (docs/determined.md).
+    environment = rendered.setdefault("environment", {})
+    environment.update(image=trial_image(cluster), force_pull_image=False)
     if cell.fault:  # a fault plan measures the master's own recovery: it restarts the trial
         rendered["max_restarts"] = int(cluster.require("determined_fault_max_restarts"))
     rendered["entrypoint"] = (
@@ -114,6 +127,75 @@ def _add_torch_build(rendered: dict[str, Any], torch_build_dir: str | None) -> N
         environment["environment_variables"] = [*variables, setting]
 
 
+def trial_image(cluster: Cluster) -> str:
+    """The image every trial runs in (inventory: determined_trial_image)."""
+    return str(cluster.require("determined_trial_image"))
+
+
+# --- the trial image on the agents: can its python3 install the pins? (dtlab.detconfig decides) -------
+PROBE_DIR = "/dtlab-probe"  # where the probe and the hook's pin files appear inside the image
+# How the probe enters the image on an agent: Docker, as Determined's agent runs a trial (root, no
+# network: the answer must not depend on an index). {image}, {mounts} and {entry} are shell words; the
+# staged files are in the shell variable $staged.
+DOCKER_RUN_PROBE = ('docker run --rm --pull never --network none --user 0:0 -v "$staged:{probe_dir}:ro" '
+                    "{mounts} --entrypoint /bin/bash {image} -c {entry}")
+
+
+def trial_image_probe_command(image: str, torch_requirements: str | None,
+                              run_probe: str = DOCKER_RUN_PROBE) -> str:
+    """The shell command an agent runs: stage the probe files, run the probe in the image, clean up.
+    Exits detconfig.PROBE_MISSING_IMAGE_EXIT when the agent's Docker does not have the image."""
+    from dtlab import detconfig
+
+    staging = [f"printf %s {base64.b64encode(text.encode()).decode()} | base64 -d > \"$staged\"/{name}"
+               for name, text in detconfig.trial_image_probe_files().items()]
+    probe = f"{PROBE_DIR}/{detconfig.TRIAL_IMAGE_PROBE.name}"
+    entry = ('python3 --version >/dev/null 2>&1 || { echo \'{"python": null}\'; exit 0; }; '
+             f"exec python3 {probe} {shlex.quote(torch_requirements or '')}")
+    mounts = ""
+    if torch_requirements:  # the trial gets the torch build's requirements file the same way
+        folder = shlex.quote(torch_requirements.rpartition("/")[0] or "/")
+        mounts = f"$(test -f {shlex.quote(torch_requirements)} && echo -v {folder}:{folder}:ro)"
+    run = run_probe.format(probe_dir=PROBE_DIR, mounts=mounts, image=shlex.quote(image),
+                           entry=shlex.quote(entry))
+    return "; ".join([
+        f"docker image inspect {shlex.quote(image)} >/dev/null 2>&1 || "
+        f"{{ echo 'no image {image} in Docker here' >&2; exit {detconfig.PROBE_MISSING_IMAGE_EXIT}; }}",
+        "staged=$(mktemp -d /tmp/dtlab-trial-image.XXXXXX) || exit 1",
+        'trap \'rm -rf "$staged"\' EXIT',
+        *staging,
+        'chmod -R a+rX "$staged"',
+        f"timeout {TRIAL_IMAGE_PROBE_TIMEOUT_S - 10} {run}",
+    ])
+
+
+def check_trial_image(cluster: Cluster, nodes: Sequence[Node], image: str | None = None,
+                      sessions: remote.Sessions | None = None,
+                      run_probe: str = DOCKER_RUN_PROBE) -> list[TrialImageVerdict]:
+    """One verdict per node, in the given order: the probe run in the trial image there."""
+    from dtlab import detconfig
+
+    image = image or trial_image(cluster)
+    build_dir = cluster.var("dtlab_torch_build_dir")
+    torch_requirements = f"{build_dir}/requirements.txt" if build_dir else None
+    command = trial_image_probe_command(image, torch_requirements, run_probe)
+
+    def probe(node: Node) -> remote.CommandResult:
+        return remote.run(node, command, timeout=TRIAL_IMAGE_PROBE_TIMEOUT_S, sessions=sessions)
+
+    answers = remote.fan_out(nodes, probe)
+    verdicts = []
+    for node in nodes:
+        answer = answers[node.name]
+        if isinstance(answer, BaseException):
+            verdicts.append(detconfig.TrialImageVerdict(node.name, image, False, f"determined: trial image "
+                                                        f"{image} on {node.name} not checked: {answer}"))
+            continue
+        verdicts.append(detconfig.trial_image_verdict(node.name, image, answer.exit_code, answer.stdout,
+                                                      answer.stderr))
+    return verdicts
+
+
 @dataclass
 class ClusterExperiment:
     """Create, wait for and read one experiment through the master (det SDK), bounded by the cell timeout."""
@@ -127,6 +209,13 @@ class ClusterExperiment:
     @property
     def master_url(self) -> str:
         return detmaster.master_url(self.cluster)
+
+    def preflight(self, sessions: remote.Sessions | None = None) -> None:
+        """Every agent's Docker has the trial image and its python3 can install the pins; else one line."""
+        verdicts = check_trial_image(self.cluster, self.cluster.workers, sessions=sessions)
+        refused = [verdict for verdict in verdicts if not verdict.ok]
+        if refused:
+            raise DtlabError(refused[0].detail)
 
     def run(self) -> dict[str, Any]:
         from dtlab import detconfig

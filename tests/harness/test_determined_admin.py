@@ -79,6 +79,15 @@ def test_the_harness_password_is_the_one_rendered_into_master_yaml(tmp_path):
     assert render_master_yaml(tmp_path, inventory)["security"]["initial_user_password"] == password
 
 
+def test_master_yaml_gives_hand_submitted_trials_the_inventorys_trial_image(tmp_path):
+    inventory = write_cluster(tmp_path)
+    (inventory.parent / "group_vars" / "all" / "site.yml").write_text(
+        "dtlab_cluster_name: detadmin\ndetermined_trial_image: registry.example/trial:7\n")
+    defaults = render_master_yaml(tmp_path, inventory)["task_container_defaults"]
+    assert defaults == {"image": {"cpu": "registry.example/trial:7", "cuda": "registry.example/trial:7"},
+                        "force_pull_image": False}
+
+
 def test_a_missing_password_file_is_one_clear_error(tmp_path):
     cluster = load_cluster(write_cluster(tmp_path))
     with pytest.raises(DtlabError, match=r"^determined: no admin password at .*/determined_admin_password; "
