@@ -89,6 +89,15 @@ SCHEMA = {
                 },
                 "runs": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/run"}},
                 "fault": {"$ref": "#/$defs/fault"},
+                # The quality a run must reach to count in the report's score (MLPerf-style; a run
+                # under it is dropped, two invalidate the cell): docs/results-and-report.md.
+                "target_accuracy": {
+                    "type": "number",
+                    "exclusiveMinimum": 0,
+                    "maximum": 1,
+                    "x-message": "must be a validation accuracy above 0 and at most 1 (e.g. 0.80), "
+                    "got {value!r}",
+                },
             },
         },
         # A fault plan: each cell runs undisturbed, then again with this fault (docs/faults.md).
@@ -111,7 +120,25 @@ SCHEMA = {
                 "frameworks": _one_or_more({"$ref": trainer_config.SCHEMA["$id"] + "#/properties/framework"}),
                 "gpus": _one_or_more(_POSITIVE_INTEGER),
                 "epochs": _one_or_more(_POSITIVE_INTEGER),
-                "seeds": _one_or_more({"type": "integer"}),
+                # N runs per cell are N seeds: a seed run twice is the same experiment (same config
+                # hash), which bench.all skips and the store would not keep apart.
+                "seeds": {
+                    "anyOf": [
+                        {"type": "integer"},
+                        {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "integer"},
+                            "allOf": [
+                                {
+                                    "uniqueItems": True,
+                                    "x-message": "each seed once (a repeated seed is the same run; for N "
+                                    "runs per cell list N seeds), got {value!r}",
+                                }
+                            ],
+                        },
+                    ]
+                },
             },
         },
     },
@@ -131,6 +158,7 @@ class Matrix:
     timeout_s: int
     cells: tuple[Cell, ...]
     source: Path
+    target_accuracy: float | None = None  # a run under it does not count in the report's score
 
     def __iter__(self) -> Iterator[Cell]:
         return iter(self.cells)
@@ -217,6 +245,7 @@ def load(
         timeout_s=spec.get("timeout_s", DEFAULT_TIMEOUT_S),
         cells=tuple(cells),
         source=path,
+        target_accuracy=spec.get("target_accuracy"),
     )
 
 

@@ -6,9 +6,11 @@ Derived figures are functions of group means only, so the same code checks the s
 
 from __future__ import annotations
 
+import itertools
+import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from dtlab.report.study import FRAMEWORKS, STUDY_LONG_EPOCHS, STUDY_SHORT_EPOCHS
@@ -118,6 +120,15 @@ class GroupStats:
     seeds: tuple[int, ...]
     accuracy_curve: tuple[float, ...] = field(default=())  # mean over seeds, per epoch
     phase_means: tuple[tuple[str, float], ...] = ()  # whole-run phases, mean over the runs that have them
+    # Every run's time and accuracy, in seed order: the spread (min-max) and the score come from them.
+    # Empty for the study's runs: it published means only.
+    times: tuple[float, ...] = ()
+    accuracies: tuple[float, ...] = ()
+
+    @property
+    def time_range(self) -> tuple[float, float] | None:
+        """(fastest, slowest) run; None when the runs behind the mean are not known (the study's)."""
+        return (min(self.times), max(self.times)) if self.times else None
 
     @classmethod
     def of(cls, samples: list[Sample]) -> GroupStats:
@@ -148,6 +159,8 @@ class GroupStats:
             seeds=tuple(sorted(s.seed for s in samples)),
             accuracy_curve=curve,
             phase_means=_phase_means([s.phases for s in samples if s.phases]),
+            times=tuple(s.time_s for s in sorted(samples, key=lambda s: s.seed)),
+            accuracies=tuple(s.accuracy for s in sorted(samples, key=lambda s: s.seed)),
         )
 
 
@@ -260,3 +273,104 @@ class Derived:
     def overhead_per_epoch_pct(self, framework: str, gpus: int, epochs: int | None) -> float | None:
         extra, ddp = self.overhead_per_epoch_s(framework, gpus, epochs), self.per_epoch("ddp", gpus, epochs)
         return extra / ddp * 100 if extra is not None and ddp else None
+
+
+# --- the spread of a comparison, and the MLPerf-style score --------------------------------------
+
+# Runs a group needs before its min-max is a spread worth ranking on: with 1 there is none, with 2 the
+# "interval" is just the two runs.
+MIN_RUNS_FOR_SPREAD = 3
+
+
+@dataclass(frozen=True)
+class Spread:
+    """A derived figure's interval over its groups' runs and what a reader may conclude from it.
+
+    The interval is min-max, not a bootstrap: with the 3-5 runs per group a profile affords, a bootstrap
+    interval resamples so few values that it is narrower than the runs themselves and claims a precision
+    the data do not have; min-max is what was seen, and a reader can check it against the run table.
+    """
+
+    low: float | None
+    high: float | None
+    runs: tuple[int, ...]  # n per group the figure rests on, in the order the figure names them
+    overlap: bool  # the groups' min-max intervals overlap (a ratio's interval then includes 1.0)
+
+    @property
+    def fewest(self) -> int:
+        return min(self.runs) if self.runs else 0
+
+    @property
+    def verdict(self) -> str:
+        """One of: 1 run, no spread; 2 runs; within noise; "" (a difference the spread supports)."""
+        if self.fewest < MIN_RUNS_FOR_SPREAD:
+            return "1 run, no spread" if self.fewest <= 1 else f"{self.fewest} runs"
+        return "within noise" if self.overlap else ""
+
+    @property
+    def rankable(self) -> bool:
+        """Whether the figure may order the platforms: enough runs, and a difference the spread supports."""
+        return self.verdict == ""
+
+
+def spread(
+    groups: Mapping[GroupKey, GroupStats],
+    figure: Callable[[Derived], float | None],
+    keys: Sequence[GroupKey],
+) -> Spread | None:
+    """The interval of ``figure`` (a function of group mean times, monotone in each) over the keys' runs:
+    the figure evaluated with each group's time at its fastest and slowest run, every combination. None
+    when a group is missing or its runs are not known (the study's published means)."""
+    stats = [groups.get(key) for key in keys]
+    if any(s is None or s.time_range is None for s in stats):
+        return None
+    means = {key: s.time_mean for key, s in groups.items()}
+    values = []
+    for corner in itertools.product(*(s.time_range for s in stats)):
+        value = figure(Derived({**means, **dict(zip(keys, corner, strict=True))}))
+        if value is not None:
+            values.append(value)
+    ranges = [s.time_range for s in stats]
+    overlap = len(ranges) == 2 and ranges[0][0] <= ranges[1][1] and ranges[1][0] <= ranges[0][1]
+    return Spread(
+        low=min(values) if values else None,
+        high=max(values) if values else None,
+        runs=tuple(s.n for s in stats),
+        overlap=overlap,
+    )
+
+
+# MLPerf's training rules ("Benchmark results", mlcommons/training_policies training_rules.adoc): of N
+# runs, drop the fastest and the slowest and average the rest; a run that does not reach the quality
+# target counts as the slowest (infinitely long), so one such run is dropped by the trim and two make
+# the result invalid. With fewer runs than TRIM_FROM_RUNS nothing is trimmed: a missed run is dropped,
+# and two still invalidate.
+TRIM_FROM_RUNS = 5
+MISSES_ALLOWED = 1
+
+
+@dataclass(frozen=True)
+class Score:
+    """One group's scored time: MLPerf's rule over its runs."""
+
+    runs: int  # recorded
+    missed_target: int  # runs under the target accuracy
+    used: int  # runs the score is the mean of
+    value: float | None  # None: invalid (too many runs missed the target)
+    trimmed: bool  # fastest and slowest dropped
+
+    @property
+    def invalid(self) -> bool:
+        return self.value is None
+
+
+def score(times: Sequence[float], accuracies: Sequence[float], target_accuracy: float | None = None) -> Score:
+    """The mean time over the runs MLPerf's rule keeps (TRIM_FROM_RUNS, MISSES_ALLOWED)."""
+    missed = [target_accuracy is not None and a < target_accuracy for a in accuracies]
+    count = sum(missed)
+    if count > MISSES_ALLOWED or count == len(times):
+        return Score(len(times), count, 0, None, False)
+    ordered = sorted(math.inf if miss else t for t, miss in zip(times, missed, strict=True))
+    trimmed = len(ordered) >= TRIM_FROM_RUNS
+    used = [t for t in (ordered[1:-1] if trimmed else ordered) if t != math.inf]
+    return Score(len(times), count, len(used), statistics.fmean(used), trimmed)

@@ -206,6 +206,18 @@ def coverage_notes(profile: str | None, all_runs: list[Run], ok_runs: list[Run])
     return notes
 
 
+def profile_target_accuracy(profile: str | None) -> float | None:
+    """The reported profile's target_accuracy in the matrix file (None: not set, or not declared)."""
+    if profile is None:
+        return None
+    from dtlab import matrix
+
+    try:
+        return matrix.load(profile).target_accuracy
+    except DtlabError:  # a profile the matrix file no longer declares: no target to score against
+        return None
+
+
 def study_tables(builder: TableBuilder) -> list[Table]:
     """Tables 5.1-5.9, in the study's order."""
     tables = [builder.run_table(f) for f in builder.frameworks() if f in FRAMEWORKS]
@@ -351,7 +363,11 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     incomparable = incomparable_with_study(undisturbed)
     builder = TableBuilder(groups, pub, short=short, long=long, incomparable=incomparable)
     tables = study_tables(builder)
-    extra = [builder.throughput_table(), builder.whole_run_table()]
+    extra = [
+        builder.throughput_table(),
+        builder.whole_run_table(),
+        builder.scored_table(profile_target_accuracy(chosen)),
+    ]
     if failed:
         extra.append(failures_table(failed, ok_runs))
     if resumed:

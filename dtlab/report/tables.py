@@ -9,7 +9,18 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from dtlab.report.aggregate import PHASE_COLUMNS, Derived, GroupKey, GroupStats
+from dtlab.report.aggregate import (
+    MIN_RUNS_FOR_SPREAD,
+    PHASE_COLUMNS,
+    TRIM_FROM_RUNS,
+    Derived,
+    GroupKey,
+    GroupStats,
+    Score,
+    Spread,
+    score,
+    spread,
+)
 from dtlab.report.numbers import Value, fmt, missing, num, ratio, text
 from dtlab.report.study import (
     DISPLAY_NAMES,
@@ -40,6 +51,27 @@ def config_label(gpus: int, device: str) -> str:
     if device == "cpu":
         return f"{gpus} worker{'s' if gpus != 1 else ''} (CPU)"
     return f"{gpus} GPU{'s' if gpus != 1 else ''}"
+
+
+# How every min-max column reads (aggregate.Spread says why min-max and not a bootstrap).
+SPREAD_NOTE = (
+    "Min–max: the figure computed with each group's fastest and slowest run (every combination), then "
+    '(n=…) the runs each group rests on, in the order the figure names them. "Within noise": the '
+    "groups' run times overlap, so the difference (a ratio's interval includes 1.0) is not supported. "
+    '"1 run, no spread" and "2 runs": too few runs to tell a difference from noise. Figures so '
+    "marked are never ranked."
+)
+STUDY_SPREAD_NOTE = "Study: n=5 per 20-epoch figure, n=1 per 100-epoch figure; spread not published."
+
+
+def spread_text(found: Spread, quantity: str, **options) -> str:
+    """ "1.30×–1.42× (n=5/5)", "0.80×–1.30×, within noise (n=3/3)", "1 run, no spread (n=1/5)"."""
+    runs = f"(n={'/'.join(str(n) for n in found.runs)})"
+    if found.fewest <= 1:
+        return f"1 run, no spread {runs}"
+    interval = f"{fmt(found.low, quantity, **options)}–{fmt(found.high, quantity, **options)}"
+    verdict = found.verdict
+    return f"{interval}, {verdict} {runs}" if verdict else f"{interval} {runs}"
 
 
 class TableBuilder:
@@ -109,6 +141,18 @@ class TableBuilder:
     def ratio(self, this: float | None, study: float | None, quantity: str) -> Value:
         return missing() if self.incomparable else ratio(this, study, quantity)
 
+    def spread_cell(
+        self, figure: Callable[[Derived], float | None], keys: list[GroupKey], quantity: str, **options
+    ) -> Value:
+        """The min-max of a figure over its groups' runs, the n per group and the verdict (SPREAD_NOTE)."""
+        if any(key[2] is None or key not in self.groups for key in keys):
+            return missing()
+        runs = "/".join(str(self.groups[key].n) for key in keys)
+        found = spread(self.groups, figure, keys)
+        if found is None:  # the study's published means as "this cluster" (bench.report --study)
+            return text(f"spread not published (n={runs})")
+        return text(spread_text(found, quantity, **options))
+
     def epochs_heading(self, epochs: int | None, study_epochs: int) -> str:
         return f"{epochs} ep" if epochs is not None else f"(no runs; study {study_epochs} ep)"
 
@@ -136,6 +180,11 @@ class TableBuilder:
                     num(stats.accuracy_mean if stats else None, "accuracy"),
                     num(stats.accuracy_std if stats else None, "accuracy"),
                     *self.pair(stats.accuracy_mean if stats else None, study_acc, "accuracy")[1:],
+                    self.spread_cell(
+                        lambda d, k=(framework, gpus, epochs): d.times[k],
+                        [(framework, gpus, epochs)],
+                        "time_s",
+                    ),
                 ]
             )
         number = TABLE_OF_FRAMEWORK.get(framework, "5.x")
@@ -155,12 +204,15 @@ class TableBuilder:
                 "Accuracy std",
                 "Study accuracy",
                 "This/study",
+                "Time min–max (s)",
             ],
             rows,
             [
                 "Mean and sample standard deviation over seeds (std needs at least 2 runs). "
                 "The study's 20-epoch figures are means of 5 seeds, its 100-epoch figures one run; "
-                "it prints no standard deviations."
+                "it prints no standard deviations.",
+                SPREAD_NOTE,
+                STUDY_SPREAD_NOTE,
             ],
         )
 
@@ -194,6 +246,16 @@ class TableBuilder:
                             self.pub.linearity.get((framework, gpus)),
                             "linearity",
                         ),
+                        self.spread_cell(
+                            lambda d, f=framework, g=gpus: d.per_epoch(f, g, short),
+                            [(framework, gpus, short)],
+                            "per_epoch_s",
+                        ),
+                        self.spread_cell(
+                            lambda d, f=framework, g=gpus: d.linearity(f, g, short, long),
+                            [(framework, gpus, long), (framework, gpus, short)],
+                            "linearity",
+                        ),
                     ]
                 )
         s, lg = self.epochs_heading(short, 20), self.epochs_heading(long, 100)
@@ -213,11 +275,15 @@ class TableBuilder:
                 "Ratio long/short",
                 "Study ratio 100/20",
                 "This/study",
+                f"s/epoch min–max, {s}",
+                "Ratio min–max",
             ],
             rows,
             [
                 "Per-epoch time is the mean whole-run time over the epochs; the ratio is the long "
                 "runs' per-epoch time over the short runs'.",
+                SPREAD_NOTE,
+                STUDY_SPREAD_NOTE,
                 *self._mismatch_notes("5.4"),
             ],
         )
@@ -275,6 +341,7 @@ class TableBuilder:
                 f"Study, {self.study_label(gpus)}",
                 "This/study",
             ]
+        columns += [f"Overhead min–max, {self.label(None, gpus)}" for gpus in gpu_counts]
         rows = []
         for framework in self.frameworks():
             row = [text(self.name(framework))]
@@ -292,6 +359,17 @@ class TableBuilder:
                     self._study_overhead_text(study, gpus),
                     self.ratio(this, study, "overhead_x"),
                 ]
+            for gpus in gpu_counts:
+                row.append(
+                    text("– (baseline)")
+                    if framework == "ddp" and self.stats("ddp", gpus, epochs)
+                    else self.spread_cell(
+                        lambda d, f=framework, g=gpus: d.overhead_x(f, g, epochs),
+                        [(framework, gpus, epochs), ("ddp", gpus, epochs)],
+                        "overhead_x",
+                        suffix="×",
+                    )
+                )
             rows.append(row)
         return Table(
             "5.7",
@@ -302,7 +380,9 @@ class TableBuilder:
             [
                 "Overhead vs DDP: whole-run time over DDP's at the same count; in percent it is section "
                 "5.3.1's single-GPU overhead (study: 23% and 272%). Whole-run times compare with the "
-                "study's only when the epoch counts agree."
+                "study's only when the epoch counts agree.",
+                SPREAD_NOTE,
+                STUDY_SPREAD_NOTE,
             ],
         )
 
@@ -362,6 +442,21 @@ class TableBuilder:
                             "reduction_pct",
                             suffix="%",
                         ),
+                        *(
+                            self.spread_cell(
+                                lambda d, f=framework, g=gpus, b=base, m=method: getattr(d, m)(
+                                    f, g, epochs, b
+                                ),
+                                [(framework, base, epochs), (framework, gpus, epochs)],
+                                quantity,
+                                suffix=suffix,
+                            )
+                            for method, quantity, suffix in (
+                                ("speedup", "speedup", "×"),
+                                ("efficiency_pct", "efficiency_pct", "%"),
+                                ("reduction_pct", "reduction_pct", "%"),
+                            )
+                        ),
                     ]
                 )
         return Table(
@@ -381,11 +476,16 @@ class TableBuilder:
                 "Time reduction",
                 "Study time reduction",
                 "This/study",
+                "Speedup min–max",
+                "Efficiency min–max",
+                "Time reduction min–max",
             ],
             rows,
             [
                 "Speedup = T(smallest count) / T(count); efficiency = speedup / (count / smallest "
-                "count); time reduction = 1 − T(count) / T(smallest count) (section 5.3.1)."
+                "count); time reduction = 1 − T(count) / T(smallest count) (section 5.3.1).",
+                SPREAD_NOTE,
+                STUDY_SPREAD_NOTE,
             ],
         )
 
@@ -417,6 +517,20 @@ class TableBuilder:
                         else num(extra_pct, "overhead_pct", sign=True, suffix="%"),
                         num(study_pct, "overhead_pct", sign=True, suffix="%"),
                         self.ratio(extra_pct, study_pct, "overhead_pct"),
+                        self.spread_cell(
+                            lambda d, f=framework, g=gpus: d.per_epoch(f, g, epochs),
+                            [(framework, gpus, epochs)],
+                            "per_epoch_s",
+                        ),
+                        text("– (baseline)")
+                        if baseline
+                        else self.spread_cell(
+                            lambda d, f=framework, g=gpus: d.overhead_per_epoch_pct(f, g, epochs),
+                            [(framework, gpus, epochs), ("ddp", gpus, epochs)],
+                            "overhead_pct",
+                            sign=True,
+                            suffix="%",
+                        ),
                     ]
                 )
         return Table(
@@ -436,9 +550,15 @@ class TableBuilder:
                 "Overhead (%)",
                 "Study overhead (%)",
                 "This/study",
+                "s/epoch min–max",
+                "Overhead (%) min–max",
             ],
             rows,
-            ["Study s/epoch at 1 GPU is Table 5.4's; the study prints overheads at 2 GPUs only."],
+            [
+                "Study s/epoch at 1 GPU is Table 5.4's; the study prints overheads at 2 GPUs only.",
+                SPREAD_NOTE,
+                STUDY_SPREAD_NOTE,
+            ],
         )
 
     # --- beyond the study ----------------------------------------------------
@@ -483,6 +603,79 @@ class TableBuilder:
             ],
         )
 
+
+    def scored_table(self, target_accuracy: float | None) -> Table:
+        """Table B.7: each group's MLPerf-style score, the runs it rests on, and a rank at its count that
+        only a supported difference earns."""
+        scores = {
+            key: score(stats.times, stats.accuracies, target_accuracy) for key, stats in self.groups.items()
+        }
+        rows = []
+        for key, stats in self.groups.items():
+            framework, gpus, epochs = key
+            scored = scores[key]
+            low, high = stats.time_range or (None, None)
+            rows.append(
+                [
+                    text(self.name(framework)),
+                    text(self.label(framework, gpus)),
+                    text(str(epochs)),
+                    text(str(scored.runs)),
+                    text(str(scored.missed_target) if target_accuracy is not None else "no target"),
+                    text(str(scored.used)),
+                    text("invalid: 2 or more runs missed the target")
+                    if scored.invalid
+                    else num(scored.value, "time_s"),
+                    text(f"{fmt(low, 'time_s')}–{fmt(high, 'time_s')}")
+                    if stats.n >= 2
+                    else text("1 run, no spread"),
+                    text(self._rank(key, scores)),
+                ]
+            )
+        target = f"{fmt(target_accuracy, 'accuracy')}" if target_accuracy is not None else "none set"
+        return Table(
+            "B.7",
+            "table-b.7-scored",
+            f"Scored time per cell, MLPerf-style (target accuracy: {target}; beyond the study)",
+            [
+                "Framework",
+                "Configuration",
+                "Epochs",
+                "Runs",
+                "Missed target",
+                "Runs scored",
+                "Score (s)",
+                "Time min–max (s)",
+                "Rank at this count",
+            ],
+            rows,
+            [
+                "Score: the mean whole-run time after dropping the fastest and the slowest run when there "
+                f"are at least {TRIM_FROM_RUNS}; a run under the profile's target_accuracy counts as the "
+                "slowest (dropped), and two such runs make the cell invalid (MLPerf's training rules). "
+                "Rank: 1 + the cells at the same count and epochs that are faster beyond the spread (their "
+                f"slowest run faster than this one's fastest); a cell with fewer than {MIN_RUNS_FOR_SPREAD} "
+                "runs, or invalid, is not ranked, and cells within noise of each other share a rank.",
+            ],
+        )
+
+    def _rank(self, key: GroupKey, scores: dict[GroupKey, Score]) -> str:
+        stats = self.groups[key]
+        if scores[key].invalid:
+            return "not ranked (invalid)"
+        if stats.n < MIN_RUNS_FOR_SPREAD:
+            return f"not ranked ({stats.n} run{'s' if stats.n != 1 else ''})"
+        _f, gpus, epochs = key
+        rivals = [
+            other
+            for other_key, other in self.groups.items()
+            if other_key != key
+            and other_key[1:] == (gpus, epochs)
+            and other.n >= MIN_RUNS_FOR_SPREAD
+            and not scores[other_key].invalid
+        ]
+        fastest = min(stats.times)
+        return str(1 + sum(max(other.times) < fastest for other in rivals))
 
     def whole_run_table(self) -> Table:
         """Where each platform's time goes, from the controller's submit to the recorded result."""
