@@ -1,10 +1,10 @@
-"""Figure 5.1 (grouped bars of whole-run time, this cluster beside the study) and the per-epoch
+"""Figure 5.1 (grouped bars of overhead against DDP, this cluster beside the study) and the per-epoch
 accuracy curves, with matplotlib/Agg."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,7 +18,6 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from dtlab.report.numbers import fmt  # noqa: E402
 from dtlab.report.study import DISPLAY_NAMES  # noqa: E402
 
 if TYPE_CHECKING:
@@ -40,56 +39,77 @@ def _new_figure() -> Figure:
 
 
 @dataclass(frozen=True)
-class TimePanel:
-    """One side of Figure 5.1: mean whole-run time per (framework, count), std where known."""
+class Bar:
+    """One bar of Figure 5.1: its value, its min-max where known (None: one run, or not published) and
+    the text written on it."""
+
+    value: float
+    low: float | None
+    high: float | None
+    label: str
+
+
+@dataclass(frozen=True)
+class BarPanel:
+    """One side of Figure 5.1: a bar per (framework, count); a missing one is marked, not dropped."""
 
     title: str
-    times: Mapping[tuple[str, int], tuple[float, float | None]]
-    counts: Sequence[int]  # the groups this side should have: a missing bar is marked, not dropped
+    bars: Mapping[tuple[str, int], Bar]
+    counts: Sequence[int]  # the groups this side should have
     count_label: Callable[[int], str]
     missing_text: str  # what a missing bar says: "no run" here, "not published" for the study
+    # A missing bar's own reason where it differs from missing_text (e.g. "no DDP run" at that count).
+    missing_reasons: Mapping[tuple[str, int], str] = field(default_factory=dict)
 
 
-def time_bars(panels: Sequence[TimePanel], *, frameworks: Sequence[str], title: str) -> Figure:
+def grouped_bars(
+    panels: Sequence[BarPanel], *, frameworks: Sequence[str], title: str, ylabel: str, baseline: float | None
+) -> Figure:
     """Figure 5.1: grouped bars per count, one bar per framework, all panels on one y scale.
 
-    Every bar carries its value; std over seeds is drawn where a side has it (the study published
-    none); a framework missing at a count gets a grey mark saying so, so a gap never reads as zero.
+    Every bar carries its label; its min-max is drawn where a side has one (the study published none);
+    a framework missing at a count gets a grey mark saying why, so a gap never reads as zero. A dashed
+    line marks the baseline (1.0: as fast as DDP).
     """
     figure = Figure(figsize=WIDE_FIGURE_SIZE_IN if len(panels) > 1 else FIGURE_SIZE_IN, dpi=FIGURE_DPI)
     FigureCanvasAgg(figure)
     axes_row = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     width = 0.8 / max(len(frameworks), 1)
     tallest = max(
-        (mean + (std or 0.0) for panel in panels for mean, std in panel.times.values()), default=1.0
+        (max(bar.value, bar.high or 0.0) for panel in panels for bar in panel.bars.values()), default=1.0
     )
     for axes, panel in zip(axes_row, panels, strict=True):
         for index, framework in enumerate(frameworks):
-            positions, heights, errors, gaps = [], [], [], []
+            positions, drawn, gaps = [], [], []
             for group_index, count in enumerate(panel.counts):
                 position = group_index + (index - (len(frameworks) - 1) / 2) * width
-                if (framework, count) in panel.times:
-                    mean, std = panel.times[(framework, count)]
+                if (framework, count) in panel.bars:
                     positions.append(position)
-                    heights.append(mean)
-                    errors.append(std)
+                    drawn.append(panel.bars[(framework, count)])
                 else:
-                    gaps.append(position)
-            has_spread = any(e is not None for e in errors)
+                    gaps.append((position, panel.missing_reasons.get((framework, count), panel.missing_text)))
+            has_spread = any(bar.low is not None for bar in drawn)
             bars = axes.bar(
                 positions,
-                heights,
+                [bar.value for bar in drawn],
                 width * 0.95,
-                yerr=[e or 0.0 for e in errors] if has_spread else None,
+                yerr=[
+                    [bar.value - bar.low if bar.low is not None else 0.0 for bar in drawn],
+                    [bar.high - bar.value if bar.high is not None else 0.0 for bar in drawn],
+                ]
+                if has_spread
+                else None,
                 capsize=4,
                 color=FRAMEWORK_COLOURS.get(framework, _OTHER_COLOUR),
                 label=DISPLAY_NAMES.get(framework, framework),
                 error_kw={"ecolor": "black", "elinewidth": 1},
             )
-            axes.bar_label(bars, [fmt(h, "time_s") for h in heights], rotation=90, padding=3, fontsize=7)
-            for position in gaps:
-                axes.text(position, tallest * 0.02, panel.missing_text, rotation=90, ha="center",
+            axes.bar_label(bars, [bar.label for bar in drawn], rotation=90, padding=3, fontsize=7)
+            for position, reason in gaps:
+                axes.text(position, tallest * 0.02, reason, rotation=90, ha="center",
                           va="bottom", fontsize=7, color=_MISSING_COLOUR)
+        if baseline is not None:
+            axes.axhline(baseline, color="black", linestyle="--", linewidth=0.8)
         axes.set_xticks(range(len(panel.counts)), [panel.count_label(c) for c in panel.counts])
         if not panel.counts:
             axes.text(0.5, 0.5, "no successful runs yet", transform=axes.transAxes, ha="center",
@@ -97,8 +117,8 @@ def time_bars(panels: Sequence[TimePanel], *, frameworks: Sequence[str], title: 
             axes.set_xticks([])
         axes.set_title(panel.title, fontsize="medium")
         axes.grid(axis="y", alpha=0.3)
-    axes_row[0].set_ylim(0, tallest * 1.25)  # room for the rotated value labels
-    axes_row[0].set_ylabel("Training time (s)")
+    axes_row[0].set_ylim(0, tallest * 1.35)  # room for the rotated value labels
+    axes_row[0].set_ylabel(ylabel)
     axes_row[-1].legend(
         handles=[Patch(color=FRAMEWORK_COLOURS.get(f, _OTHER_COLOUR), label=DISPLAY_NAMES.get(f, f))
                  for f in frameworks],

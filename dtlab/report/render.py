@@ -13,7 +13,9 @@ import jinja2
 from dtlab.files import atomic_write_text
 from dtlab.paths import TEMPLATES_DIR
 from dtlab.report import figures
+from dtlab.report.aggregate import Derived, spread
 from dtlab.report.build import Report
+from dtlab.report.numbers import fmt
 from dtlab.report.study import (
     FRAMEWORKS,
     STUDY_GPU,
@@ -64,34 +66,58 @@ def table_csv(table: Table) -> str:
 
 
 def figure_5_1(report: Report) -> figures.Figure:
-    """This cluster's short runs beside the study's 20-epoch runs, on one scale (the study alone in a
-    --study report, whose runs are the study's own)."""
+    """Overhead against DDP (whole-run time over DDP's at the same count) per framework: this cluster's
+    short runs, with their min-max over runs, beside the study's 20-epoch figures. A ratio compares
+    across clusters where seconds do not (other GPUs, CPU workers, other epochs); the seconds stay in
+    the tables. The study alone in a --study report, whose runs are the study's own."""
     pub = published()
-    study_runs = {(f, g): (t, None) for (f, g, e), (t, _a) in pub.runs.items() if e == STUDY_SHORT_EPOCHS}
-    study = figures.TimePanel(
+    study_counts = sorted({g for (_f, g, e) in pub.runs if e == STUDY_SHORT_EPOCHS})
+    study_bars = {
+        (f, g): figures.Bar(value, None, None, f"{fmt(value, 'overhead_x')}×")
+        for (f, g), value in {**{("ddp", g): 1.0 for g in study_counts}, **pub.overhead_x}.items()
+    }
+    study = figures.BarPanel(
         title=f"Study: {STUDY_SHORT_EPOCHS} epochs, mean of {STUDY_RUNS_PER_FIGURE[STUDY_SHORT_EPOCHS]} "
-              f"seeds\n({STUDY_GPU}; std not published)",
-        times=study_runs,
-        counts=sorted({g for _f, g in study_runs}),
+              f"seeds\n({STUDY_GPU}; spread not published)",
+        bars=study_bars,
+        counts=study_counts,
         count_label=lambda g: config_label(g, pub.device),
         missing_text="not published",
     )
     short = report.short_epochs
-    this_runs = {(f, g): (s.time_mean, s.time_std) for (f, g, e), s in report.groups.items() if e == short}
-    present = {f for f, _g in this_runs} | {f for f, _g in study_runs}
+    present = {f for f, _g, e in report.groups if e == short} | {f for f, _g in study_bars}
     frameworks = [f for f in FRAMEWORKS if f in present] + sorted(present - set(FRAMEWORKS))
+    title = "Figure 5.1: overhead against DDP per framework (whole-run time / DDP's at the same count)"
     if report.from_study:
-        return figures.time_bars([study], frameworks=frameworks,
-                                 title="Figure 5.1: training time per framework (the study, as published)")
-    this = figures.TimePanel(
-        title=f"This cluster: {short} epochs\n(mean ± std over seeds)" if short else "This cluster",
-        times=this_runs,
-        counts=sorted({g for _f, g in this_runs}),
+        return figures.grouped_bars([study], frameworks=frameworks, title=title, ylabel="× DDP's time",
+                                    baseline=1.0)
+    derived = Derived({key: stats.time_mean for key, stats in report.groups.items()})
+    this_counts = sorted({g for _f, g, e in report.groups if e == short})
+    bars, reasons = {}, {}
+    for framework, gpus, epochs in report.groups:
+        if epochs != short:
+            continue
+        value = derived.overhead_x(framework, gpus, short)
+        if value is None:
+            reasons[(framework, gpus)] = "no DDP run"
+            continue
+        found = spread(report.groups, lambda d, f=framework, g=gpus: d.overhead_x(f, g, short),
+                       [(framework, gpus, short), ("ddp", gpus, short)])
+        verdict = found.verdict if found is not None and framework != "ddp" else ""
+        label = f"{fmt(value, 'overhead_x')}×" + (f" ({verdict})" if verdict else "")
+        shown = found is not None and framework != "ddp" and found.fewest > 1  # 1 run: no bar to draw
+        low, high = (found.low, found.high) if shown else (None, None)
+        bars[(framework, gpus)] = figures.Bar(value, low, high, label)
+    this = figures.BarPanel(
+        title=f"This cluster: {short} epochs\n(mean, min–max over runs)" if short else "This cluster",
+        bars=bars,
+        counts=this_counts,
         count_label=report.count_label,
         missing_text="no run",
+        missing_reasons=reasons,
     )
-    return figures.time_bars([this, study], frameworks=frameworks,
-                             title="Figure 5.1: training time per framework (one scale)")
+    return figures.grouped_bars([this, study], frameworks=frameworks, title=title, ylabel="× DDP's time",
+                                baseline=1.0)
 
 
 def _fault_figures(report: Report) -> list[dict]:
@@ -99,8 +125,8 @@ def _fault_figures(report: Report) -> list[dict]:
 
 
 def draw_figures(report: Report, figure_dir: Path) -> list[dict]:
-    title = ("Figure 5.1: training time per framework (the study, as published)" if report.from_study
-             else "Figure 5.1: training time per framework, this cluster beside the study")
+    title = ("Figure 5.1: overhead against DDP per framework (the study, as published)" if report.from_study
+             else "Figure 5.1: overhead against DDP per framework, this cluster beside the study")
     drawn = [{"title": title, "figure": figure_5_1(report), "stem": "figure-5.1"}]
     short = report.short_epochs
     curves = {

@@ -1,13 +1,14 @@
 """Every comparison carries its spread and the runs it rests on; the MLPerf-style score (Table B.7)."""
 
 import pytest
-from report_helpers import record
+from report_helpers import figure_panels, record
 
 from dtlab import matrix
 from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.report import build_report, build_study_report
 from dtlab.report.aggregate import score
+from dtlab.report.render import figure_5_1
 from dtlab.report.tables import STUDY_SPREAD_NOTE
 from dtlab.results import ResultStore
 
@@ -155,3 +156,19 @@ def test_n_seeds_are_n_distinct_cells_with_the_target(tmp_path):
     loaded = matrix.load("p", path)
     assert [cell.key for cell in loaded] == [f"ddp-g1-e2-s{seed}" for seed in range(1, 6)]
     assert loaded.target_accuracy == 0.8
+
+
+def test_figure_5_1_shows_overhead_against_ddp_with_its_spread_and_marks(tmp_path):
+    runs = {
+        ("ddp", 2): [14.6, 18.0, 12.9],
+        ("spark", 2): [14.0, 15.5, 15.4],
+        ("ray", 2): [16.7],
+        ("spark", 1): [30.0, 31.0, 32.0],
+    }
+    this, study = figure_panels(figure_5_1(build_report(store_with(tmp_path, runs))))
+    assert this["bars"][(SPARK, "2 GPUs")] == pytest.approx(44.9 / 45.5)
+    assert this["bars"][(DDP, "2 GPUs")] == 1.0, "DDP is the baseline"
+    assert this["spread"] and not study["spread"]
+    assert {"0.99× (within noise)", "1.10× (1 run, no spread)", "1.00×"} <= set(this["labels"])
+    assert "no DDP run" in this["missing"], "Spark's 1-GPU runs have no DDP run to be set against"
+    assert study["bars"][(SPARK, "2 GPUs")] == pytest.approx(2.87)
