@@ -124,6 +124,7 @@ class GroupStats:
     # Empty for the study's runs: it published means only.
     times: tuple[float, ...] = ()
     accuracies: tuple[float, ...] = ()
+    end_to_end: tuple[float, ...] = ()  # the whole-run clock's "end to end", of the runs that have it
 
     @property
     def time_range(self) -> tuple[float, float] | None:
@@ -161,6 +162,7 @@ class GroupStats:
             phase_means=_phase_means([s.phases for s in samples if s.phases]),
             times=tuple(s.time_s for s in sorted(samples, key=lambda s: s.seed)),
             accuracies=tuple(s.accuracy for s in sorted(samples, key=lambda s: s.seed)),
+            end_to_end=tuple(dict(s.phases)["end to end"] for s in samples if s.phases),
         )
 
 
@@ -338,6 +340,14 @@ def spread(
         runs=tuple(s.n for s in stats),
         overlap=overlap,
     )
+
+
+def ratio_spread(these: Sequence[float], those: Sequence[float]) -> Spread | None:
+    """The min-max of mean(these) / mean(those) over the runs: fastest over slowest, slowest over fastest."""
+    if not these or not those or min(those) <= 0:
+        return None
+    overlap = min(these) <= max(those) and min(those) <= max(these)
+    return Spread(min(these) / max(those), max(these) / min(those), (len(these), len(those)), overlap)
 
 
 # MLPerf's training rules ("Benchmark results", mlcommons/training_policies training_rules.adoc): of N

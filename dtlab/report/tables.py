@@ -18,6 +18,7 @@ from dtlab.report.aggregate import (
     GroupStats,
     Score,
     Spread,
+    ratio_spread,
     score,
     spread,
 )
@@ -677,6 +678,15 @@ class TableBuilder:
         fastest = min(stats.times)
         return str(1 + sum(max(other.times) < fastest for other in rivals))
 
+    @staticmethod
+    def _end_to_end_spread(stats: GroupStats, ddp: GroupStats | None) -> Value:
+        if ddp is None or not ddp.end_to_end:
+            return missing()
+        if stats is ddp:
+            return text("– (baseline)")
+        found = ratio_spread(stats.end_to_end, ddp.end_to_end)
+        return text(spread_text(found, "ratio", suffix="×")) if found is not None else missing()
+
     def whole_run_table(self) -> Table:
         """Where each platform's time goes, from the controller's submit to the recorded result."""
         rows = []
@@ -694,6 +704,7 @@ class TableBuilder:
                     *(num(phases[phase], "time_s") if phase in phases else missing()
                       for phase, _, _ in PHASE_COLUMNS),
                     ratio(phases["end to end"], ddp_total),
+                    self._end_to_end_spread(stats, ddp),
                 ]
             )
         return Table(
@@ -701,7 +712,7 @@ class TableBuilder:
             "table-b.3-whole-run",
             "The whole run, phase by phase: mean seconds (beyond the study)",
             ["Framework", "Configuration", "Epochs", *(phase for phase, _, _ in PHASE_COLUMNS),
-             "End to end vs DDP"],
+             "End to end vs DDP", "End to end vs DDP, min–max"],
             rows,
             [
                 "Tables 5.1-5.9 use the trainer's span: from the start of training (after imports, data, "
@@ -716,6 +727,7 @@ class TableBuilder:
                 "queued\" is the part of the first phase a scheduler held the job in its queue (Slurm: from "
                 "sbatch's job id to the job leaving PENDING); platforms without a queue show —. Runs "
                 "recorded before dtlab kept this clock are left out of it.",
+                SPREAD_NOTE,
             ],
         )
 

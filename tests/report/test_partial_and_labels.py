@@ -293,12 +293,15 @@ def test_whole_run_table_splits_each_platforms_time_and_compares_with_ddp(tmp_pa
     assert [row[0].text.split(" [")[0] for row in table.rows] == [DDP, SPARK, "Ray Train", "Slurm"]
     assert table.columns[3:5] == ["submit → trainer process", "of which queued"]
     spark = [value.text for value in table.rows[1]]
-    assert spark[3:] == ["85.00", "—", "4.00", "29.00", "2.00", "120.00", "3.00×"]
+    assert spark[3:-1] == ["85.00", "—", "4.00", "29.00", "2.00", "120.00", "3.00×"]
     ray = [value.text for value in table.rows[2]]
-    assert ray[3:] == ["15.00", "—", "4.00", "29.00", "12.00", "60.00", "1.50×"]
+    assert ray[3:-1] == ["15.00", "—", "4.00", "29.00", "12.00", "60.00", "1.50×"]
     slurm = [value.text for value in table.rows[3]]
-    assert slurm[3:] == ["8.00", "0.75", "4.00", "29.00", "3.00", "44.00", "1.10×"]
-    assert [value.text for value in table.rows[0]][-1] == "1.00×"
+    assert slurm[3:-1] == ["8.00", "0.75", "4.00", "29.00", "3.00", "44.00", "1.10×"]
+    # One run each: the end-to-end ratio is shown, but marked, never a finding.
+    assert spark[-1] == slurm[-1] == "1 run, no spread (n=1/1)"
+    assert table.rows[0][-1].text == "– (baseline)" and table.columns[-1] == "End to end vs DDP, min–max"
+    assert [value.text for value in table.rows[0]][-2] == "1.00×"
 
 
 def test_this_study_ratios_are_left_out_where_the_runs_do_not_compare(tmp_path, lookup):

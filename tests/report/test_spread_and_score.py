@@ -7,7 +7,7 @@ from dtlab import matrix
 from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.report import build_report, build_study_report
-from dtlab.report.aggregate import score
+from dtlab.report.aggregate import ratio_spread, score
 from dtlab.report.render import figure_5_1
 from dtlab.report.tables import STUDY_SPREAD_NOTE
 from dtlab.results import ResultStore
@@ -172,3 +172,10 @@ def test_figure_5_1_shows_overhead_against_ddp_with_its_spread_and_marks(tmp_pat
     assert {"0.99× (within noise)", "1.10× (1 run, no spread)", "1.00×"} <= set(this["labels"])
     assert "no DDP run" in this["missing"], "Spark's 1-GPU runs have no DDP run to be set against"
     assert study["bars"][(SPARK, "2 GPUs")] == pytest.approx(2.87)
+
+
+def test_the_end_to_end_ratio_spread_of_table_b3():
+    apart = ratio_spread([10.0, 11.0, 12.0], [20.0, 21.0, 22.0])
+    assert (apart.low, apart.high, apart.runs, apart.verdict) == (pytest.approx(10 / 22), 0.6, (3, 3), "")
+    assert ratio_spread([10.0, 11.0, 21.0], [20.0, 21.0, 22.0]).verdict == "within noise"
+    assert ratio_spread([10.0, 11.0], [20.0, 21.0, 22.0]).verdict == "2 runs"
