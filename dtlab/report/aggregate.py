@@ -37,6 +37,9 @@ class Sample:
     harness_extra_s: float | None  # harness wall time beyond the trainer's own time
     epoch_accuracy: tuple[tuple[int, float], ...]  # (epoch, validation accuracy), epochs ascending
     phases: tuple[tuple[str, float], ...] = ()  # the whole-run clock (WHOLE_RUN_PHASES), when recorded
+    # Seconds from submit to the end of each epoch of epoch_accuracy (epoch_ends_from_submit); empty when
+    # the marks are missing.
+    epoch_end_s: tuple[float, ...] = ()
 
     @classmethod
     def from_run(cls, run: Run) -> Sample:
@@ -60,6 +63,7 @@ class Sample:
             harness_extra_s=harness_extra,
             epoch_accuracy=tuple(sorted(accuracy_by_epoch.items())),
             phases=whole_run_phases(result),
+            epoch_end_s=epoch_ends_from_submit(result),
         )
 
 
@@ -87,8 +91,30 @@ def whole_run_phases(result: dict) -> tuple[tuple[str, float], ...]:
     marks = {**(result.get("timeline_unix") or {}), **(result.get("harness_timeline_unix") or {})}
     if any(marks.get(name) is None for _, start, end in WHOLE_RUN_PHASES for name in (start, end)):
         return ()
-    return tuple((phase, marks[end] - marks[start]) for phase, start, end in PHASE_COLUMNS
-                 if marks.get(start) is not None and marks.get(end) is not None)
+    return tuple(
+        (phase, marks[end] - marks[start])
+        for phase, start, end in PHASE_COLUMNS
+        if marks.get(start) is not None and marks.get(end) is not None
+    )
+
+
+def epoch_ends_from_submit(result: dict) -> tuple[float, ...]:
+    """Seconds from the controller's submit to the end of each epoch's validation, epochs ascending.
+
+    The trainer records no per-epoch timestamp, so this is derived: the end of epoch k is the start of
+    training plus the train and validation times of epochs 1..k, plus k-1 shares of the time between
+    epochs (checkpoints, hooks: the recorded span training_started -> training_ended less every epoch's
+    train and validation time, spread evenly over the gaps). The last epoch's end is then training_ended
+    exactly. Empty when a mark is missing (runs recorded before the whole-run clock).
+    """
+    marks = {**(result.get("timeline_unix") or {}), **(result.get("harness_timeline_unix") or {})}
+    submitted, started, ended = (marks.get(m) for m in ("submitted", "training_started", "training_ended"))
+    metrics = sorted(result["epoch_metrics"], key=lambda m: m["epoch"])
+    if submitted is None or started is None or ended is None or not metrics:
+        return ()
+    busy = [m["train_time_s"] + m["val_time_s"] for m in metrics]
+    gap = max(0.0, (ended - started) - sum(busy)) / (len(busy) - 1) if len(busy) > 1 else 0.0
+    return tuple(started - submitted + sum(busy[: k + 1]) + k * gap for k in range(len(busy)))
 
 
 def _mean(values: list[float]) -> float | None:
@@ -98,6 +124,15 @@ def _mean(values: list[float]) -> float | None:
 def _std(values: list[float]) -> float | None:
     """Sample standard deviation over seeds; undefined (None) for a single run."""
     return statistics.stdev(values) if len(values) >= 2 else None
+
+
+@dataclass(frozen=True)
+class RunClock:
+    """One run's validation accuracy per epoch and the seconds from submit to each epoch's end."""
+
+    seed: int
+    epoch_accuracy: tuple[tuple[int, float], ...]  # (epoch, validation accuracy), epochs ascending
+    epoch_end_s: tuple[float, ...]  # same order; empty when the whole-run clock was not recorded
 
 
 @dataclass(frozen=True)
@@ -125,6 +160,7 @@ class GroupStats:
     times: tuple[float, ...] = ()
     accuracies: tuple[float, ...] = ()
     end_to_end: tuple[float, ...] = ()  # the whole-run clock's "end to end", of the runs that have it
+    clocks: tuple[RunClock, ...] = ()  # every run's accuracy and clock per epoch, in seed order
 
     @property
     def time_range(self) -> tuple[float, float] | None:
@@ -163,6 +199,10 @@ class GroupStats:
             times=tuple(s.time_s for s in sorted(samples, key=lambda s: s.seed)),
             accuracies=tuple(s.accuracy for s in sorted(samples, key=lambda s: s.seed)),
             end_to_end=tuple(dict(s.phases)["end to end"] for s in samples if s.phases),
+            clocks=tuple(
+                RunClock(s.seed, s.epoch_accuracy, s.epoch_end_s)
+                for s in sorted(samples, key=lambda s: s.seed)
+            ),
         )
 
 
@@ -384,3 +424,54 @@ def score(times: Sequence[float], accuracies: Sequence[float], target_accuracy: 
     trimmed = len(ordered) >= TRIM_FROM_RUNS
     used = [t for t in (ordered[1:-1] if trimmed else ordered) if t != math.inf]
     return Score(len(times), count, len(used), statistics.fmean(used), trimmed)
+
+
+# --- time to target accuracy (Table B.8, Figure B.3) ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reached:
+    """When one run first reached the target: the epoch (None: never) and the seconds from submit to
+    that epoch's end (None: never reached, or the whole-run clock was not recorded)."""
+
+    seed: int
+    epoch: int | None
+    seconds: float | None
+
+
+def reached(clock: RunClock, target_accuracy: float) -> Reached:
+    for index, (epoch, accuracy) in enumerate(clock.epoch_accuracy):
+        if accuracy >= target_accuracy:
+            seconds = clock.epoch_end_s[index] if index < len(clock.epoch_end_s) else None
+            return Reached(clock.seed, epoch, seconds)
+    return Reached(clock.seed, None, None)
+
+
+def time_to_target(
+    groups: Mapping[GroupKey, GroupStats], target_accuracy: float
+) -> dict[GroupKey, tuple[Reached, ...]]:
+    """Every group's runs against the target, in seed order."""
+    return {
+        key: tuple(reached(clock, target_accuracy) for clock in stats.clocks) for key, stats in groups.items()
+    }
+
+
+EpochsBySeed = tuple[int, int, int]  # (gpus, epochs, seed): runs that must agree on the epochs to target
+
+
+def epoch_disagreements(
+    found: Mapping[GroupKey, Sequence[Reached]],
+) -> dict[EpochsBySeed, dict[str, int | None]]:
+    """(gpus, epochs, seed) -> {framework: epoch to target (None: never)} where two or more platforms
+    ran that seed at that count and did not reach the target at the same epoch. The trainer is
+    reproducible (the same seed gives the same per-epoch numbers on every platform), so any entry is a
+    finding, not noise."""
+    by_seed: dict[EpochsBySeed, dict[str, int | None]] = defaultdict(dict)
+    for (framework, gpus, epochs), runs in found.items():
+        for run in runs:
+            by_seed[(gpus, epochs, run.seed)][framework] = run.epoch
+    return {
+        key: platforms
+        for key, platforms in sorted(by_seed.items())
+        if len(platforms) >= 2 and len(set(platforms.values())) > 1
+    }

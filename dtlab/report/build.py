@@ -22,7 +22,15 @@ from dtlab.report.study import (
     Published,
     published,
 )
-from dtlab.report.tables import ResumedCost, Table, TableBuilder, config_label, failures_table, resumed_table
+from dtlab.report.tables import (
+    ResumedCost,
+    Table,
+    TableBuilder,
+    config_label,
+    failures_table,
+    known_setup_differences,
+    resumed_table,
+)
 from dtlab.results import ResultStore, Run, newest_per_cell, unreadable_reason
 from trainer import progress
 from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX
@@ -56,6 +64,8 @@ class Report:
     from_study: bool = False  # `bench.report --study`: "this cluster" is the study's published runs
     faults: FaultSection | None = None  # "Fault recovery", when faulted cells were run (any profile)
     gate: GateSection | None = None  # "Health gate": the newest gate before this profile's matrix
+    target_accuracy: float | None = None  # the profile's target_accuracy (Table B.8, Figure B.3)
+    disagreements: Table | None = None  # "Where this cluster disagrees with the study" (Table B.9)
 
     def count_label(self, count: int) -> str:
         devices = {d for (_f, g, _e), s in self.groups.items() if g == count for d in s.devices}
@@ -363,10 +373,12 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     incomparable = incomparable_with_study(undisturbed)
     builder = TableBuilder(groups, pub, short=short, long=long, incomparable=incomparable)
     tables = study_tables(builder)
+    target_accuracy = profile_target_accuracy(chosen)
     extra = [
         builder.throughput_table(),
         builder.whole_run_table(),
-        builder.scored_table(profile_target_accuracy(chosen)),
+        builder.scored_table(target_accuracy),
+        builder.time_to_target_table(target_accuracy, chosen),
     ]
     if failed:
         extra.append(failures_table(failed, ok_runs))
@@ -415,6 +427,8 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
         rounding=[ROUNDING_RULE, STUDY_34_00_NOTE],
         faults=faults,
         gate=gate_section(store.root, chosen),
+        target_accuracy=target_accuracy,
+        disagreements=builder.disagreement_table(known_setup_differences(undisturbed, short, pub.device)),
     )
 
 

@@ -13,7 +13,7 @@ import jinja2
 from dtlab.files import atomic_write_text
 from dtlab.paths import TEMPLATES_DIR
 from dtlab.report import figures
-from dtlab.report.aggregate import Derived, spread
+from dtlab.report.aggregate import Derived, Spread, spread, time_to_target
 from dtlab.report.build import Report
 from dtlab.report.numbers import fmt
 from dtlab.report.study import (
@@ -120,6 +120,42 @@ def figure_5_1(report: Report) -> figures.Figure:
                                 baseline=1.0)
 
 
+def figure_time_to_target(report: Report) -> figures.Figure | None:
+    """Seconds from submit to the end of the first epoch at the profile's target, per framework and count
+    (the short runs), mean with min-max over the runs that reached it; None without a target."""
+    short = report.short_epochs
+    if report.target_accuracy is None or report.from_study or short is None:
+        return None
+    found = time_to_target({k: s for k, s in report.groups.items() if k[2] == short}, report.target_accuracy)
+    bars, reasons = {}, {}
+    for (framework, gpus, _epochs), runs in found.items():
+        times = [run.seconds for run in runs if run.seconds is not None]
+        if not times:
+            reached = any(run.epoch is not None for run in runs)
+            reasons[(framework, gpus)] = "clock not recorded" if reached else "target not reached"
+            continue
+        verdict = Spread(min(times), max(times), (len(times),), overlap=False).verdict
+        mean = sum(times) / len(times)
+        label = f"{fmt(mean, 'time_s')} s" + (f" ({verdict})" if verdict else "")
+        low, high = (min(times), max(times)) if len(times) > 1 else (None, None)
+        bars[(framework, gpus)] = figures.Bar(mean, low, high, label)
+    present = {f for f, _g, _e in found}
+    panel = figures.BarPanel(
+        title=f"This cluster: {short} epochs, target accuracy {fmt(report.target_accuracy, 'accuracy')}\n"
+              "(mean, min–max over the runs that reached it)",
+        bars=bars,
+        counts=sorted({g for _f, g, _e in found}),
+        count_label=report.count_label,
+        missing_text="no run",
+        missing_reasons=reasons,
+    )
+    return figures.grouped_bars(
+        [panel], frameworks=[f for f in FRAMEWORKS if f in present] + sorted(present - set(FRAMEWORKS)),
+        title="Figure B.3: time to target accuracy (submit to the end of the first epoch at the target)",
+        ylabel="seconds from submit", baseline=None,
+    )
+
+
 def _fault_figures(report: Report) -> list[dict]:
     return [report.faults.figure] if report.faults is not None and report.faults.figure else []
 
@@ -147,6 +183,10 @@ def draw_figures(report: Report, figure_dir: Path) -> list[dict]:
                 "stem": "figure-b.1-accuracy",
             }
         )
+    to_target = figure_time_to_target(report)
+    if to_target is not None:
+        drawn.append({"title": "Figure B.3: time to target accuracy per framework (beyond the study)",
+                      "figure": to_target, "stem": "figure-b.3-time-to-target"})
     if report.faults is not None:  # shown in its own section, saved with the others
         report.faults.figure = {
             "title": f"Figure B.2: {report.faults.figure_title} (beyond the study)",
@@ -174,6 +214,8 @@ def write_report(report: Report, out_dir: Path) -> ReportFiles:
         all_tables.append(report.faults.table)
     if report.gate is not None and report.gate.table is not None:
         all_tables.append(report.gate.table)
+    if report.disagreements is not None:
+        all_tables.append(report.disagreements)
     for table in all_tables:
         path = tables_dir / f"{table.slug}.csv"
         atomic_write_text(path, table_csv(table))

@@ -16,17 +16,21 @@ from dtlab.report.aggregate import (
     Derived,
     GroupKey,
     GroupStats,
+    Reached,
     Score,
     Spread,
+    epoch_disagreements,
     ratio_spread,
     score,
     spread,
+    time_to_target,
 )
 from dtlab.report.numbers import Value, fmt, missing, num, ratio, text
 from dtlab.report.study import (
     DISPLAY_NAMES,
     FRAMEWORKS,
     STUDY_BASE_GPUS,
+    STUDY_GPU,
     STUDY_LONG_EPOCHS,
     STUDY_SCALED_GPUS,
     STUDY_SHORT_EPOCHS,
@@ -604,7 +608,6 @@ class TableBuilder:
             ],
         )
 
-
     def scored_table(self, target_accuracy: float | None) -> Table:
         """Table B.7: each group's MLPerf-style score, the runs it rests on, and a rank at its count that
         only a supported difference earns."""
@@ -701,8 +704,10 @@ class TableBuilder:
                     text(self.name(framework)),
                     text(self.label(framework, gpus)),
                     text(str(epochs)),
-                    *(num(phases[phase], "time_s") if phase in phases else missing()
-                      for phase, _, _ in PHASE_COLUMNS),
+                    *(
+                        num(phases[phase], "time_s") if phase in phases else missing()
+                        for phase, _, _ in PHASE_COLUMNS
+                    ),
                     ratio(phases["end to end"], ddp_total),
                     self._end_to_end_spread(stats, ddp),
                 ]
@@ -711,8 +716,14 @@ class TableBuilder:
             "B.3",
             "table-b.3-whole-run",
             "The whole run, phase by phase: mean seconds (beyond the study)",
-            ["Framework", "Configuration", "Epochs", *(phase for phase, _, _ in PHASE_COLUMNS),
-             "End to end vs DDP", "End to end vs DDP, min–max"],
+            [
+                "Framework",
+                "Configuration",
+                "Epochs",
+                *(phase for phase, _, _ in PHASE_COLUMNS),
+                "End to end vs DDP",
+                "End to end vs DDP, min–max",
+            ],
             rows,
             [
                 "Tables 5.1-5.9 use the trainer's span: from the start of training (after imports, data, "
@@ -723,13 +734,339 @@ class TableBuilder:
                 "start-up too. This table adds what each platform costs around that span: from the "
                 "controller taking up the cell to the trainer process running (SSH, units, JVMs and "
                 "executors, containers), to the first optimizer step (imports, data, model, rendezvous), "
-                "and from the end of validation to the result recorded on the controller. \"Of which "
-                "queued\" is the part of the first phase a scheduler held the job in its queue (Slurm: from "
+                'and from the end of validation to the result recorded on the controller. "Of which '
+                'queued" is the part of the first phase a scheduler held the job in its queue (Slurm: from '
                 "sbatch's job id to the job leaving PENDING); platforms without a queue show —. Runs "
                 "recorded before dtlab kept this clock are left out of it.",
                 SPREAD_NOTE,
             ],
         )
+
+    # --- time to target accuracy (Table B.8) -----------------------------------------------------
+
+    def time_to_target_table(self, target_accuracy: float | None, profile: str | None) -> Table:
+        """Table B.8: per group, the runs that reached the target, the epoch they did (the same on every
+        platform for the same seed, or not) and the whole-run clock from submit to that epoch's end."""
+        title = "Time to target accuracy: from submit to the end of the first epoch at the target"
+        if target_accuracy is None:
+            where = f"profiles.{profile}" if profile else "the profile"
+            return Table(
+                "B.8",
+                "table-b.8-time-to-target",
+                f"{title} (no target set; beyond the study)",
+                TIME_TO_TARGET_COLUMNS,
+                [],
+                [
+                    f"No target accuracy: set target_accuracy (e.g. 0.80) under {where} in "
+                    "experiments/matrix.yml to get the time to target."
+                ],
+            )
+        found = time_to_target(self.groups, target_accuracy)
+        disagreeing = epoch_disagreements(found)
+        rows = []
+        for key, runs in found.items():
+            framework, gpus, epochs = key
+            times = [run.seconds for run in runs if run.seconds is not None]
+            ddp = [run.seconds for run in found.get(("ddp", gpus, epochs), ()) if run.seconds is not None]
+            rows.append(
+                [
+                    text(self.name(framework)),
+                    text(self.label(framework, gpus)),
+                    text(str(epochs)),
+                    text(str(len(runs))),
+                    text(str(sum(run.epoch is not None for run in runs))),
+                    text(_epochs_to_target(runs)),
+                    text(_agreement(key, runs, disagreeing, found)),
+                    num(sum(times) / len(times) if times else None, "time_s"),
+                    text(_own_spread(times)) if times else missing(),
+                    self._to_target_vs_ddp(framework, times, ddp),
+                ]
+            )
+        notes = [
+            "Time to target: the whole-run clock (Table B.3) from the controller's submit to the end of the "
+            "validation of the first epoch whose accuracy reached the target, mean over the runs that "
+            "reached it. The trainer records no per-epoch timestamp: an epoch's end is the start of "
+            "training plus the train and validation times of the epochs up to it, plus its share of the "
+            "time between epochs (checkpoints), so the last epoch ends at the recorded end of training. "
+            "Runs recorded before the whole-run clock have an epoch but no time.",
+            "Same epoch on every platform: runs with the same seed at the same count and epochs train on the "
+            "same numbers, so they reach the target at the same epoch; any other outcome is listed.",
+            SPREAD_NOTE,
+        ]
+        if disagreeing:
+            notes.append(
+                "Platforms that reached the target at different epochs for the same seed: "
+                + "; ".join(self._disagreement_text(k, v) for k, v in disagreeing.items())
+                + "."
+            )
+        return Table(
+            "B.8",
+            "table-b.8-time-to-target",
+            f"{title} (target accuracy: {fmt(target_accuracy, 'accuracy')}; beyond the study)",
+            TIME_TO_TARGET_COLUMNS,
+            rows,
+            notes,
+        )
+
+    def _disagreement_text(self, key: tuple[int, int, int], platforms: dict[str, int | None]) -> str:
+        gpus, epochs, seed = key
+        found = ", ".join(
+            f"{DISPLAY_NAMES.get(f, f)} {'never' if e is None else e}" for f, e in platforms.items()
+        )
+        return f"{self.label(None, gpus)}, {epochs} ep, seed {seed}: {found}"
+
+    @staticmethod
+    def _to_target_vs_ddp(framework: str, times: list[float], ddp: list[float]) -> Value:
+        if framework == "ddp":
+            return text("– (baseline)") if times else missing()
+        found = ratio_spread(times, ddp)
+        return text(spread_text(found, "ratio", suffix="×")) if found is not None else missing()
+
+    # --- where this cluster disagrees with the study (item 6) ------------------------------------
+
+    def study_figures(self) -> list[tuple[str, str, int, str, str, float, Callable, list[GroupKey]]]:
+        """Every derived figure with a study value and this cluster's groups behind it: (what, framework,
+        gpus, quantity, suffix, study value, figure, keys). Seconds are compared only when the runs are
+        comparable with the study's (the same device kind and task)."""
+        short, long, base = self.short, self.long, STUDY_BASE_GPUS
+        found = []
+        for framework in self.frameworks():
+            for gpus in self.gpu_counts(framework):
+                f, g = framework, gpus
+                candidates = [
+                    (
+                        "Table 5.4 ratio long/short",
+                        "linearity",
+                        "",
+                        self.pub.linearity,
+                        lambda d, f=f, g=g: d.linearity(f, g, short, long),
+                        [(f, g, long), (f, g, short)],
+                    ),
+                    (
+                        "Table 5.7 overhead vs DDP",
+                        "overhead_x",
+                        "×",
+                        self.pub.overhead_x,
+                        lambda d, f=f, g=g: d.overhead_x(f, g, short),
+                        [(f, g, short), ("ddp", g, short)],
+                    ),
+                    (
+                        "Table 5.9 per-epoch overhead",
+                        "overhead_pct",
+                        "%",
+                        self.pub.overhead_pct,
+                        lambda d, f=f, g=g: d.overhead_per_epoch_pct(f, g, short),
+                        [(f, g, short), ("ddp", g, short)],
+                    ),
+                ]
+                if g == STUDY_SCALED_GPUS:
+                    candidates += [
+                        (
+                            f"Table 5.8 {name}",
+                            quantity,
+                            suffix,
+                            table,
+                            lambda d, f=f, g=g, m=method: getattr(d, m)(f, g, short, base),
+                            [(f, base, short), (f, g, short)],
+                        )
+                        for name, method, quantity, suffix, table in (
+                            ("speedup", "speedup", "speedup", "×", self.pub.speedup),
+                            ("efficiency", "efficiency_pct", "efficiency_pct", "%", self.pub.efficiency_pct),
+                            ("time reduction", "reduction_pct", "reduction_pct", "%", self.pub.reduction_pct),
+                        )
+                    ]
+                if self.incomparable is None:
+                    candidates += [
+                        (
+                            "Table 5.4 s/epoch",
+                            "per_epoch_s",
+                            "",
+                            {(f, g): self.pub.per_epoch_s.get((f, g, STUDY_SHORT_EPOCHS))},
+                            lambda d, f=f, g=g: d.per_epoch(f, g, short),
+                            [(f, g, short)],
+                        ),
+                        (
+                            "Table 5.9 per-epoch overhead (s)",
+                            "overhead_s",
+                            "",
+                            self.pub.overhead_s,
+                            lambda d, f=f, g=g: d.overhead_per_epoch_s(f, g, short),
+                            [(f, g, short), ("ddp", g, short)],
+                        ),
+                    ]
+                for what, quantity, suffix, table, figure, keys in candidates:
+                    study = table.get((f, g))
+                    if framework == "ddp" and keys[-1][0] == "ddp":
+                        continue  # DDP against itself
+                    if study is not None and all(k[2] is not None and k in self.groups for k in keys):
+                        found.append((what, f, g, quantity, suffix, study, figure, keys))
+        return found
+
+    def disagreement_table(self, setup_differences: list[str]) -> Table:
+        """Where the study's value lies outside this cluster's min-max over runs (>= MIN_RUNS_FOR_SPREAD
+        runs per group): a disagreement beyond noise. The set-up differences are the recorded ones."""
+        rows, too_few, checked = [], [], 0
+        for what, framework, gpus, quantity, suffix, study, figure, keys in self.study_figures():
+            found = spread(self.groups, figure, keys)
+            if found is None or found.low is None:
+                continue
+            where = f"{what}, {DISPLAY_NAMES.get(framework, framework)} {self.label(framework, gpus)}"
+            if found.fewest < MIN_RUNS_FOR_SPREAD:
+                too_few.append(where)
+                continue
+            checked += 1
+            shown = float(fmt(study, quantity))
+            if found.low <= shown <= found.high:
+                continue
+            side = "above" if shown > found.high else "below"
+            rows.append(
+                [
+                    text(what),
+                    text(self.name(framework)),
+                    text(self.label(framework, gpus)),
+                    text(spread_text(found, quantity, suffix=suffix)),
+                    num(study, quantity, suffix=suffix),
+                    text(f"study {side} this cluster's range"),
+                ]
+            )
+        notes = []
+        if too_few and not checked:
+            notes.append(
+                f"No disagreement can be claimed: every figure rests on a group with fewer than "
+                f"{MIN_RUNS_FOR_SPREAD} runs."
+            )
+        elif too_few:
+            notes.append(
+                f"Not judged (a group with fewer than {MIN_RUNS_FOR_SPREAD} runs): "
+                + "; ".join(too_few)
+                + "."
+            )
+        if checked and not rows:
+            notes.append("Every study value checked lies within this cluster's min-max over runs.")
+        if rows or checked:
+            notes.append(
+                "Set-up differences known from the recorded runs: " + "; ".join(setup_differences) + "."
+                if setup_differences
+                else "No set-up difference is recorded."
+            )
+        if self.incomparable is not None:
+            notes.append(
+                "Seconds (s/epoch, per-epoch overhead in s) are not compared: "
+                f"{self.incomparable}; ratios and percentages are."
+            )
+        notes.append(
+            f"A disagreement: the study's value (as printed) outside this cluster's min-max over "
+            f"runs, with at least {MIN_RUNS_FOR_SPREAD} runs in every group behind the figure."
+        )
+        return Table(
+            "B.9",
+            "table-b.9-disagreements",
+            "Where this cluster disagrees with the study",
+            ["Figure", "Framework", "Configuration", "This cluster, min–max", "Study", "Where"],
+            rows,
+            notes,
+        )
+
+
+TIME_TO_TARGET_COLUMNS = [
+    "Framework",
+    "Configuration",
+    "Epochs",
+    "Runs",
+    "Reached target",
+    "Epochs to target",
+    "Same epoch on every platform",
+    "Time to target mean (s)",
+    "Time to target min–max (s)",
+    "Time to target vs DDP, min–max",
+]
+
+
+def _epochs_to_target(runs: Iterable[Reached]) -> str:
+    """ "3", or per seed when they differ: "3 (seeds 1, 2), never (seed 3)"."""
+    by_epoch: dict[int | None, list[int]] = {}
+    for run in runs:
+        by_epoch.setdefault(run.epoch, []).append(run.seed)
+    if len(by_epoch) == 1:
+        [epoch] = by_epoch
+        return "never" if epoch is None else str(epoch)
+    return ", ".join(
+        f"{'never' if epoch is None else epoch} ({_seeds(seeds)})"
+        for epoch, seeds in sorted(by_epoch.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))
+    )
+
+
+def _agreement(key: GroupKey, runs: Iterable[Reached], disagreeing: dict, found: dict) -> str:
+    framework, gpus, epochs = key
+    seeds = [run.seed for run in runs if (gpus, epochs, run.seed) in disagreeing]
+    if seeds:
+        return f"no: {_seeds(seeds)} (see the note)"
+    others = {
+        run.seed
+        for (f, g, e), other in found.items()
+        if (g, e) == (gpus, epochs) and f != framework
+        for run in other
+    }
+    if not others & {run.seed for run in runs}:
+        return "no other platform ran these seeds"
+    return "yes"
+
+
+def _seeds(seeds: list[int]) -> str:
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+
+
+def _own_spread(times: list[float]) -> str:
+    """A group's own min-max, with the marks the other tables use."""
+    found = Spread(min(times), max(times), (len(times),), overlap=False)
+    return spread_text(found, "time_s")
+
+
+def known_setup_differences(runs: Iterable[Run], short: int | None, pub_device: str) -> list[str]:
+    """What differs from the study's set-up, read from the recorded runs only (never assumed)."""
+    results = [run.result for run in runs if run.result]
+    if not results:
+        return []
+    differences = []
+    devices = sorted({r["device"] for r in results})
+    if devices != [pub_device]:
+        differences.append(f"device {'/'.join(devices)} here, {pub_device} ({STUDY_GPU}) in the study")
+    if short is not None and short != STUDY_SHORT_EPOCHS:
+        differences.append(f"{short}-epoch runs here, {STUDY_SHORT_EPOCHS} in the study")
+    datasets = sorted({r["hyperparameters"]["dataset"] for r in results})
+    models = sorted({r["hyperparameters"]["model"] for r in results})
+    if datasets != ["imdb"]:
+        differences.append(f"dataset {', '.join(datasets)} here, IMDB in the study")
+    if models != ["prajjwal1/bert-tiny"]:
+        differences.append(f"model {', '.join(models)} here, pretrained prajjwal1/bert-tiny in the study")
+    sizes = sorted({r["world_size"] for r in results})
+    threads = sorted(
+        {
+            r["hyperparameters"].get("threads_per_worker")
+            for r in results
+            if r["device"] == "cpu" and r["hyperparameters"].get("threads_per_worker")
+        }
+    )
+    if "cpu" in devices:
+        per_worker = f", {'/'.join(map(str, threads))} thread(s) each" if threads else ""
+        differences.append(
+            f"world size {', '.join(map(str, sizes))} CPU worker(s){per_worker} here, 1-2 GPUs in the study"
+        )
+    versions = sorted(
+        {
+            f"{k} {v}"
+            for run in runs
+            for node in run.node_versions.values()
+            if isinstance(node, dict)
+            for k, v in node.items()
+            if not isinstance(v, dict)
+        }
+    )
+    if versions:
+        differences.append(
+            f"node versions recorded here: {', '.join(versions)} (the study: driver 535.247.01, CUDA 12.2)"
+        )
+    return differences
 
 
 @dataclass(frozen=True)
@@ -749,24 +1086,37 @@ def resumed_table(costs: Iterable[ResumedCost]) -> Table:
     """Table B.4: the whole cost of each run resumed from a checkpoint."""
     rows = []
     for cost in costs:
-        extra = (cost.whole_harness_s - cost.undisturbed_harness_s
-                 if cost.whole_harness_s is not None and cost.undisturbed_harness_s is not None else None)
-        rows.append([
-            text(cost.cell_key),
-            text(str(cost.attempts)),
-            text(str(cost.resumed_from)),
-            text("not logged") if cost.epochs_redone is None else text(str(cost.epochs_redone)),
-            num(cost.trainer_time_s, "time_s"),
-            num(cost.whole_harness_s, "time_s"),
-            num(cost.undisturbed_harness_s, "time_s"),
-            num(extra, "time_s", sign=True),
-        ])
+        extra = (
+            cost.whole_harness_s - cost.undisturbed_harness_s
+            if cost.whole_harness_s is not None and cost.undisturbed_harness_s is not None
+            else None
+        )
+        rows.append(
+            [
+                text(cost.cell_key),
+                text(str(cost.attempts)),
+                text(str(cost.resumed_from)),
+                text("not logged") if cost.epochs_redone is None else text(str(cost.epochs_redone)),
+                num(cost.trainer_time_s, "time_s"),
+                num(cost.whole_harness_s, "time_s"),
+                num(cost.undisturbed_harness_s, "time_s"),
+                num(extra, "time_s", sign=True),
+            ]
+        )
     return Table(
         "B.4",
         "table-b.4-resumed",
         "Runs resumed from a checkpoint: their whole cost (left out of Tables 5.1-5.9)",
-        ["Cell", "Attempts", "Resumed after epoch", "Epochs redone", "Trainer span (s)",
-         "All attempts, controller (s)", "Undisturbed runs, controller (s)", "Cost of the interruption (s)"],
+        [
+            "Cell",
+            "Attempts",
+            "Resumed after epoch",
+            "Epochs redone",
+            "Trainer span (s)",
+            "All attempts, controller (s)",
+            "Undisturbed runs, controller (s)",
+            "Cost of the interruption (s)",
+        ],
         rows,
         [
             "Attempts: the cell's attempts since its previous success, the failed ones and the resumed one. "
