@@ -1,5 +1,9 @@
 """bench.run (one cell) and bench.all (the matrix): preflight, launch, follow, fetch, record, retry.
 
+Before a matrix's first cell the health gate (dtlab.doctor) judges the whole cluster: a failed gate
+stops the matrix before anything is reserved or written. After a cell fails on a node, the gate
+re-checks that node; a node that fails is drained, and the matrix's later cells that need it skipped.
+
 One attempt of one cell:
   1. the store reserves an attempt folder (live logs are streamed straight into it);
   2. preflight: every node the cell needs answers over SSH and has the trainer env; the services it
@@ -588,6 +592,11 @@ class Bench:
 
         if planned.cell.framework == "slurm":
             self._preflight_slurm(planned.placement.nodes)
+        if planned.external is not None:  # runs elsewhere (Determined's agents): the platform's own checks
+            try:
+                planned.external.preflight(self.sessions)
+            except DtlabError as error:
+                raise PreflightError(f"preflight: {error}", getattr(error, "node", None)) from None
 
     def _preflight_slurm(self, nodes: tuple[Node, ...]) -> None:
         """slurmctld answers and shows each placed worker idle in dtlab's partition (bounded wait)."""
