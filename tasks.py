@@ -200,13 +200,15 @@ def bench_faults(c, inventory=None, profile="faults", only=None, force=False, re
     "results_dir": "results folder to read instead of results/<cluster name>",
     "out": "folder to write the report to (default: <results folder>/report)",
     "profile": "matrix profile to report (default: that of the newest successful run)",
-    "study": "render the report from the study's published runs alone (default out: results/study-report)"})
-def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, study=False):
+    "study": "render the report from the study's published runs alone (default out: results/study-report)",
+    "priorities": "rank the platforms (Table B.11): criteria in order, e.g. speed,recovery,operations, or a "
+                  "YAML file of criterion: weight (criteria: docs/results-and-report.md)"})
+def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, study=False, priorities=None):
     """Regenerate the study's Tables 5.1-5.9 and Figure 5.1 from the results store, beside the study's."""
     from dtlab import commands
 
     _harness_call(commands.bench_report, inventory=inventory, results_dir=results_dir, out=out,
-                  profile=profile, study=study)
+                  profile=profile, study=study, priorities=priorities)
 
 
 # --- top level ---------------------------------------------------------------

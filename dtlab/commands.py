@@ -14,7 +14,14 @@ from dtlab.bench import Bench, BenchOptions, CellOutcome, Display
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, load_cluster
 from dtlab.paths import results_dir_for
-from dtlab.report import STUDY_REPORT_DIR, EmptyStoreError, ReportFiles, generate_report, write_report
+from dtlab.report import (
+    STUDY_REPORT_DIR,
+    EmptyStoreError,
+    ReportFiles,
+    generate_report,
+    parse_priorities,
+    write_report,
+)
 from dtlab.report.build import build_study_report
 from dtlab.results import ResultStore
 
@@ -157,23 +164,26 @@ def bench_report(
     out: str | os.PathLike[str] | None = None,
     profile: str | None = None,
     study: bool = False,
+    priorities: str | None = None,
 ) -> ReportFiles:
     """`invoke bench.report`: resolve the results folder, write the report, print where it went.
 
     An empty store raises EmptyStoreError (one line, exit 1: there is no report to read). Bad input
     raises DtlabError (exit 2). With `study`, the report is rendered from the study's published runs
-    alone (default folder results/study-report).
+    alone (default folder results/study-report). `priorities` (criteria in order, or a weights file) adds
+    the recommendation (Table B.11); a bad one is refused before anything is read or written.
     """
+    chosen = parse_priorities(priorities) if priorities is not None else None
     if study:
         if results_dir is not None or profile is not None or inventory is not None:
             raise DtlabError("bench.report: --study reads only the study's published runs; "
                              "leave out --inventory, --results-dir and --profile")
-        files = write_report(build_study_report(), Path(out) if out is not None else STUDY_REPORT_DIR)
+        files = write_report(build_study_report(chosen), Path(out) if out is not None else STUDY_REPORT_DIR)
     else:
         if results_dir is None:
             # Only the cluster's name is read, no node is contacted: the example's placeholders pass.
             results_dir = results_dir_for(load_cluster(inventory, allow_placeholders=True).name)
-        files = generate_report(results_dir, out, profile=profile)
+        files = generate_report(results_dir, out, profile=profile, priorities=chosen)
     print(f"report: {files.markdown}")
     print(f"        {files.html}")
     print(f"        {len(files.csv)} CSV tables in {files.csv[0].parent}, {len(files.figures)} figure files")

@@ -4,7 +4,8 @@ side by side with the study's published figures (dtlab/data/study_results.yaml).
 API (what dtlab.commands calls for `invoke bench.report` and `bench.all`)::
 
     from dtlab.report import generate_report, EmptyStoreError
-    files = generate_report(results_dir, out_dir=None, profile=None)
+    files = generate_report(results_dir, out_dir=None, profile=None, priorities=None)
+    # priorities: parse_priorities("speed,recovery,operations") or a weights file (Table B.11)
     # results_dir: dtlab.paths.results_dir_for(cluster) or a ResultStore
     # out_dir:     default <results_dir>/report
     # -> ReportFiles(out_dir, markdown, html, csv=[...], figures=[...])
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from dtlab.paths import RESULTS_DIR
 from dtlab.report.build import EmptyStoreError, Report, build_report, build_study_report
+from dtlab.report.comparison import Priorities, parse_priorities
 from dtlab.report.render import ReportFiles, write_report
 from dtlab.results import ResultStore
 
@@ -37,19 +39,22 @@ def generate_report(
     out_dir: str | os.PathLike[str] | None = None,
     *,
     profile: str | None = None,
+    priorities: Priorities | None = None,
 ) -> ReportFiles:
     store = results if isinstance(results, ResultStore) else ResultStore(results)
-    report = build_report(store, profile=profile)
+    report = build_report(store, profile=profile, priorities=priorities)
     return write_report(report, Path(out_dir) if out_dir is not None else store.root / REPORT_DIRNAME)
 
 
 __all__ = [
     "STUDY_REPORT_DIR",
     "EmptyStoreError",
+    "Priorities",
     "Report",
     "ReportFiles",
     "build_report",
     "build_study_report",
     "generate_report",
+    "parse_priorities",
     "write_report",
 ]

@@ -9,6 +9,14 @@ from typing import Any
 
 from dtlab.errors import DtlabError
 from dtlab.report.aggregate import GroupKey, GroupStats, Sample, group, long_epochs, primary_epochs
+from dtlab.report.comparison import (
+    Comparison,
+    Priorities,
+    build_comparison,
+    build_study_comparison,
+    check_study_conclusion,
+    with_recommendation,
+)
 from dtlab.report.faults import FaultSection, fault_section, is_faulted
 from dtlab.report.gate import GateSection, gate_section
 from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
@@ -66,6 +74,9 @@ class Report:
     gate: GateSection | None = None  # "Health gate": the newest gate before this profile's matrix
     target_accuracy: float | None = None  # the profile's target_accuracy (Table B.8, Figure B.3)
     disagreements: Table | None = None  # "Where this cluster disagrees with the study" (Table B.9)
+    # The study's qualitative comparison measured here (Table B.10; --study: Tables 5.10-5.11 too) and,
+    # with --priorities, the recommendation (Table B.11).
+    comparison: Comparison | None = None
 
     def count_label(self, count: int) -> str:
         devices = {d for (_f, g, _e), s in self.groups.items() if g == count for d in s.devices}
@@ -256,13 +267,15 @@ def published_groups(pub: Published) -> dict[GroupKey, GroupStats]:
     }
 
 
-def build_study_report() -> Report:
+def build_study_report(priorities: Priorities | None = None) -> Report:
     """`bench.report --study`: the study's published runs through the same derivation as a cluster's
     runs, beside the figures the study prints from them. Every derived figure must match, except the
     documented misprint; tables beyond the study are left out (it published none of their inputs)."""
     pub = published()
     groups = published_groups(pub)
     builder = TableBuilder(groups, pub, short=STUDY_SHORT_EPOCHS, long=STUDY_LONG_EPOCHS)
+    comparison = with_recommendation(build_study_comparison(pub), priorities)
+    comparison.conclusion_checks = check_study_conclusion(comparison)
     source = pub.source
     runs: Counter[tuple[str, str]] = Counter()
     for (framework, gpus, _epochs), stats in groups.items():
@@ -294,6 +307,7 @@ def build_study_report() -> Report:
         ],
         rounding=[ROUNDING_RULE, STUDY_34_00_NOTE],
         from_study=True,
+        comparison=comparison,
     )
 
 
@@ -337,7 +351,9 @@ def resumed_costs(resumed: list[Run], all_runs: list[Run], groups: dict[GroupKey
     return costs
 
 
-def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
+def build_report(
+    store: ResultStore, *, profile: str | None = None, priorities: Priorities | None = None
+) -> Report:
     """Read the store and build every table; raises EmptyStoreError when nothing is recorded."""
     store.check(writable=False)
     recorded = store.runs(status=None)
@@ -367,7 +383,8 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
     # undisturbed runs go into the tables and the figure, and the notes name the ones left out.
     resumed = [run for run in ok_runs if run.result.get("resumed_from_epoch")]
     undisturbed = [run for run in ok_runs if not run.result.get("resumed_from_epoch")]
-    groups = group(Sample.from_run(run) for run in undisturbed)
+    samples = [Sample.from_run(run) for run in undisturbed]
+    groups = group(samples)
     short = primary_epochs(k[2] for k in groups)
     long = long_epochs((k[2] for k in groups), short)
     incomparable = incomparable_with_study(undisturbed)
@@ -429,6 +446,7 @@ def build_report(store: ResultStore, *, profile: str | None = None) -> Report:
         gate=gate_section(store.root, chosen),
         target_accuracy=target_accuracy,
         disagreements=builder.disagreement_table(known_setup_differences(undisturbed, short, pub.device)),
+        comparison=with_recommendation(build_comparison(groups, samples, faults, short), priorities),
     )
 
 

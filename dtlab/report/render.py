@@ -216,6 +216,10 @@ def write_report(report: Report, out_dir: Path) -> ReportFiles:
         all_tables.append(report.gate.table)
     if report.disagreements is not None:
         all_tables.append(report.disagreements)
+    if report.comparison is not None:
+        all_tables += [*report.comparison.study_tables, report.comparison.table]
+        if report.comparison.recommendation is not None:
+            all_tables.append(report.comparison.recommendation)
     for table in all_tables:
         path = tables_dir / f"{table.slug}.csv"
         atomic_write_text(path, table_csv(table))

@@ -222,5 +222,9 @@ def test_study_report_renders_the_published_runs_alone(tmp_path, lookup):
     [panel] = figure_panels(figure_5_1(study_report))
     assert not panel["spread"] and len(panel["bars"]) == 6
     markdown = files.markdown.read_text()
-    assert "## Beyond the study" not in markdown and "Table B." not in markdown
+    # Only the qualitative comparison (Table B.10: the study's own figures and words, tests/report/
+    # test_comparison.py) follows the study's tables; no table of what it did not publish.
+    before_comparison, _, comparison = markdown.partition("## The study's qualitative comparison")
+    assert "## Beyond the study" not in markdown and "Table B." not in before_comparison
+    assert "Table B.10" in comparison and "Table B.1:" not in comparison
     assert not {"deadbeef", "node1", "3.11.7", "1500.0"} & set(markdown.replace("|", " ").split())

@@ -1,0 +1,286 @@
+"""Table B.10 (the study's qualitative comparison measured here) and Table B.11 (the recommendation
+from the user's priorities), issue #28 items 4 and 5."""
+
+import pytest
+import yaml
+from result_factory import made_up_result
+
+from dtlab import commands
+from dtlab.cell import Cell
+from dtlab.cluster import SERVICE_VARIABLES
+from dtlab.errors import DtlabError
+from dtlab.paths import INVENTORY_DIR
+from dtlab.report import build_report, build_study_report, parse_priorities
+from dtlab.report.comparison import (
+    CRITERIA,
+    LAUNCHER_FILES,
+    NOT_MEASURED,
+    PLATFORMS,
+    VARIABLE_PREFIXES,
+    Priorities,
+    check_study_conclusion,
+    code_lines,
+    moving_parts,
+    rank,
+)
+from dtlab.results import ResultStore
+
+SEEDS = (1, 2, 3, 4, 5)
+GROUP_VARS = yaml.safe_load((INVENTORY_DIR / "group_vars" / "all.yml").read_text())
+
+
+def record(store, framework, seed, *, time_s, startup_s=10.0, accuracy=0.8, gpus=2, epochs=4):
+    """One ok run with the whole-run clock: submitted at 1000, the first step `startup_s` later."""
+    result = made_up_result(
+        framework,
+        gpus,
+        epochs,
+        seed,
+        time_total_s=time_s,
+        final_accuracy=accuracy,
+        device="cpu",
+        framework_label=f"{framework} (CPU)",
+    )
+    submitted = 1000.0
+    result["harness_timeline_unix"] = {"submitted": submitted, "recorded": submitted + startup_s + time_s + 2}
+    result["timeline_unix"] = {
+        "process_started": submitted + 2.0,
+        "first_step_done": submitted + startup_s,
+        "training_started": submitted + startup_s,
+        "training_ended": submitted + startup_s + time_s,
+    }
+    store.record_ok(
+        Cell(framework, gpus, epochs, seed, "cmp"),
+        result,
+        config_hash="0123456789abcdef",
+        git_rev="deadbeef",
+        inventory="lab",
+        node_versions={},
+        harness_time_s=time_s + 12,
+    )
+
+
+def fill(store, times: dict[str, tuple[float, ...]], **options):
+    for framework, framework_times in times.items():
+        for seed, time_s in zip(SEEDS, framework_times, strict=False):
+            record(store, framework, seed, time_s=time_s, **options.get(framework, {}))
+
+
+def row(table, platform_name: str) -> dict[str, str]:
+    found = [r for r in table.rows if r[0].text == platform_name]
+    assert len(found) == 1, platform_name
+    return dict(zip(table.columns, (v.text for v in found[0]), strict=True))
+
+
+# --- computed columns ---------------------------------------------------------------------------------
+
+
+def test_code_lines_leaves_out_blank_comment_and_docstring_lines():
+    source = (
+        '"""Module\ndocstring."""\n\n# a comment\nimport os  # trailing\n\n\ndef f():\n    """Doc."""\n'
+        "    return (1,\n            2)\n"
+    )
+    assert code_lines(source) == 4  # import, def, and the two lines of the return
+
+
+def test_comparison_table_columns_are_computed(tmp_path):
+    store = ResultStore(tmp_path)
+    fill(
+        store,
+        {"ddp": (100, 101, 102, 99, 98), "spark": (150, 151, 152, 149, 148)},
+        spark={"startup_s": 40.0, "accuracy": 0.7},
+    )
+    comparison = build_report(store).comparison
+    table = comparison.table
+    assert table.number == "B.10"
+    ddp, spark = row(table, "PyTorch DDP"), row(table, "Apache Spark")
+    # Start-up: submit -> first step, per run; DDP 10 s on every run, Spark 40 s.
+    assert ddp["Start-up: submit → first step"].startswith("10.00 s; 10.00–10.00 s (n=5)")
+    assert spark["Start-up: submit → first step"].startswith("40.00 s")
+    # Steady state: 4 epochs, mean 100 s -> 25.00 s/epoch; Spark +50% with its min-max against DDP's.
+    assert ddp["Steady state: per epoch, overhead vs DDP"] == "25.00 s/epoch, – (baseline)"
+    assert spark["Steady state: per epoch, overhead vs DDP"].startswith(
+        "37.50 s/epoch, +50% vs DDP (+45–+55%"
+    )
+    assert "n=5/5" in spark["Steady state: per epoch, overhead vs DDP"]
+    # Reproducible: Spark's runs reached 0.7, DDP's 0.8 with the same seeds: the epochs differ.
+    assert spark["Reproducible: per-epoch accuracy = DDP's (same seed)"].startswith("no: differs")
+    assert (
+        row(table, "Ray Train")["Reproducible: per-epoch accuracy = DDP's (same seed)"]
+        == "no same-seed DDP run"
+    )
+    # Lines: counted from the launchers, never typed in.
+    for platform in PLATFORMS:
+        counted = sum(code_lines((INVENTORY_DIR.parent / f).read_text()) for f in LAUNCHER_FILES[platform])
+        assert comparison.measures["adoption"][platform].value == counted > 0
+    # Services and ports: the inventory's names.
+    determined = row(table, "Determined AI")
+    assert determined["Services"] == ", ".join(
+        GROUP_VARS[v] for v in ("determined_master_service", "determined_agent_service", "postgresql_service")
+    )
+    assert str(GROUP_VARS["determined_master_port"]) in determined["Listening ports"]
+    assert ddp["Services"] == "none" and ddp["Listening ports"] == str(GROUP_VARS["dtlab_rendezvous_port"])
+    ray_ports = row(table, "Ray Train")["Listening ports"]
+    assert f"{GROUP_VARS['ray_min_worker_port']}–{GROUP_VARS['ray_max_worker_port']}" in ray_ports
+    # No fault runs; nothing records provisioning or idle use.
+    assert ddp["Recovery from a fault: total / undisturbed"] == "no fault run"
+    assert ddp["Provisioning time"] == ddp["Idle memory / CPU per node"] == NOT_MEASURED
+    assert any("profile_roles" in note for note in table.notes)
+
+
+def test_same_seed_runs_with_equal_epochs_are_reproducible(tmp_path):
+    store = ResultStore(tmp_path)
+    fill(store, {"ddp": (100, 101, 102), "determined": (120, 121, 122)})
+    comparison = build_report(store).comparison
+    assert row(comparison.table, "Determined AI")["Reproducible: per-epoch accuracy = DDP's (same seed)"] == (
+        "yes (3 same-seed runs equal DDP's)"
+    )
+
+
+def test_every_service_the_cluster_checks_belongs_to_one_platform():
+    for variable in SERVICE_VARIABLES:
+        owners = [p for p, prefixes in VARIABLE_PREFIXES.items() if variable.startswith(prefixes)]
+        assert len(owners) == 1, variable
+    assert sum(moving_parts(p, GROUP_VARS).count for p in PLATFORMS) > len(SERVICE_VARIABLES)
+
+
+# --- the ranking ---------------------------------------------------------------------------------------
+
+
+def test_ranking_follows_only_supported_differences(tmp_path):
+    store = ResultStore(tmp_path)
+    # DDP and Spark overlap (within noise); Determined is slower than both beyond every run.
+    fill(
+        store,
+        {
+            "ddp": (100, 101, 102, 99, 98),
+            "spark": (97, 104, 100, 101, 99),
+            "determined": (130, 131, 132, 129, 128),
+        },
+    )
+    comparison = build_report(store, priorities=parse_priorities("speed")).comparison
+    places = {x.platform: x for x in rank(comparison, Priorities(("speed",)))}
+    assert places["ddp"].rank == places["spark"].rank == 1
+    assert places["determined"].rank == 3
+    assert "not ranked against Apache Spark" in places["ddp"].reasons["speed"]
+    # Ray and Slurm did not run: after the measured, never ahead.
+    assert places["ray"].rank == places["slurm"].rank == 4
+    recommendation = comparison.recommendation
+    assert recommendation.number == "B.11"
+    assert "PyTorch DDP and Apache Spark share first place" in recommendation.notes[0]
+    # The next criterion breaks the tie: Spark's launcher is longer than DDP's.
+    ordered = rank(comparison, Priorities(("speed", "adoption")))
+    assert [x.platform for x in ordered[:2]] == ["ddp", "spark"] and ordered[1].rank == 2
+
+
+def test_too_few_runs_rank_nobody_on_a_measured_time(tmp_path):
+    store = ResultStore(tmp_path)
+    fill(store, {"ddp": (100, 101), "determined": (300, 301)})
+    comparison = build_report(store).comparison
+    places = {x.platform: x.rank for x in rank(comparison, Priorities(("speed", "startup")))}
+    assert places["ddp"] == places["determined"] == 1
+
+
+def test_weights_decide_by_weighted_places(tmp_path):
+    store = ResultStore(tmp_path)
+    fill(store, {"ddp": (100, 101, 102), "determined": (130, 131, 132)})
+    comparison = build_report(store).comparison
+    # Determined: #2 on speed, #1 on operations (7 of 7 in the study's Table 5.11); DDP the reverse.
+    assert rank(comparison, Priorities(("operations", "speed"), {"operations": 3, "speed": 1}))[
+        0
+    ].platform == ("determined")
+    assert rank(comparison, Priorities(("speed", "operations"), {"speed": 3, "operations": 1}))[
+        0
+    ].platform == ("ddp")
+
+
+# --- priorities: parsing and one-line errors -------------------------------------------------------------
+
+
+def test_priorities_parse_in_order_and_from_a_weights_file(tmp_path):
+    assert parse_priorities("speed, recovery,operations") == Priorities(("speed", "recovery", "operations"))
+    weights = tmp_path / "weights.yml"
+    weights.write_text("recovery: 1\nspeed: 2.5\n")
+    parsed = parse_priorities(str(weights))
+    assert parsed.order == ("speed", "recovery") and parsed.weights == {"recovery": 1.0, "speed": 2.5}
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "unknown criterion 'fast'"),
+        ("speed: [1\n", "not valid YAML at line"),
+        ("- speed\n", "must map criteria to weights"),
+        ("speed: -1\n", "speed: weight must be a number > 0"),
+        ("cost: 1\n", "unknown criterion 'cost'"),
+    ],
+)
+def test_bad_priorities_are_one_line_errors(tmp_path, content, expected):
+    spec = "speed,fast"
+    if content is not None:
+        spec = str(tmp_path / "p.yml")
+        (tmp_path / "p.yml").write_text(content)
+    with pytest.raises(DtlabError) as error:
+        parse_priorities(spec)
+    message = str(error.value)
+    assert expected in message and "\n" not in message and message.startswith("bench.report: --priorities")
+    if content is None:
+        assert all(c in message for c in CRITERIA)
+
+
+def test_a_missing_priorities_file_and_an_empty_name_are_refused(tmp_path):
+    with pytest.raises(DtlabError, match="cannot read it"):
+        parse_priorities(str(tmp_path / "absent.yml"))
+    with pytest.raises(DtlabError, match="separated by commas"):
+        parse_priorities("speed,,recovery")
+
+
+def test_bench_report_refuses_bad_priorities_before_writing(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(DtlabError, match="unknown criterion"):
+        commands.bench_report(study=True, out=out, priorities="speed,vibes")
+    assert not out.exists()
+
+
+# --- the study's published figures ---------------------------------------------------------------------
+
+
+def test_study_figures_reach_the_study_conclusion():
+    report = build_study_report(parse_priorities("speed,recovery,operations"))
+    comparison = report.comparison
+    assert [t.number for t in comparison.study_tables] == ["5.10", "5.11"]
+    assert comparison.platforms == ["ddp", "determined", "spark"]
+    checks = comparison.conclusion_checks
+    assert len(checks) == 3 and all(line.endswith("reproduced.") for line in checks)
+    assert "PyTorch DDP for individual researchers prioritising speed" in checks[0]
+    # Speed from the study's Table 5.9, ranked on its printed means and marked so.
+    places = {x.platform: x for x in rank(comparison, Priorities(("speed",)))}
+    assert [places[p].rank for p in ("ddp", "determined", "spark")] == [1, 2, 3]
+    assert "spread not published" in places["determined"].reasons["speed"]
+    assert comparison.recommendation.notes[0] == (
+        "Recommended for speed, then recovery, then operations: PyTorch DDP."
+    )
+
+
+def test_a_conclusion_the_figures_do_not_support_is_named(monkeypatch):
+    comparison = build_study_report().comparison
+    # Were Spark's per-epoch time DDP's, speed alone would no longer single DDP out.
+    speed = comparison.measures["speed"]
+    monkeypatch.setitem(speed, "spark", type(speed["spark"])(speed["ddp"].value, "as DDP", published=True))
+    checks = check_study_conclusion(comparison)
+    assert checks[0].endswith("differs, computed first: PyTorch DDP and Apache Spark.")
+
+
+def test_study_report_renders_the_comparison(tmp_path):
+    files = commands.bench_report(study=True, out=tmp_path, priorities="operations,speed")
+    markdown = files.markdown.read_text()
+    assert "Table 5.11: Cluster management features" in markdown
+    assert "Table B.11: Recommendation for the priorities operations, then speed" in markdown
+    assert "Recommended for operations, then speed: Determined AI." in markdown
+    names = {p.name for p in files.csv}
+    assert {
+        "table-5.10-setup.csv",
+        "table-5.11-management.csv",
+        "table-b.10-comparison.csv",
+        "table-b.11-recommendation.csv",
+    } <= names
