@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import io
+import math
 import tokenize
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -223,6 +224,8 @@ def better(a: Measure, b: Measure, lower_first: bool) -> bool | None:
     """True when a is ahead of b and the data support it; None when they cannot be told apart."""
     if not a.measured or not b.measured:
         return None
+    if math.isinf(a.value) != math.isinf(b.value):  # did not recover against recovered: always apart
+        return (a.value < b.value) == lower_first
     if a.exact or (a.published and b.published):
         if a.value == b.value:
             return None
@@ -400,8 +403,8 @@ def _table(
                 text(", ".join(moving.ports) or "none") if moving else text("not published"),
                 text(measures["operations"][p].shown),
                 text(measures["pipelines"][p].shown),
-                text(NOT_MEASURED),
-                text(NOT_MEASURED),
+                text(NOT_MEASURED if moving else "not published"),
+                text(NOT_MEASURED if moving else "not published"),
             ]
         )
     return Table("B.10", "table-b.10-comparison", title, COLUMNS, rows, notes)

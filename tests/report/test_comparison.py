@@ -1,6 +1,8 @@
 """Table B.10 (the study's qualitative comparison measured here) and Table B.11 (the recommendation
 from the user's priorities), issue #28 items 4 and 5."""
 
+import math
+
 import pytest
 import yaml
 from result_factory import made_up_result
@@ -17,7 +19,9 @@ from dtlab.report.comparison import (
     NOT_MEASURED,
     PLATFORMS,
     VARIABLE_PREFIXES,
+    Measure,
     Priorities,
+    better,
     check_study_conclusion,
     code_lines,
     moving_parts,
@@ -173,6 +177,15 @@ def test_ranking_follows_only_supported_differences(tmp_path):
     assert [x.platform for x in ordered[:2]] == ["ddp", "spark"] and ordered[1].rank == 2
 
 
+def test_a_platform_that_did_not_recover_is_behind_one_that_did_whatever_the_runs():
+    recovered = Measure(1.4, "1.40× undisturbed", (1.4,))
+    lost = Measure(math.inf, "did not recover", (math.inf,))
+    assert better(recovered, lost, lower_first=True) is True
+    assert better(lost, recovered, lower_first=True) is False
+    # Two recoveries of one run each: too few runs to tell apart.
+    assert better(recovered, Measure(2.0, "2.00×", (2.0,)), lower_first=True) is None
+
+
 def test_too_few_runs_rank_nobody_on_a_measured_time(tmp_path):
     store = ResultStore(tmp_path)
     fill(store, {"ddp": (100, 101), "determined": (300, 301)})
@@ -253,6 +266,7 @@ def test_study_figures_reach_the_study_conclusion():
     checks = comparison.conclusion_checks
     assert len(checks) == 3 and all(line.endswith("reproduced.") for line in checks)
     assert "PyTorch DDP for individual researchers prioritising speed" in checks[0]
+    assert row(comparison.table, "Apache Spark")["Provisioning time"] == "not published"
     # Speed from the study's Table 5.9, ranked on its printed means and marked so.
     places = {x.platform: x for x in rank(comparison, Priorities(("speed",)))}
     assert [places[p].rank for p in ("ddp", "determined", "spark")] == [1, 2, 3]
