@@ -592,6 +592,11 @@ class Bench:
 
         if planned.cell.framework == "slurm":
             self._preflight_slurm(planned.placement.nodes)
+        if planned.external is not None:  # runs elsewhere (Determined's agents): the platform's own checks
+            try:
+                planned.external.preflight(self.sessions)
+            except DtlabError as error:
+                raise PreflightError(f"preflight: {error}", getattr(error, "node", None)) from None
 
     def _preflight_slurm(self, nodes: tuple[Node, ...]) -> None:
         """slurmctld answers and shows each placed worker idle in dtlab's partition (bounded wait)."""

@@ -215,7 +215,9 @@ class ClusterExperiment:
         verdicts = check_trial_image(self.cluster, self.cluster.workers, sessions=sessions)
         refused = [verdict for verdict in verdicts if not verdict.ok]
         if refused:
-            raise DtlabError(refused[0].detail)
+            error = DtlabError(refused[0].detail)
+            error.node = refused[0].node  # bench records the failure against that node
+            raise error
 
     def run(self) -> dict[str, Any]:
         from dtlab import detconfig

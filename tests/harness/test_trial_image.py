@@ -30,17 +30,32 @@ def _markers(python: str) -> dict[str, str]:
     """The marker environment of an image whose python3 is `python` (otherwise this machine's)."""
     import platform
 
-    return {"implementation_name": "cpython", "implementation_version": python, "os_name": "posix",
-            "platform_machine": platform.machine(), "platform_python_implementation": "CPython",
-            "platform_release": "", "platform_system": "Linux", "platform_version": "",
-            "python_full_version": python, "python_version": ".".join(python.split(".")[:2]),
-            "sys_platform": "linux"}
+    return {
+        "implementation_name": "cpython",
+        "implementation_version": python,
+        "os_name": "posix",
+        "platform_machine": platform.machine(),
+        "platform_python_implementation": "CPython",
+        "platform_release": "",
+        "platform_system": "Linux",
+        "platform_version": "",
+        "python_full_version": python,
+        "python_version": ".".join(python.split(".")[:2]),
+        "sys_platform": "linux",
+    }
 
 
 def probe_answer(python="3.11.2", installed=None, pip="23.0.1", dry_run_exit=1, errors=()) -> str:
     """trial_image_probe.py's JSON line, as an image with these traits prints it."""
-    return json.dumps({"python": python, "markers": _markers(python), "installed": installed or {"pip": pip},
-                       "pip": pip, "pip_dry_run": {"exit": dry_run_exit, "errors": list(errors)} if pip else None})
+    return json.dumps(
+        {
+            "python": python,
+            "markers": _markers(python),
+            "installed": installed or {"pip": pip},
+            "pip": pip,
+            "pip_dry_run": {"exit": dry_run_exit, "errors": list(errors)} if pip else None,
+        }
+    )
 
 
 def verdict(stdout: str, exit_code: int = 0, stderr: str = "") -> detconfig.TrialImageVerdict:
@@ -63,6 +78,7 @@ def assert_one_refusal_line(found: detconfig.TrialImageVerdict, *parts: str) -> 
 
 
 # --- one place for the image's name --------------------------------------------------------------------
+
 
 @pytest.fixture
 def cluster(tmp_path):
@@ -95,12 +111,20 @@ def test_the_experiment_templates_name_no_image_of_their_own():
 
 # --- the verdict, from the probe's answer ------------------------------------------------------------
 
+
 def test_python_310_is_refused_naming_the_pin_that_needs_311():
     installed = every_pin_but("3.10.12", numpy="1.26.4")  # all there but numpy, which must be upgraded
-    found = verdict(probe_answer("3.10.12", installed=installed,
-                                 errors=["ERROR: No matching distribution found for numpy==2.4.6"]))
-    assert_one_refusal_line(found, f"numpy=={pins.pinned('numpy')} needs Python >=3.11",
-                            "the image has 3.10.12", "set determined_trial_image (inventory/group_vars/all.yml)")
+    found = verdict(
+        probe_answer(
+            "3.10.12", installed=installed, errors=["ERROR: No matching distribution found for numpy==2.4.6"]
+        )
+    )
+    assert_one_refusal_line(
+        found,
+        f"numpy=={pins.pinned('numpy')} needs Python >=3.11",
+        "the image has 3.10.12",
+        "set determined_trial_image (inventory/group_vars/all.yml)",
+    )
     assert "so do" not in found.detail  # numpy alone is missing
 
 
@@ -112,8 +136,9 @@ def test_python_310_with_nothing_installed_names_a_requirement_first_and_counts_
 
 
 def test_an_image_with_every_pin_passes_and_has_nothing_to_fetch():
-    found = verdict(probe_answer("3.11.9", installed=every_pin_but("3.11.9", torch="2.13.0+cu126"),
-                                 dry_run_exit=0))
+    found = verdict(
+        probe_answer("3.11.9", installed=every_pin_but("3.11.9", torch="2.13.0+cu126"), dry_run_exit=0)
+    )
     assert found.ok and "every pin installed, startup-hook.sh has nothing to fetch" in found.detail
 
 
@@ -130,22 +155,40 @@ def test_a_newer_python_without_the_pins_passes_and_says_what_the_hook_will_inst
     assert "at each trial start" in found.detail
 
 
-@pytest.mark.parametrize(("answer", "exit_code", "stderr", "says"), [
-    ("", detconfig.PROBE_MISSING_IMAGE_EXIT, "no image", "Docker there has no such image"),
-    ("", 125, "docker: Error response from daemon: failed to create shim task: operation not permitted",
-     "Docker there cannot run it (exit 125: docker: Error response from daemon: failed to create shim task"),
-    ('{"python": null}', 0, "", "it has no python3"),
-    (probe_answer(pip=None), 0, "", "its python3 3.11.2 has no pip"),
-    (probe_answer(errors=["error: externally-managed-environment", "× This environment is externally managed"]),
-     0, "", "its python3 3.11.2 is externally managed (PEP 668)"),
-    (probe_answer(installed=every_pin_but("3.11.2"), errors=["ERROR: pip's own failure"]), 0, "",
-     "pip's dry run of startup-hook.sh fails: ERROR: pip's own failure"),
-])
+@pytest.mark.parametrize(
+    ("answer", "exit_code", "stderr", "says"),
+    [
+        ("", detconfig.PROBE_MISSING_IMAGE_EXIT, "no image", "Docker there has no such image"),
+        (
+            "",
+            125,
+            "docker: Error response from daemon: failed to create shim task: operation not permitted",
+            "Docker there cannot run it (exit 125: docker: Error response from daemon: failed to create shim",
+        ),
+        ('{"python": null}', 0, "", "it has no python3"),
+        (probe_answer(pip=None), 0, "", "its python3 3.11.2 has no pip"),
+        (
+            probe_answer(
+                errors=["error: externally-managed-environment", "× This environment is externally managed"]
+            ),
+            0,
+            "",
+            "its python3 3.11.2 is externally managed (PEP 668)",
+        ),
+        (
+            probe_answer(installed=every_pin_but("3.11.2"), errors=["ERROR: pip's own failure"]),
+            0,
+            "",
+            "pip's dry run of startup-hook.sh fails: ERROR: pip's own failure",
+        ),
+    ],
+)
 def test_each_way_an_image_fails_is_one_line_that_says_why(answer, exit_code, stderr, says):
     assert_one_refusal_line(verdict(answer, exit_code, stderr), says)
 
 
 # --- the probe itself, with real interpreters and pip (no Docker) -----------------------------------
+
 
 @pytest.fixture(scope="module")
 def probe_dir(tmp_path_factory) -> Path:
@@ -156,8 +199,12 @@ def probe_dir(tmp_path_factory) -> Path:
 
 
 def run_probe(python: str, probe_dir: Path) -> detconfig.TrialImageVerdict:
-    done = subprocess.run([python, str(probe_dir / detconfig.TRIAL_IMAGE_PROBE.name)], capture_output=True,
-                          text=True, timeout=180)
+    done = subprocess.run(
+        [python, str(probe_dir / detconfig.TRIAL_IMAGE_PROBE.name)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     return detconfig.trial_image_verdict("node1", IMAGE, done.returncode, done.stdout, done.stderr)
 
 
@@ -169,13 +216,16 @@ def test_the_controllers_venv_holds_every_pin_so_pip_has_nothing_to_fetch_offlin
 def test_a_bare_python_with_pip_would_install_the_pins_and_one_without_pip_is_refused(probe_dir, tmp_path):
     base = Path(sys.base_prefix) / "bin" / "python3"
     subprocess.run([str(base), "-m", "venv", str(tmp_path / "bare")], check=True, timeout=180)
-    subprocess.run([str(base), "-m", "venv", "--without-pip", str(tmp_path / "nopip")], check=True, timeout=60)
+    subprocess.run(
+        [str(base), "-m", "venv", "--without-pip", str(tmp_path / "nopip")], check=True, timeout=60
+    )
     with_pip = run_probe(str(tmp_path / "bare" / "bin" / "python"), probe_dir)
     assert with_pip.ok and "pin(s) at each trial start" in with_pip.detail, with_pip.detail
     assert_one_refusal_line(run_probe(str(tmp_path / "nopip" / "bin" / "python"), probe_dir), "has no pip")
 
 
 # --- where the check runs -----------------------------------------------------------------------------
+
 
 def test_without_determined_each_worker_gets_a_note_not_a_failure(tmp_path):
     site = CPU_SITE_VARS + "determined_install_binaries: false\n"  # as on the lab
@@ -191,4 +241,3 @@ def test_the_probe_command_runs_the_image_offline_and_never_pulls():
     assert f"exit {detconfig.PROBE_MISSING_IMAGE_EXIT}" in command
     assert "docker run --rm --pull never --network none" in command
     assert "-v /opt/dtlab/torch-build:/opt/dtlab/torch-build:ro" in command
-
