@@ -416,7 +416,8 @@ COMPARISON_NOTE = (
     "over runs (Table 5.9). Recovery from a fault: Table B.5's total over undisturbed time, per faulted run. "
     "Reproducible: each run's per-epoch validation accuracy against DDP's run with the same seed, count "
     "and epochs, compared exactly. Lines: the non-blank lines of code (comments and docstrings left out) "
-    "of its launcher (Slurm: its driver; the sbatch options dtlab writes). Services and ports: the names "
+    "of its launcher (Slurm: its driver; the sbatch options are dtlab.launch.slurm's, not counted). Services "
+    "and ports: the names "
     "inventory/group_vars/all.yml gives the platform (a port range counts once). The study's two columns "
     "are its Table 5.11 and section 5.6.4 (the study covers DDP, Determined and Spark only)."
 )
