@@ -428,6 +428,52 @@ def test_slurm_refuses_a_job_signed_with_a_wrong_munge_key(provisioned_lab, clus
         on(lab, master, f"kill $(cat {scratch}/pid) 2>/dev/null; rm -rf {scratch}")
 
 
+def test_slurm_daemons_listen_on_their_cluster_address_only(provisioned_lab, cluster):
+    """CommunicationParameters=NoCtldInAddrAny,NoInAddrAny: not on 0.0.0.0, where the firewall alone would
+    keep outsiders away."""
+    lab, _ = provisioned_lab
+    for node, port in [(cluster.master, cluster.var("slurmctld_port"))] + [
+        (worker, cluster.var("slurmd_port")) for worker in cluster.workers
+    ]:
+        listeners = on(lab, node.name, f"ss -ltnH 'sport = :{port}'").stdout.splitlines()
+        local_addresses = sorted({line.split()[3] for line in listeners if line.strip()})
+        assert local_addresses == [f"{node.address}:{port}"], (node.name, listeners)
+
+
+def test_slurmd_starts_after_the_units_it_is_given_and_gpu_less_nodes_get_none(provisioned_lab, cluster):
+    """The lab has no GPU, so no worker waits for nvidia-persistenced; given another real unit (ssh), the
+    first worker's slurmd is ordered after it and pulls it in, and still starts and registers."""
+    lab, _ = provisioned_lab
+    first, other = cluster.workers[0].name, cluster.workers[-1].name
+    dropin = "/etc/systemd/system/slurmd.service.d/dtlab-after.conf"
+    for worker in cluster.workers:
+        assert on(lab, worker.name, f"test -e {dropin}").returncode == 1, worker.name
+    wanted = "ssh.service"
+    only_first = f"{{{{ ['{wanted}'] if inventory_hostname == '{first}' else [] }}}}"
+    given = provision.converge(lab.inventory_path, tags=["slurm"], limit="workers",
+                               extravars={"slurm_slurmd_after_units": only_first})
+    try:
+        assert given.ok, given.summary() + given.output[-3000:]
+        shown = on(lab, first, "systemctl show slurmd -p After -p Wants").stdout
+        properties = dict(line.split("=", 1) for line in shown.splitlines() if "=" in line)
+        assert wanted in properties["After"].split() and wanted in properties["Wants"].split(), shown
+        assert on(lab, other, f"test -e {dropin}").returncode == 1  # a node without GPUs: no drop-in
+        assert wanted not in on(lab, other, "systemctl show slurmd -p Wants").stdout
+        restarted = on(lab, first, "systemctl restart slurmd && systemctl is-active slurmd")
+        assert restarted.stdout.strip() == "active", restarted.stdout + restarted.stderr
+    finally:
+        restored = provision.converge(lab.inventory_path, tags=["slurm"], limit=first)
+        assert restored.ok, restored.summary() + restored.output[-3000:]
+    assert on(lab, first, f"test -e {dropin}").returncode == 1
+    assert wanted not in on(lab, first, "systemctl show slurmd -p Wants").stdout
+
+    def first_worker_idle() -> bool:
+        state = on(lab, cluster.master.name, f"sinfo --noheader --Node --nodes {first} --format %t").stdout
+        return state.strip() == "idle"
+
+    assert wait_until(first_worker_idle, timeout_s=90, every_s=3), f"{first} did not register idle again"
+
+
 # --- SSH -------------------------------------------------------------------------------------------
 
 def test_every_node_reaches_every_other_by_name_without_a_prompt(provisioned_lab, cluster):
