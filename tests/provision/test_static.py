@@ -7,10 +7,10 @@ import yaml
 
 from dtlab import paths
 
-ROLES = ["common", "ssh", "nvidia", "docker", "postgresql", "spark", "ray", "slurm", "determined_master",
-         "determined_agent", "trainer"]
-STAGE_TAGS = ["common", "ssh", "nvidia", "docker", "trainer", "postgresql", "spark", "ray", "slurm",
-              "determined"]
+ROLES = ["common", "ssh", "firewall", "nvidia", "docker", "postgresql", "spark", "ray", "slurm",
+         "determined_master", "determined_agent", "trainer"]
+STAGE_TAGS = ["common", "ssh", "firewall", "nvidia", "docker", "trainer", "postgresql", "spark", "ray",
+              "slurm", "determined"]
 VENV_BIN = paths.REPO_ROOT / ".venv" / "bin"
 EXAMPLE_INVENTORY = paths.INVENTORY_DIR / "cluster.example.yml"
 
@@ -45,6 +45,10 @@ def test_site_lists_one_tag_per_component_in_install_order():
     assert imported.index("ansible/trainer.yml") < imported.index("ansible/spark.yml")
     assert imported.index("ansible/trainer.yml") < imported.index("ansible/ray.yml")
     assert imported.index("ansible/postgresql.yml") < imported.index("ansible/determined.yml")
+    # The firewall stands before any service opens a port (issue #27).
+    assert imported.index("ansible/ssh.yml") < imported.index("ansible/firewall.yml")
+    assert all(imported.index("ansible/firewall.yml") < imported.index(f"ansible/{stage}.yml")
+               for stage in ("trainer", "postgresql", "spark", "ray", "slurm", "determined"))
     # Slurm, the fifth platform, comes after Ray and before Determined (issue #16).
     assert imported.index("ansible/ray.yml") < imported.index("ansible/slurm.yml")
     assert imported.index("ansible/slurm.yml") < imported.index("ansible/determined.yml")
