@@ -7,6 +7,7 @@ Needs root; uses the session lab (tests/conftest.py `lab`) provisioned by `ansib
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dtlab import probes, remote
+from dtlab import paths, probes, remote
 from dtlab.report import build_report
 from dtlab.report.aggregate import whole_run_phases
 from dtlab.results import ResultStore
@@ -102,6 +103,13 @@ def test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing(harness
     for run in ok.values():
         assert (run.log_dir / f"{run.result['hostnames'][0]}.log").exists() or any(run.log_dir.iterdir())
     assert "report:" in first.stdout  # bench.all ends with the report
+    # The health gate passed before the first cell; its file lies beside the results, and the report
+    # shows it with the all-reduce between the two workers.
+    assert "health gate passed: " in first.stdout
+    gate = json.loads(sorted((store.root / paths.GATE_DIRNAME).glob("gate-*.json"))[-1].read_text())
+    assert gate["status"] == "healthy" and gate["matrix"]["profile"] == "smoke" and gate["rechecks"] == []
+    section = build_report(store).gate
+    assert [row[-1].text for row in section.table.rows] == ["ok"], section.table.rows
     if not store.runs(status="failed"):  # successful cells print no error tracebacks (the logs keep them)
         assert "Traceback" not in first.stdout and "Failed to recv" not in first.stdout, first.stdout[-3000:]
     # The whole-run clock: every phase from the controller's submit to the recorded result, in order.
@@ -244,7 +252,7 @@ def test_a_stuck_cell_and_a_drained_slurm_node_are_cleared_by_cluster_reset(harn
     drained = cluster.workers[-1].name
     assert remote.run(cluster.master, f"scontrol update nodename={drained} state=drain reason=dtlab-test").ok
     refused = invoke("bench.all", "-i", str(cluster.inventory_path), "--only", "slurm-g2", "--force",
-                     "--no-report", env=env, timeout=300)
+                     "--no-report", "--skip-gate", env=env, timeout=300)  # past the gate: to preflight
     assert refused.returncode != 0
     assert f"preflight: Slurm partition {cluster.var('slurm_partition')} on {cluster.master.name}: " \
            f"{drained} is drain" in refused.stdout + refused.stderr, refused.stdout[-2000:] + refused.stderr
@@ -261,7 +269,9 @@ def test_a_stuck_cell_and_a_drained_slurm_node_are_cleared_by_cluster_reset(harn
     head_unit = f"{cluster.require('ray_head_service')}.service"
     head_started = f"systemctl show -p ActiveEnterTimestampMonotonic --value {head_unit}"
     before = int(remote.run(cluster.master, head_started).stdout.strip())
-    reset = invoke("cluster.reset", "-i", str(cluster.inventory_path), env=env, timeout=600)
+    # A wide console: rich folds a table cell at the width it has, and that width moves with the columns.
+    reset = invoke("cluster.reset", "-i", str(cluster.inventory_path), env={**env, "COLUMNS": "250"},
+                   timeout=600)
     assert reset.returncode == 0, reset.stdout[-3000:] + reset.stderr
     assert "all checks passed" in reset.stdout
     # Ray was restarted (its jobs ended with it) and its workers rejoined before the closing check.
@@ -269,7 +279,7 @@ def test_a_stuck_cell_and_a_drained_slurm_node_are_cleared_by_cluster_reset(harn
     assert "4/7 Ray: stop its jobs" in reset.stdout and "no Ray job running" in reset.stdout
     assert f"resumed {drained}" in reset.stdout
     assert probes.slurm_node_states(cluster)[drained] == "idle"
-    assert "dtlab-ray-head active; 2/2 worker nodes" in reset.stdout  # the table's row, before it folds
+    assert "dtlab-ray-head active; 2/2 worker nodes alive" in reset.stdout  # the table's row
     assert not any(cell_units(cluster).values()) and trainer_processes(cluster) == {}
     again = invoke("cluster.reset", "-i", str(cluster.inventory_path), env=env, timeout=600)
     assert again.returncode == 0, again.stdout[-2000:]  # safe twice in a row
@@ -285,11 +295,17 @@ def test_a_ray_cell_is_refused_in_preflight_when_too_few_ray_workers_are_alive(h
     gone = cluster.workers[-1]
     assert remote.run(gone, f"systemctl stop {worker_unit}").ok
     try:
+        # The health gate sees the stopped worker first: one line per failed check, nothing recorded.
+        gated = invoke("bench.all", "-i", str(cluster.inventory_path), "--only", "ray-g2", "--force",
+                       "--no-report", env=env, timeout=600)
         refused = invoke("bench.all", "-i", str(cluster.inventory_path), "--only", "ray-g2", "--force",
-                         "--no-report", env=env, timeout=600)
+                         "--no-report", "--skip-gate", env=env, timeout=600)
     finally:
         assert remote.run(gone, f"systemctl start {worker_unit}").ok
         assert probes.wait_for_ray(cluster, len(cluster.workers), 120) == len(cluster.workers)
+    assert gated.returncode == 1 and gated.stderr.startswith("error: health gate: "), gated.stderr
+    assert (f"error: health gate: {gone.name}: ray worker: {worker_unit.removesuffix('.service')} inactive"
+            in gated.stderr.splitlines()), gated.stderr
     assert refused.returncode != 0
     reason = f"preflight: Ray head {cluster.master.name} has 1 alive worker nodes, the cell needs 2"
     assert reason in refused.stdout + refused.stderr, refused.stdout[-2000:] + refused.stderr
