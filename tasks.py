@@ -43,7 +43,8 @@ def lab_up(c, name=None, nodes=None, subnet=None):
           f" inventory {config.inventory_path}")
 
 
-@task(name="down", help={"name": LAB_NAME_HELP, "wipe": "also delete node state (the image cache stays)"})
+@task(name="down", help={"name": LAB_NAME_HELP,
+                         "wipe": "also delete node state and the shared disk (the image cache stays)"})
 def lab_down(c, name=None, wipe=False):
     """Stop the lab's nodes and remove its namespaces, mounts and links. Needs root."""
     import dtlab.lab

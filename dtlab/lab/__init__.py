@@ -103,6 +103,7 @@ def down(name: str | None = None, wipe: bool = False) -> LabConfig:
         if wipe:
             for node in node_names:
                 mounts.remove_tree(config.node_dir(node))
+            mounts.remove_tree(config.shared_dir)  # the lab's "NFS": its checkpoints are lab state too
             state.data = {"created": state.data["created"], "nodes": {}}
             state.save()
             if not any(state.data["created"].values()):

@@ -170,9 +170,12 @@ def test_a_second_lab_comes_up_beside_keeps_node_files_and_goes_down_without_lef
         assert dtlab.lab.leftovers(name) == []
         dtlab.lab.up(name)
         assert "managed-by-ansible" in on_node(other, "node1", "cat /etc/hosts").stdout
+        on_node(other, "node1", f"touch {other.shared_checkpoint_mount}/checkpoint-of-a-cell")
+        assert (other.shared_dir / "checkpoint-of-a-cell").exists()
     finally:
         dtlab.lab.down(name, wipe=True)
     assert dtlab.lab.leftovers(name) == []
+    assert not other.run_dir.exists(), "a wipe leaves nothing of the lab, its shared disk neither"
     assert not network.link_exists(other.bridge_ifname)
     assert network.guard_present(lab.address_range)  # shared, never removed
     assert nodes.running_pid(lab, "node0")  # the session lab is untouched
