@@ -27,6 +27,14 @@ def cpu_cluster(tmp_path):
 
 
 @pytest.fixture
+def loopback_inventory(tmp_path):
+    """Nodes on loopback addresses where nothing listens: every SSH connect is refused at once."""
+    return write_inventory(
+        tmp_path / "inv", CPU_CLUSTER_3.replace("127.0.20.", "127.0.66."), group_vars={"all": CPU_SITE_VARS}
+    )
+
+
+@pytest.fixture
 def matrix_file(tmp_path):
     """Write a matrix.yml with one profile `p` from the given runs/trainer YAML snippet."""
 

@@ -2,10 +2,27 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 from dtlab import paths
+
+INVOKE = str(Path(sys.executable).parent / "invoke")
+
+
+def invoke(*args: str, env: dict[str, str] | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """`invoke ARGS` from the repository root as a user types it; the environment plus `env`."""
+    return subprocess.run(
+        [INVOKE, *args],
+        cwd=paths.REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def write_inventory(

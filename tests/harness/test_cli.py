@@ -1,36 +1,15 @@
 """Bad flags, matrices and inventories fail with one clear line and exit 2, before anything starts."""
 
+import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
+from harness_helpers import INVOKE, invoke, write_inventory
 
 from dtlab import paths
-
-INVOKE = str(Path(sys.executable).parent / "invoke")
-
-
-def invoke(*args, env=None, timeout=120):
-    return subprocess.run(
-        [INVOKE, *args],
-        cwd=paths.REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, **(env or {})},
-    )
-
-
-@pytest.fixture
-def loopback_inventory(tmp_path):
-    """Nodes on loopback addresses where nothing listens: any SSH attempt is refused at once."""
-    return write_inventory(
-        tmp_path / "inv", CPU_CLUSTER_3.replace("127.0.20.", "127.0.66."), group_vars={"all": CPU_SITE_VARS}
-    )
 
 
 @pytest.mark.parametrize(
@@ -137,6 +116,10 @@ def test_an_unreachable_node_is_reported_by_preflight_before_the_cell_starts(loo
     )
     assert answer.returncode == 1, answer.stderr
     assert "preflight: host n1 (127.0.66.11): ssh failed" in answer.stdout
+    assert "health gate" not in answer.stdout + answer.stderr  # --skip-gate: no gate, no re-check, no drain
+    [gate] = (results / "three" / paths.GATE_DIRNAME).glob("gate-*.json")  # the report says it was skipped
+    gate_file = json.loads(gate.read_text())
+    assert gate_file["status"] == "skipped" and gate_file["matrix"]["cells"] == ["ddp-g1-e2-s0"]
     from dtlab.results import ResultStore
 
     [failure] = ResultStore(results / "three").runs(status="failed")

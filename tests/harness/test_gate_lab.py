@@ -9,15 +9,12 @@ Needs root; uses the provisioned session lab with the trainer deployed (tests/ha
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 from itertools import combinations
 from pathlib import Path
 
 import pytest
-from harness_helpers import write_inventory
+from harness_helpers import invoke, write_inventory
 
 from dtlab import doctor, paths, remote
 from dtlab.errors import DtlabError
@@ -26,7 +23,6 @@ from dtlab.waiting import wait_until
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
-INVOKE = str(Path(sys.executable).parent / "invoke")
 # A /24 inside the lab range that no lab takes (derived lab subnets are x.x.100-249.0, the default .77):
 # the host's guard route blackholes it, so every connect fails at once.
 NOBODYS_SUBNET = "10.213.3."
@@ -34,15 +30,6 @@ GATE_WITHIN_S = 15  # the brief's budget for the gate on the lab; the gate runs 
 SSHD_DOWN_S = 40  # long enough for the failing cell and the re-check, which take seconds
 
 
-def invoke(*args, env, timeout=300):
-    return subprocess.run(
-        [INVOKE, *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=paths.REPO_ROOT,
-        env={**os.environ, **env},
-    )
 
 
 def tree(directory: Path) -> dict[str, bytes | None]:

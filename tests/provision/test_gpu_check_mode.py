@@ -52,20 +52,6 @@ def key_server(tmp_path):
     server.shutdown()
 
 
-@pytest.fixture
-def controller_inventory(tmp_path):
-    """The controller as a one-host cluster (master and worker), with the repository's group_vars."""
-    inventory_dir = tmp_path / "inventory"
-    inventory_dir.mkdir()
-    os.symlink(paths.INVENTORY_DIR / "group_vars", inventory_dir / "group_vars")
-    (inventory_dir / "hosts.yml").write_text(
-        "all:\n  children:\n    master:\n      hosts:\n        controller:\n"
-        "          ansible_host: 127.0.0.1\n          ansible_connection: local\n"
-        "          ansible_python_interpreter: /usr/bin/python3\n          gpu_indices: [0]\n"
-        "    workers:\n      hosts:\n        controller:\n")
-    return inventory_dir / "hosts.yml"
-
-
 def run_check_mode(inventory, *extra_args):
     env = {**os.environ, "ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_NOCOLOR": "1"}
     return subprocess.run(
