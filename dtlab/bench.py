@@ -31,13 +31,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dtlab import doctor, faults, paths, probes, remote
+from dtlab import doctor, faults, paths, platforms, probes, remote
 from dtlab import launch as launching
 from dtlab import matrix as matrix_module
 from dtlab.cell import Cell, config_hash
 from dtlab.display import Display
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
+from dtlab.platforms import PreflightError
 from dtlab.results import ResultStore
 from dtlab.waiting import wait_until
 
@@ -55,9 +56,6 @@ STREAM_GRACE_S = 15
 # Before a retry, wait at most this long for every node to answer (a restarting node boots).
 NODES_BACK_WAIT_S = 180
 STOP_WAIT_S = 60
-SPARK_REGISTER_WAIT_S = 60
-RAY_JOIN_WAIT_S = 60
-SLURM_IDLE_WAIT_S = 30  # slurmd re-registers, and a node completes its last job, within seconds
 # The line that names what went wrong: an exception with its message, not torchrun's wrapper.
 EXCEPTION_LINE = re.compile(r"\b(?!ChildFailedError)\w*(Error|Exception)\b: \S|\berror: \S")
 
@@ -361,7 +359,7 @@ class Bench:
         if not self.drained:
             return []
         try:
-            planned = launching.build(self.cluster, cell, 1, timeout_s)
+            planned = platforms.get(cell.framework).build(self.cluster, cell, 1, timeout_s)
         except DtlabError:  # run_cell says what is wrong with the cell
             return []
         return [node.name for node in planned.all_nodes if node.name in self.drained]
@@ -378,7 +376,8 @@ class Bench:
         started = time.monotonic()
         failure: AttemptFailure | None = None
         attempts = 0
-        self.fault_run = faults.FaultRun(self.cluster, cell) if cell.fault else None
+        recovery = platforms.get(cell.framework).recovery(self.cluster)
+        self.fault_run = faults.FaultRun(self.cluster, cell, recovery) if cell.fault else None
         for attempts in range(1, self.options.retries + 2):
             if attempts > 1:
                 self.wait_for_nodes()
@@ -459,7 +458,7 @@ class Bench:
             mark = now
 
         try:
-            planned = launching.build(self.cluster, cell, attempt.number, timeout_s)
+            planned = platforms.get(cell.framework).build(self.cluster, cell, attempt.number, timeout_s)
             self.preflight(planned)
             phase("preflight")
             self.prepare(planned, fresh=fresh)
@@ -564,59 +563,12 @@ class Bench:
                     "run `invoke cluster.reset`",
                     name,
                 )
-        if planned.cell.framework == "spark":
-            needed = min(planned.cell.gpus, len(cluster.workers))
-            # Workers re-register for a while after a restart (cluster.reset, a node reboot): wait, bounded.
-            alive = probes.wait_for_spark(cluster, needed, SPARK_REGISTER_WAIT_S)
-            if alive < needed:
-                raise PreflightError(
-                    f"preflight: Spark master {cluster.master.name if cluster.master else '?'} "
-                    f"has {alive} alive workers, the cell needs {needed}; run `invoke cluster.reset`",
-                    cluster.master.name if cluster.master else None,
-                )
-        if planned.cell.framework == "ray":
-            needed = len(planned.placement.slots)  # the workers placement would use; Ray picks which
-            head = cluster.master.name if cluster.master else None
-            # Raylets rejoin for a while after a restart (cluster.reset, a node reboot): wait, bounded.
-            alive = probes.wait_for_ray(cluster, needed, RAY_JOIN_WAIT_S)
-            if alive < needed:
-                try:  # one more look, to say why: a head that does not answer raises with its reason
-                    alive = len(probes.ray_alive_workers(cluster))
-                except DtlabError as error:
-                    raise PreflightError(f"preflight: {error}; run `invoke cluster.reset`", head) from None
-                raise PreflightError(
-                    f"preflight: Ray head {head} has {alive} alive worker nodes, the cell needs {needed}; "
-                    "run `invoke cluster.reset`",
-                    head,
-                )
-
-        if planned.cell.framework == "slurm":
-            self._preflight_slurm(planned.placement.nodes)
-        if planned.external is not None:  # runs elsewhere (Determined's agents): the platform's own checks
-            try:
-                planned.external.preflight(self.sessions)
-            except DtlabError as error:
-                raise PreflightError(f"preflight: {error}", getattr(error, "node", None)) from None
-
-    def _preflight_slurm(self, nodes: tuple[Node, ...]) -> None:
-        """slurmctld answers and shows each placed worker idle in dtlab's partition (bounded wait)."""
-        cluster = self.cluster
-        head = cluster.master.name if cluster.master else None
-        try:
-            states = probes.slurm_node_states(cluster)
+        try:  # the platform's own readiness (its workers alive, its queue idle, its image usable)
+            platforms.get(planned.cell.framework).preflight(cluster, planned, self.sessions)
+        except PreflightError:
+            raise
         except DtlabError as error:
-            raise PreflightError(f"preflight: {error}; run `invoke cluster.reset`", head) from None
-        ready = probes.SLURM_READY_STATES
-        if any(states.get(node.name) not in ready for node in nodes):
-            states = probes.wait_for_slurm(cluster, nodes, SLURM_IDLE_WAIT_S) or states
-        busy = [f"{node.name} is {states.get(node.name, 'not in it')}"
-                for node in nodes if states.get(node.name) not in ready]
-        if busy:
-            raise PreflightError(
-                f"preflight: Slurm partition {cluster.var('slurm_partition')} on {head}: {', '.join(busy)}; "
-                "the cell needs them idle: run `invoke cluster.reset`",
-                head,
-            )
+            raise PreflightError(f"preflight: {error}", getattr(error, "node", None)) from None
 
     def prepare(self, planned: launching.Launch, *, fresh: bool) -> None:
         # A unit of this very cell left by a controller that died would block the unit name: stop it.
@@ -785,14 +737,7 @@ class Bench:
             self.cluster.nodes,
             lambda node: remote.stop_units(node, pattern, timeout=STOP_WAIT_S, sessions=self.sessions),
         )
-        if cell.framework == "slurm" and self.cluster.master is not None:
-            # The driver cancels its job when stopped; a driver killed outright cannot: cancel by name,
-            # then wait (bounded) until the job has left the queue, its processes on the nodes ended.
-            name = shlex.quote(launching.slurm.job_name(cell))
-            remote.run(self.cluster.master,
-                       f"scancel --name={name}; for _ in $(seq {STOP_WAIT_S * 5}); do "
-                       f'[ -z "$(squeue -h --name={name})" ] && break; sleep 0.2; done',
-                       timeout=STOP_WAIT_S + 10, sessions=self.sessions)
+        platforms.get(cell.framework).stop(self.cluster, cell, self.sessions, STOP_WAIT_S)
         if self.cluster.trainer_runtime == "docker":
             remote.run_all(
                 self.cluster.workers,
@@ -803,12 +748,6 @@ class Bench:
             unreachable = [name for name, answer in answers.items() if isinstance(answer, BaseException)]
             if unreachable:
                 self.display.note(f"[yellow]could not reach {', '.join(unreachable)} to stop {cell.key}[/]")
-
-
-class PreflightError(DtlabError):
-    def __init__(self, message: str, node: str | None = None):
-        super().__init__(message)
-        self.node = node
 
 
 def _log_tail(log_dir: Path | None, node: str) -> list[str]:

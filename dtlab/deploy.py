@@ -77,7 +77,7 @@ def push(cluster: Cluster, node: Node, archive: Path, revision: str) -> str:
 
 def build_image(cluster: Cluster, node: Node) -> None:
     """Rebuild the DDP image from the Dockerfile the trainer role put in <dtlab_root>/docker."""
-    from dtlab.launch.ddp import trainer_image
+    from dtlab.platforms.ddp import trainer_image
 
     context = f"{cluster.require('dtlab_root')}/docker"
     command = (
@@ -133,7 +133,7 @@ def deploy(cluster: Cluster, say=print) -> dict[str, object]:
         problems = [str(a) for a in failures.values() if isinstance(a, BaseException)]
         if problems:
             raise DtlabError(problems[0])
-        from dtlab.launch.ddp import trainer_image
+        from dtlab.platforms.ddp import trainer_image
 
         say(
             f"docker image {trainer_image(cluster)} built on "

@@ -4,7 +4,8 @@ recovering from it cost. bench runs a FaultRun beside a faulted cell's attempts;
 "After epoch k" is the same moment on every platform: rank 0 has written epoch k's checkpoint and says
 so in output_dir/checkpointed_epoch (trainer.progress). The fault hits the node the plan names, else the
 last worker that runs ranks of the attempt (`hit_node`); each platform's own recovery then runs as
-configured (`recovery`), with dtlab's retry from the checkpoint behind it.
+configured (its Platform.recovery says how, and bench hands that line to the FaultRun), with dtlab's
+retry from the checkpoint behind it.
 """
 
 from __future__ import annotations
@@ -24,27 +25,6 @@ from trainer import progress
 
 POLL_S = 0.5  # how often the trigger reads checkpointed_epoch on the cell's nodes
 PROBE_TIMEOUT_S = 10
-DTLAB_RETRY = "dtlab retry from the newest checkpoint"
-
-
-def recovery(cluster: Cluster, cell: Cell) -> str:
-    """How the cell's platform recovers from a lost worker, as dtlab configures it (docs/faults.md)."""
-    return {
-        # The study's torchrun: static rendezvous, no --max-restarts; a user reruns it, as dtlab does.
-        "ddp": DTLAB_RETRY,
-        # --requeue acts on a node failure, not on a task that exits: a failed job is resubmitted.
-        "slurm": DTLAB_RETRY,
-        # A barrier ResultStage (TorchDistributor's collect) is aborted, never retried, by Spark.
-        "spark": DTLAB_RETRY,
-        "determined": (f"the Determined master's trial restart (max_restarts: "
-                       f"{cluster.require('determined_fault_max_restarts')}), then {DTLAB_RETRY}"
-                       if cluster.has_determined_master
-                       else f"{DTLAB_RETRY}, a stand-in for the Determined master's trial restart"),
-        "ray": (f"Ray Train FailureConfig(max_failures={cluster.require('ray_max_failures')}), "
-                f"then {DTLAB_RETRY}"),
-    }[cell.framework]
-
-
 @dataclass
 class FaultRecord:
     """What a fault plan did in one run of a faulted cell: stored with each of its attempts (the newest
@@ -178,6 +158,7 @@ class FaultRun:
 
     cluster: Cluster
     cell: Cell
+    recovery: str  # how the cell's platform recovers from a lost worker (Platform.recovery)
     record: FaultRecord | None = None
     # The run's clock starts with its first attempt, as an undisturbed run's does (its "submitted").
     started_unix: float = field(default_factory=time.time)
@@ -196,7 +177,7 @@ class FaultRun:
         node = target(self.cluster, self.cell, placed)
         if self.record is None:
             self.record = FaultRecord(plan.spec, plan.kind, node.name, plan.after_epoch, plan.seconds,
-                                      recovery(self.cluster, self.cell), run_started_unix=self.started_unix)
+                                      self.recovery, run_started_unix=self.started_unix)
         if self.fired:
             return
         self._stop = threading.Event()

@@ -53,7 +53,6 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +60,7 @@ from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.files import atomic_copy, atomic_write_text
 from dtlab.paths import results_dir_for
+from trainer import result as trainer_result
 
 DB_FILENAME = "dtlab.sqlite"
 RUNS_DIRNAME = "runs"
@@ -161,8 +161,7 @@ class Run:
 def _result_validator():
     import jsonschema
 
-    schema = json.loads(resources.files("trainer").joinpath("result_schema.json").read_text())
-    return jsonschema.Draft202012Validator(schema)
+    return jsonschema.Draft202012Validator(trainer_result.load_schema())
 
 
 def _column(row: Mapping[str, Any], name: str) -> Any:

@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainer.config import FRAMEWORKS
+
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
 
@@ -107,7 +109,10 @@ def _utc(unix_time: float | None = None) -> str:
 
 @functools.cache
 def load_schema() -> dict:
-    return json.loads(SCHEMA_PATH.read_text())
+    """The result schema, with the framework enum from its one home (trainer.config.FRAMEWORKS)."""
+    schema = json.loads(SCHEMA_PATH.read_text())
+    schema["properties"]["framework"]["enum"] = list(FRAMEWORKS)
+    return schema
 
 
 def validate_result(result: dict) -> None:

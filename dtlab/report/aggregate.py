@@ -13,6 +13,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dtlab.platforms import BASELINE
 from dtlab.report.study import FRAMEWORKS, STUDY_LONG_EPOCHS, STUDY_SHORT_EPOCHS
 from dtlab.results import Run
 
@@ -278,7 +279,7 @@ class Derived:
 
     def overhead_x(self, framework: str, gpus: int, epochs: int | None) -> float | None:
         """Whole-run time over DDP's at the same GPU count (Table 5.7; x100-100 = section 5.3.1's %)."""
-        this, ddp = self.time(framework, gpus, epochs), self.time("ddp", gpus, epochs)
+        this, ddp = self.time(framework, gpus, epochs), self.time(BASELINE, gpus, epochs)
         return this / ddp if this is not None and ddp else None
 
     def base_gpus(self, framework: str) -> int | None:
@@ -309,12 +310,13 @@ class Derived:
         return (1 - 1 / speedup) * 100 if speedup is not None else None
 
     def overhead_per_epoch_s(self, framework: str, gpus: int, epochs: int | None) -> float | None:
-        this, ddp = self.per_epoch(framework, gpus, epochs), self.per_epoch("ddp", gpus, epochs)
+        this, ddp = self.per_epoch(framework, gpus, epochs), self.per_epoch(BASELINE, gpus, epochs)
         return this - ddp if this is not None and ddp is not None else None
 
     def overhead_per_epoch_pct(self, framework: str, gpus: int, epochs: int | None) -> float | None:
-        extra, ddp = self.overhead_per_epoch_s(framework, gpus, epochs), self.per_epoch("ddp", gpus, epochs)
-        return extra / ddp * 100 if extra is not None and ddp else None
+        extra = self.overhead_per_epoch_s(framework, gpus, epochs)
+        baseline = self.per_epoch(BASELINE, gpus, epochs)
+        return extra / baseline * 100 if extra is not None and baseline else None
 
 
 # --- the spread of a comparison, and the MLPerf-style score --------------------------------------

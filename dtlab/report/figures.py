@@ -18,6 +18,7 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from dtlab import platforms  # noqa: E402
 from dtlab.report.study import DISPLAY_NAMES  # noqa: E402
 
 if TYPE_CHECKING:
@@ -26,8 +27,7 @@ if TYPE_CHECKING:
 FIGURE_SIZE_IN = (8.0, 4.5)
 WIDE_FIGURE_SIZE_IN = (11.0, 4.5)  # Figure 5.1 with this cluster and the study side by side
 FIGURE_DPI = 100  # so a figure is 800 x 450 pixels (1100 x 450 wide)
-FRAMEWORK_COLOURS = {"ddp": "#1f77b4", "determined": "#2ca02c", "spark": "#d62728", "ray": "#9467bd",
-                     "slurm": "#8c564b"}
+FRAMEWORK_COLOURS = {platform.name: platform.colour for platform in platforms.ALL}
 _OTHER_COLOUR = "#7f7f7f"
 _MISSING_COLOUR = "#999999"
 

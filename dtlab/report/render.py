@@ -12,6 +12,7 @@ import jinja2
 
 from dtlab.files import atomic_write_text
 from dtlab.paths import TEMPLATES_DIR
+from dtlab.platforms import BASELINE
 from dtlab.report import figures
 from dtlab.report.aggregate import Derived, Spread, spread, time_to_target
 from dtlab.report.build import Report
@@ -74,7 +75,7 @@ def figure_5_1(report: Report) -> figures.Figure:
     study_counts = sorted({g for (_f, g, e) in pub.runs if e == STUDY_SHORT_EPOCHS})
     study_bars = {
         (f, g): figures.Bar(value, None, None, f"{fmt(value, 'overhead_x')}×")
-        for (f, g), value in {**{("ddp", g): 1.0 for g in study_counts}, **pub.overhead_x}.items()
+        for (f, g), value in {**{(BASELINE, g): 1.0 for g in study_counts}, **pub.overhead_x}.items()
     }
     study = figures.BarPanel(
         title=f"Study: {STUDY_SHORT_EPOCHS} epochs, mean of {STUDY_RUNS_PER_FIGURE[STUDY_SHORT_EPOCHS]} "
@@ -102,10 +103,10 @@ def figure_5_1(report: Report) -> figures.Figure:
             reasons[(framework, gpus)] = "no DDP run"
             continue
         found = spread(report.groups, lambda d, f=framework, g=gpus: d.overhead_x(f, g, short),
-                       [(framework, gpus, short), ("ddp", gpus, short)])
-        verdict = found.verdict if found is not None and framework != "ddp" else ""
+                       [(framework, gpus, short), (BASELINE, gpus, short)])
+        verdict = found.verdict if found is not None and framework != BASELINE else ""
         label = f"{fmt(value, 'overhead_x')}×" + (f" ({verdict})" if verdict else "")
-        shown = found is not None and framework != "ddp" and found.fewest > 1  # 1 run: no bar to draw
+        shown = found is not None and framework != BASELINE and found.fewest > 1  # 1 run: no bar to draw
         low, high = (found.low, found.high) if shown else (None, None)
         bars[(framework, gpus)] = figures.Bar(value, low, high, label)
     this = figures.BarPanel(

@@ -9,10 +9,13 @@ from typing import Any
 
 import yaml
 
-FRAMEWORKS = ("ddp", "determined", "spark")
-# The study's three, then the platforms dtlab measures beyond it (their tables only, never the study's).
-DISPLAY_NAMES = {"ddp": "PyTorch DDP", "determined": "Determined AI", "spark": "Apache Spark",
-                 "ray": "Ray Train", "slurm": "Slurm"}
+from dtlab import platforms
+
+FRAMEWORKS = ("ddp", "determined", "spark")  # the study's three, in its order
+# The study's three, then the platforms dtlab measures beyond it (their tables only, never the study's);
+# each name as its platform module labels it.
+DISPLAY_NAMES = {name: platforms.label(name)
+                 for name in (*FRAMEWORKS, *(n for n in platforms.NAMES if n not in FRAMEWORKS))}
 TABLE_OF_FRAMEWORK = {"ddp": "5.1", "determined": "5.2", "spark": "5.3"}  # the study's run tables
 STUDY_SHORT_EPOCHS, STUDY_LONG_EPOCHS = 20, 100
 STUDY_BASE_GPUS, STUDY_SCALED_GPUS = 1, 2

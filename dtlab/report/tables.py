@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from dtlab.platforms import BASELINE
 from dtlab.report.aggregate import (
     MIN_RUNS_FOR_SPREAD,
     PHASE_COLUMNS,
@@ -367,10 +368,10 @@ class TableBuilder:
             for gpus in gpu_counts:
                 row.append(
                     text("– (baseline)")
-                    if framework == "ddp" and self.stats("ddp", gpus, epochs)
+                    if framework == BASELINE and self.stats(BASELINE, gpus, epochs)
                     else self.spread_cell(
                         lambda d, f=framework, g=gpus: d.overhead_x(f, g, epochs),
-                        [(framework, gpus, epochs), ("ddp", gpus, epochs)],
+                        [(framework, gpus, epochs), (BASELINE, gpus, epochs)],
                         "overhead_x",
                         suffix="×",
                     )
@@ -395,7 +396,7 @@ class TableBuilder:
     def _overhead_text(value: float | None, framework: str) -> Value:
         if value is None:
             return missing()
-        if framework == "ddp":
+        if framework == BASELINE:
             return Value(f"{fmt(value, 'overhead_x')}× (baseline)", value)
         return Value(
             f"{fmt(value, 'overhead_x')}× ({fmt((value - 1) * 100, 'overhead_pct', sign=True)}%)", value
@@ -498,7 +499,7 @@ class TableBuilder:
         epochs, rows = self.short, []
         for framework in self.frameworks():
             for gpus in self.gpu_counts(framework):
-                baseline = framework == "ddp" and self.this.per_epoch("ddp", gpus, epochs) is not None
+                baseline = framework == BASELINE and self.this.per_epoch(BASELINE, gpus, epochs) is not None
                 extra_s = self.this.overhead_per_epoch_s(framework, gpus, epochs)
                 extra_pct = self.this.overhead_per_epoch_pct(framework, gpus, epochs)
                 study_s = self.pub.overhead_s.get((framework, gpus))
@@ -531,7 +532,7 @@ class TableBuilder:
                         if baseline
                         else self.spread_cell(
                             lambda d, f=framework, g=gpus: d.overhead_per_epoch_pct(f, g, epochs),
-                            [(framework, gpus, epochs), ("ddp", gpus, epochs)],
+                            [(framework, gpus, epochs), (BASELINE, gpus, epochs)],
                             "overhead_pct",
                             sign=True,
                             suffix="%",
@@ -697,7 +698,7 @@ class TableBuilder:
             if not stats.phase_means:
                 continue
             phases = dict(stats.phase_means)
-            ddp = self.groups.get(("ddp", gpus, epochs))
+            ddp = self.groups.get((BASELINE, gpus, epochs))
             ddp_total = dict(ddp.phase_means)["end to end"] if ddp is not None and ddp.phase_means else None
             rows.append(
                 [
@@ -767,7 +768,7 @@ class TableBuilder:
         for key, runs in found.items():
             framework, gpus, epochs = key
             times = [run.seconds for run in runs if run.seconds is not None]
-            ddp = [run.seconds for run in found.get(("ddp", gpus, epochs), ()) if run.seconds is not None]
+            ddp = [run.seconds for run in found.get((BASELINE, gpus, epochs), ()) if run.seconds is not None]
             rows.append(
                 [
                     text(self.name(framework)),
@@ -817,7 +818,7 @@ class TableBuilder:
 
     @staticmethod
     def _to_target_vs_ddp(framework: str, times: list[float], ddp: list[float]) -> Value:
-        if framework == "ddp":
+        if framework == BASELINE:
             return text("– (baseline)") if times else missing()
         found = ratio_spread(times, ddp)
         return text(spread_text(found, "ratio", suffix="×")) if found is not None else missing()
@@ -848,7 +849,7 @@ class TableBuilder:
                         "×",
                         self.pub.overhead_x,
                         lambda d, f=f, g=g: d.overhead_x(f, g, short),
-                        [(f, g, short), ("ddp", g, short)],
+                        [(f, g, short), (BASELINE, g, short)],
                     ),
                     (
                         "Table 5.9 per-epoch overhead",
@@ -856,7 +857,7 @@ class TableBuilder:
                         "%",
                         self.pub.overhead_pct,
                         lambda d, f=f, g=g: d.overhead_per_epoch_pct(f, g, short),
-                        [(f, g, short), ("ddp", g, short)],
+                        [(f, g, short), (BASELINE, g, short)],
                     ),
                 ]
                 if g == STUDY_SCALED_GPUS:
@@ -891,12 +892,12 @@ class TableBuilder:
                             "",
                             self.pub.overhead_s,
                             lambda d, f=f, g=g: d.overhead_per_epoch_s(f, g, short),
-                            [(f, g, short), ("ddp", g, short)],
+                            [(f, g, short), (BASELINE, g, short)],
                         ),
                     ]
                 for what, quantity, suffix, table, figure, keys in candidates:
                     study = table.get((f, g))
-                    if framework == "ddp" and keys[-1][0] == "ddp":
+                    if framework == BASELINE and keys[-1][0] == BASELINE:
                         continue  # DDP against itself
                     if study is not None and all(k[2] is not None and k in self.groups for k in keys):
                         found.append((what, f, g, quantity, suffix, study, figure, keys))

@@ -8,7 +8,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from dtlab import paths
+from dtlab import paths, platforms
 
 INVOKE = str(Path(sys.executable).parent / "invoke")
 
@@ -85,3 +85,8 @@ CPU_CLUSTER_3 = """\
             n1: {ansible_host: 127.0.20.11}
             n2: {ansible_host: 127.0.20.12}
 """
+
+
+def build_launch(cluster, cell, attempt: int, timeout_s: int):
+    """The Launch bench would run for this attempt of the cell: its platform's build."""
+    return platforms.get(cell.framework).build(cluster, cell, attempt, timeout_s)

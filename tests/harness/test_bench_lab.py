@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dtlab import paths, probes, remote
+from dtlab import paths, platforms, remote
 from dtlab.report import build_report
 from dtlab.report.aggregate import whole_run_phases
 from dtlab.results import ResultStore
@@ -278,7 +278,7 @@ def test_a_stuck_cell_and_a_drained_slurm_node_are_cleared_by_cluster_reset(harn
     assert int(remote.run(cluster.master, head_started).stdout.strip()) > before
     assert "4/7 Ray: stop its jobs" in reset.stdout and "no Ray job running" in reset.stdout
     assert f"resumed {drained}" in reset.stdout
-    assert probes.slurm_node_states(cluster)[drained] == "idle"
+    assert platforms.slurm.node_states(cluster)[drained] == "idle"
     assert "dtlab-ray-head active; 2/2 worker nodes alive" in reset.stdout  # the table's row
     assert not any(cell_units(cluster).values()) and trainer_processes(cluster) == {}
     again = invoke("cluster.reset", "-i", str(cluster.inventory_path), env=env, timeout=600)
@@ -302,7 +302,7 @@ def test_a_ray_cell_is_refused_in_preflight_when_too_few_ray_workers_are_alive(h
                          "--no-report", "--skip-gate", env=env, timeout=600)
     finally:
         assert remote.run(gone, f"systemctl start {worker_unit}").ok
-        assert probes.wait_for_ray(cluster, len(cluster.workers), 120) == len(cluster.workers)
+        assert platforms.ray.wait_for_workers(cluster, len(cluster.workers), 120) == len(cluster.workers)
     assert gated.returncode == 1 and gated.stderr.startswith("error: health gate: "), gated.stderr
     assert (f"error: health gate: {gone.name}: ray worker: {worker_unit.removesuffix('.service')} inactive"
             in gated.stderr.splitlines()), gated.stderr

@@ -7,7 +7,7 @@ import pytest
 
 from dtlab import detmaster
 from dtlab.errors import DtlabError
-from dtlab.launch import determined
+from dtlab.platforms import determined
 
 
 class StandInExperiment:

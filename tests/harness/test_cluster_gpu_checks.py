@@ -16,6 +16,8 @@ import pytest
 from determined.common.api import bindings
 
 from dtlab import cluster as cluster_module
+from dtlab.platforms import determined as determined_platform
+from dtlab.platforms import spark
 
 # torch.cuda.get_arch_list() of the CUDA 12.6 builds (still Pascal) and of the CUDA 12.8 ones (Turing on).
 CU126_ARCHS = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
@@ -127,7 +129,7 @@ def agents_as_the_master_lists_them(slots_by_agent: dict[str, int]) -> list[dict
 
 def test_each_determined_agent_must_offer_one_cuda_slot_per_gpu(gpu_cluster):
     workers = list(gpu_cluster.workers[:3])  # 2 GPUs each
-    rows = cluster_module.determined_slot_rows(
+    rows = determined_platform.slot_rows(
         workers, agents_as_the_master_lists_them({"gpu1": 2, "gpu2": 0})
     )
     assert [(r.node, r.ok) for r in rows] == [("gpu1", True), ("gpu2", False), ("gpu3", False)]
@@ -152,7 +154,7 @@ def test_each_spark_worker_must_offer_its_gpus(gpu_cluster):
         }
 
     alive = [worker("127.0.10.11", ["0", "1"]), worker("127.0.10.12", None)]
-    rows = cluster_module.spark_gpu_rows(list(gpu_cluster.workers[:3]), alive)
+    rows = spark.gpu_rows(list(gpu_cluster.workers[:3]), alive)
     assert [(r.node, r.ok) for r in rows] == [("gpu1", True), ("gpu2", False), ("gpu3", False)]
     assert rows[0].detail == "gpu amount 2 (addresses 0,1), expected 2"
     assert rows[1].detail == "gpu amount 0 (addresses none), expected 2"

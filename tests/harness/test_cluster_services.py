@@ -5,7 +5,9 @@ import subprocess
 from harness_helpers import CPU_CLUSTER_3, write_inventory
 
 from dtlab import cluster as cluster_module
+from dtlab import platforms
 from dtlab.inventory import load_cluster
+from dtlab.platforms.base import restart_command
 
 # A unit file every machine with systemd has (the controller needs systemd-container for the lab).
 INSTALLED_UNIT = "systemd-journald"
@@ -38,6 +40,11 @@ def test_the_probe_reports_an_installed_service_and_is_silent_about_a_missing_on
     assert f"service.{MISSING_UNIT}" not in values
 
 
+def _platform_rows(cluster, states):
+    """Every platform's rows of cluster.check, as check() gathers them, for these probe answers."""
+    return [row for platform in platforms.ALL for row in platform.check_rows(cluster, states)]
+
+
 def test_check_names_each_missing_service_as_the_inventory_does(tmp_path):
     cluster = _cluster_naming(
         tmp_path,
@@ -48,7 +55,7 @@ def test_check_names_each_missing_service_as_the_inventory_does(tmp_path):
         ray_head_service="site-ray-head",
     )
     # The nodes answered, with none of the services installed.
-    rows = cluster_module._check_services(cluster, {node.name: {} for node in cluster.nodes})
+    rows = _platform_rows(cluster, {node.name: {} for node in cluster.nodes})
     details = {(row.check, row.node): (row.ok, row.detail) for row in rows}
     assert details[("spark master", "n0")] == (False, "no site-spark unit; run ansible-playbook site.yml")
     assert details[("postgresql", "n0")] == (False, "no site-postgres unit; run ansible-playbook site.yml")
@@ -57,15 +64,15 @@ def test_check_names_each_missing_service_as_the_inventory_does(tmp_path):
     assert details[("ray head", "n0")] == (False, "no site-ray-head unit; run ansible-playbook site.yml")
     # Installed and active: the check passes on the inventory's name, not on a pattern.
     states = {"n0": {"service.site-det-master": "active"}, "n1": {"service.site-det-agent": "failed"}}
-    rows = cluster_module._check_services(cluster, states)
+    rows = _platform_rows(cluster, states)
     details = {(row.check, row.node): (row.ok, row.detail) for row in rows}
     assert details[("determined master", "n0")] == (True, "site-det-master active")
     assert details[("determined agent", "n1")] == (False, "site-det-agent failed")
 
 
 def test_reset_restarts_only_an_installed_service():
-    missing = subprocess.run(["sh", "-c", cluster_module._restart_command(MISSING_UNIT)], capture_output=True,
+    missing = subprocess.run(["sh", "-c", restart_command(MISSING_UNIT)], capture_output=True,
                              text=True, timeout=60)
     assert missing.returncode == 0 and not missing.stderr, "a service not installed is left alone"
-    command = cluster_module._restart_command("site unit")
+    command = restart_command("site unit")
     assert "systemctl restart 'site unit.service'" in command

@@ -20,6 +20,7 @@ from dtlab import cluster as cluster_module
 from dtlab import detmaster, paths, remote
 from dtlab.errors import DtlabError
 from dtlab.inventory import load_cluster
+from dtlab.platforms import determined
 from tests.trainer.conftest import free_loopback_port
 
 ANSIBLE_PLAYBOOK = paths.REPO_ROOT / ".venv" / "bin" / "ansible-playbook"
@@ -152,7 +153,7 @@ def test_a_refused_login_is_a_failed_row_of_reset_not_a_skip(tmp_path, sdk_home)
         cluster = load_cluster(write_cluster(tmp_path, master_port=port))
         write_wrong_password(cluster)
         said: list[str] = []
-        rows = cluster_module._cancel_determined_experiments(cluster, said.append)
+        rows = determined.cancel_experiments(cluster, said.append)
     finally:
         master.terminate()
         master.wait(timeout=30)

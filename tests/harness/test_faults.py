@@ -8,10 +8,11 @@ import time
 import pytest
 from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
 
-from dtlab import faults, launch
+from dtlab import faults, launch, platforms
 from dtlab.cell import Cell, Fault
 from dtlab.errors import DtlabError
 from dtlab.inventory import load_cluster
+from dtlab.platforms import determined
 from trainer import progress
 
 
@@ -94,8 +95,9 @@ def test_a_netdrop_runs_from_a_unit_of_its_own_and_brings_the_interface_back(clu
 
 
 def _fired(cluster, cell, injected: float, checkpointed: int = 1) -> faults.FaultRun:
-    run = faults.FaultRun(cluster, cell)
-    run.record = faults.FaultRecord("kill-after1", "kill", "n2", 1, None, faults.recovery(cluster, cell),
+    recovery = platforms.get(cell.framework).recovery(cluster)
+    run = faults.FaultRun(cluster, cell, recovery)
+    run.record = faults.FaultRecord("kill-after1", "kill", "n2", 1, None, recovery,
                                     run_started_unix=injected - 30)
     run.record.injected_unix, run.record.injected_in_attempt = injected, 1
     run.record.checkpointed_epoch = checkpointed
@@ -118,7 +120,7 @@ def test_a_run_recovered_by_dtlabs_retry_is_measured_from_the_failure_the_harnes
     assert record["outcome"] == "recovered" and record["attempts"] == 2
     assert record["detected_by"] == "dtlab (attempt failed)" and 99 < record["detected_s"] < 101
     assert record["training_again_s"] == pytest.approx(30) and record["epochs_redone"] == 0
-    assert record["total_s"] == pytest.approx(130) and record["recovered_by"] == faults.DTLAB_RETRY
+    assert record["total_s"] == pytest.approx(130) and record["recovered_by"] == platforms.DTLAB_RETRY
 
 
 def test_a_run_the_platform_restarted_itself_is_detected_when_its_new_trainer_started(cluster):
@@ -132,15 +134,15 @@ def test_a_run_the_platform_restarted_itself_is_detected_when_its_new_trainer_st
 
 
 def test_determined_off_cluster_says_dtlabs_retry_stands_in_for_the_master(cluster, tmp_path):
-    assert faults.recovery(cluster, faulted("determined")).startswith(
+    assert platforms.get("determined").recovery(cluster).startswith(
         "the Determined master's trial restart (max_restarts: 1)")
     site = CPU_SITE_VARS + "determined_install_binaries: false\n"  # as on the lab
     off_cluster = load_cluster(write_inventory(tmp_path / "lab", CPU_CLUSTER_3, group_vars={"all": site}))
-    assert faults.recovery(off_cluster, faulted("determined")) == (
-        f"{faults.DTLAB_RETRY}, a stand-in for the Determined master's trial restart")
+    assert platforms.get("determined").recovery(off_cluster) == (
+        f"{platforms.DTLAB_RETRY}, a stand-in for the Determined master's trial restart")
 
 
 def test_a_faulted_determined_cell_lets_the_master_restart_its_trial(cluster):
-    undisturbed = launch.determined.render_experiment(cluster, faulted("determined").undisturbed, CONFIG)
+    undisturbed = determined.render_experiment(cluster, faulted("determined").undisturbed, CONFIG)
     assert undisturbed["max_restarts"] == 0  # a failure of an ordinary cell is the harness's to retry
-    assert launch.determined.render_experiment(cluster, faulted("determined"), CONFIG)["max_restarts"] == 1
+    assert determined.render_experiment(cluster, faulted("determined"), CONFIG)["max_restarts"] == 1

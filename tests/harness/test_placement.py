@@ -1,7 +1,7 @@
 """Which nodes and GPUs a cell gets, and what each launcher starts there: from the inventory alone."""
 
 import pytest
-from harness_helpers import write_inventory
+from harness_helpers import build_launch, write_inventory
 
 from dtlab import launch, matrix
 from dtlab.cell import Cell
@@ -31,7 +31,7 @@ def test_four_nodes_with_two_gpus_each_from_the_inventory_alone(gpu_cluster):
 
 
 def test_ddp_runs_torchrun_on_each_selected_worker_with_rendezvous_on_the_first(gpu_cluster):
-    planned = launch.build(gpu_cluster, cell(gpus=3), attempt=1, timeout_s=600)
+    planned = build_launch(gpu_cluster, cell(gpus=3), attempt=1, timeout_s=600)
     assert [node.name for node, _ in planned.jobs] == ["gpu1", "gpu2"]
     for rank, (node, spec) in enumerate(planned.jobs):
         argv = spec.argv
@@ -51,7 +51,7 @@ def test_ddp_runs_torchrun_on_each_selected_worker_with_rendezvous_on_the_first(
 
 
 def test_cpu_inventory_means_one_single_thread_worker_per_gpu(cpu_cluster):
-    planned = launch.build(cpu_cluster, cell(gpus=2), attempt=3, timeout_s=60)
+    planned = build_launch(cpu_cluster, cell(gpus=2), attempt=3, timeout_s=60)
     assert [(s.node.name, s.nproc, s.gpu_indices) for s in planned.placement.slots] == [
         ("n1", 1, ()),
         ("n2", 1, ()),
@@ -76,7 +76,7 @@ def test_more_gpus_than_the_inventory_offers_fails_before_anything_starts(cpu_cl
 
 
 def test_spark_runs_the_launcher_on_the_master_with_n_processes(cpu_cluster):
-    planned = launch.build(cpu_cluster, cell("spark", gpus=2), attempt=1, timeout_s=60)
+    planned = build_launch(cpu_cluster, cell("spark", gpus=2), attempt=1, timeout_s=60)
     [(node, spec)] = planned.jobs
     assert node.name == "n0" and planned.result_node.name == "n0"
     argv = spec.argv
@@ -92,7 +92,7 @@ def test_spark_runs_the_launcher_on_the_master_with_n_processes(cpu_cluster):
 
 
 def test_ray_runs_the_driver_on_the_master_with_n_workers_and_the_token_file_not_the_token(cpu_cluster):
-    planned = launch.build(cpu_cluster, cell("ray", gpus=2), attempt=1, timeout_s=60)
+    planned = build_launch(cpu_cluster, cell("ray", gpus=2), attempt=1, timeout_s=60)
     [(node, spec)] = planned.jobs
     assert node.name == "n0" and planned.result_node.name == "n0"
     argv = spec.argv
@@ -112,7 +112,7 @@ def test_ray_runs_the_driver_on_the_master_with_n_workers_and_the_token_file_not
 
 def test_ray_refuses_more_workers_than_the_inventory_offers_before_anything_starts(cpu_cluster):
     with pytest.raises(DtlabError, match="needs 3 workers but inventory"):
-        launch.build(cpu_cluster, cell("ray", gpus=3), attempt=1, timeout_s=60)
+        build_launch(cpu_cluster, cell("ray", gpus=3), attempt=1, timeout_s=60)
 
 
 def test_determined_without_a_master_runs_the_core_api_off_cluster_under_torchrun(cpu_cluster, tmp_path):
@@ -124,7 +124,7 @@ def test_determined_without_a_master_runs_the_core_api_off_cluster_under_torchru
     )
     from dtlab.inventory import load_cluster
 
-    planned = launch.build(load_cluster(no_binaries), cell("determined", gpus=2), attempt=1, timeout_s=60)
+    planned = build_launch(load_cluster(no_binaries), cell("determined", gpus=2), attempt=1, timeout_s=60)
     assert planned.external is None and len(planned.jobs) == 2
     argv = planned.jobs[0][1].argv
     assert argv[argv.index("-m", 3) + 1] == "trainer.launchers.determined"
@@ -142,7 +142,7 @@ def test_docker_runtime_wraps_torchrun_as_the_studys_listing_4_1(tmp_path):
         "    workers: {hosts: {w: {ansible_host: 127.0.0.3, gpu_indices: [0]}}}\n",
         group_vars={"all": "dtlab_trainer_runtime: docker\n"},
     )
-    [(node, spec)] = launch.build(load_cluster(path), cell(gpus=1), attempt=1, timeout_s=60).jobs
+    [(node, spec)] = build_launch(load_cluster(path), cell(gpus=1), attempt=1, timeout_s=60).jobs
     argv = spec.argv
     assert argv[:3] == ["docker", "run", "--rm"] and "--network=host" in argv
     assert argv[argv.index("--gpus") + 1] == "device=0" and "/opt/dtlab/src:/app:ro" in argv
@@ -156,7 +156,7 @@ def test_docker_runtime_wraps_torchrun_as_the_studys_listing_4_1(tmp_path):
 
 
 def test_prepare_command_keeps_checkpoints_on_retry_and_drops_them_on_a_fresh_run(cpu_cluster):
-    planned = launch.build(cpu_cluster, cell(gpus=1), attempt=2, timeout_s=60)
+    planned = build_launch(cpu_cluster, cell(gpus=1), attempt=2, timeout_s=60)
     fresh = launch.prepare_command(planned, "dtlab", fresh=True)
     retry = launch.prepare_command(planned, "dtlab", fresh=False)
     assert "rm -rf /var/lib/dtlab/runs/ddp-g1-e2-s0/checkpoints" in fresh
@@ -171,7 +171,7 @@ def test_with_a_shared_checkpoint_dir_every_node_checkpoints_there_and_one_node_
 
     site = CPU_SITE_VARS + "dtlab_shared_checkpoint_dir: /mnt/nfs/dtlab\n"
     cluster = load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": site}))
-    planned = launch.build(cluster, cell("spark", gpus=2), attempt=1, timeout_s=60)
+    planned = build_launch(cluster, cell("spark", gpus=2), attempt=1, timeout_s=60)
     assert planned.paths.checkpoint_dir == "/mnt/nfs/dtlab/spark-g2-e2-s0/checkpoints"
     assert planned.trainer_config["checkpoint_dir"] == planned.paths.checkpoint_dir
     each_node = launch.prepare_command(planned, "dtlab", fresh=True)
@@ -182,18 +182,18 @@ def test_with_a_shared_checkpoint_dir_every_node_checkpoints_there_and_one_node_
     assert once == ("rm -rf /mnt/nfs/dtlab/spark-g2-e2-s0/checkpoints && mkdir -p /mnt/nfs/dtlab/"
                     "spark-g2-e2-s0/checkpoints && chown -R dtlab /mnt/nfs/dtlab/spark-g2-e2-s0")
     assert launch.shared_checkpoint_command(planned, "dtlab", fresh=False).startswith("mkdir -p ")
-    ddp = launch.build(cluster, cell("ddp", gpus=2), attempt=1, timeout_s=60)
+    ddp = build_launch(cluster, cell("ddp", gpus=2), attempt=1, timeout_s=60)
     assert ddp.paths.checkpoint_dir.startswith("/mnt/nfs/dtlab/")  # every framework alike, for fairness
 
 
 def test_without_a_shared_checkpoint_dir_nothing_is_prepared_once(cpu_cluster):
-    planned = launch.build(cpu_cluster, cell("spark", gpus=2), attempt=1, timeout_s=60)
+    planned = build_launch(cpu_cluster, cell("spark", gpus=2), attempt=1, timeout_s=60)
     assert launch.shared_checkpoint_command(planned, "dtlab", fresh=True) is None
     assert planned.paths.checkpoint_dir == "/var/lib/dtlab/runs/spark-g2-e2-s0/checkpoints"
 
 
 def test_determined_with_a_master_renders_a_valid_experiment_for_the_cell(gpu_cluster):
-    planned = launch.build(
+    planned = build_launch(
         gpu_cluster, cell("determined", gpus=2, epochs=20, seed=3), attempt=1, timeout_s=60
     )
     assert planned.jobs == [] and planned.external is not None  # the agents run it, not our units

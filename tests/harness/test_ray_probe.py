@@ -9,9 +9,9 @@ import urllib.request
 import pytest
 from harness_helpers import write_inventory
 
-from dtlab import probes
 from dtlab.errors import DtlabError
 from dtlab.inventory import load_cluster
+from dtlab.platforms import ray
 from dtlab.remote import CommandResult
 from dtlab.waiting import wait_until
 from tests.raycluster import RayCluster
@@ -44,15 +44,15 @@ def cluster_for(ray_head, tmp_path, token_file):
 
 
 def on_master(cluster, path, method="GET"):
-    """What probes.ray_api does over SSH, run here: the same command, the same parsing."""
-    done = subprocess.run(["sh", "-c", probes.ray_api_command(cluster, path, method)],
+    """What dtlab.platforms.ray.api does over SSH, run here: the same command, the same parsing."""
+    done = subprocess.run(["sh", "-c", ray.api_command(cluster, path, method)],
                           capture_output=True, text=True, timeout=60)
-    return probes.parse_ray_api(CommandResult("n0", done.returncode, done.stdout, done.stderr), "n0", path)
+    return ray.parse_api(CommandResult("n0", done.returncode, done.stdout, done.stderr), "n0", path)
 
 
 def test_the_probe_lists_the_alive_worker_with_its_cpu_and_not_the_head(ray_head, tmp_path):
     cluster = cluster_for(ray_head, tmp_path, ray_head.token_path)
-    [worker] = probes.alive_ray_workers_in(on_master(cluster, probes.RAY_NODES_PATH))
+    [worker] = ray.alive_workers_in(on_master(cluster, ray.NODES_PATH))
     assert worker["resources_total"]["CPU"] == 1 and worker["state"] == "ALIVE"
 
 
@@ -61,7 +61,7 @@ def test_a_wrong_token_is_forbidden_and_said_in_one_line_without_the_token(ray_h
     wrong.write_text("not-the-cluster-token-0123456789")
     cluster = cluster_for(ray_head, tmp_path, wrong)
     with pytest.raises(DtlabError) as refused:
-        on_master(cluster, probes.RAY_NODES_PATH)
+        on_master(cluster, ray.NODES_PATH)
     message = str(refused.value)
     assert message.startswith("host n0: Ray dashboard /api/v0/nodes?limit=1000: HTTP 403")
     assert "\n" not in message and "not-the-cluster-token" not in message
@@ -82,6 +82,6 @@ def test_reset_stops_a_running_job_through_the_jobs_api_and_only_once(ray_head, 
         return jobs[submission_id]["status"]
 
     wait_until(status, until=lambda s: s == "RUNNING", timeout_s=120, every_s=1, what="the job to run")
-    assert probes.stop_ray_jobs(cluster, call=on_master) == [submission_id]
+    assert ray.stop_jobs(cluster, call=on_master) == [submission_id]
     assert wait_until(status, until=lambda s: s == "STOPPED", timeout_s=60, every_s=1) == "STOPPED"
-    assert probes.stop_ray_jobs(cluster, call=on_master) == []  # a stopped job is left alone
+    assert ray.stop_jobs(cluster, call=on_master) == []  # a stopped job is left alone

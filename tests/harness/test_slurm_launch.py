@@ -6,11 +6,11 @@ import shlex
 import subprocess
 
 import pytest
+from harness_helpers import build_launch
 from test_placement import cell
 
-from dtlab import launch, probes
 from dtlab.errors import DtlabError
-from dtlab.launch import ddp, slurm
+from dtlab.platforms import ddp, slurm
 from dtlab.report.aggregate import whole_run_phases
 
 
@@ -27,7 +27,7 @@ def wrapped_srun(options: list[str]) -> list[str]:
 
 
 def test_one_sbatch_job_on_the_master_asks_for_the_placed_workers_whole(gpu_cluster):
-    planned = launch.build(gpu_cluster, cell("slurm", gpus=4), attempt=2, timeout_s=600)
+    planned = build_launch(gpu_cluster, cell("slurm", gpus=4), attempt=2, timeout_s=600)
     (node, spec), = planned.jobs
     assert node.name == gpu_cluster.master.name and spec.user == gpu_cluster.user
     options = sbatch_options(planned)
@@ -44,7 +44,7 @@ def test_one_sbatch_job_on_the_master_asks_for_the_placed_workers_whole(gpu_clus
 
 
 def test_each_task_execs_the_ddp_launchs_own_torchrun_command_for_its_node(gpu_cluster):
-    planned = launch.build(gpu_cluster, cell("slurm", gpus=4), attempt=1, timeout_s=600)
+    planned = build_launch(gpu_cluster, cell("slurm", gpus=4), attempt=1, timeout_s=600)
     srun = wrapped_srun(sbatch_options(planned))
     assert srun[:3] == ["srun", "--kill-on-bad-exit=1", "--ntasks-per-node=1"] and srun[3:5] == ["bash", "-c"]
     script = srun[5]
@@ -59,7 +59,7 @@ def test_each_task_execs_the_ddp_launchs_own_torchrun_command_for_its_node(gpu_c
 
 
 def test_the_task_script_refuses_a_node_outside_the_placement_in_one_line(cpu_cluster, tmp_path):
-    planned = launch.build(cpu_cluster, cell("slurm", gpus=2), attempt=1, timeout_s=600)
+    planned = build_launch(cpu_cluster, cell("slurm", gpus=2), attempt=1, timeout_s=600)
     script = wrapped_srun(sbatch_options(planned))[5]
     socket_env = tmp_path / "socket.env"
     socket_env.write_text("GLOO_SOCKET_IFNAME=lo\n")
@@ -75,14 +75,14 @@ def test_the_task_script_refuses_a_node_outside_the_placement_in_one_line(cpu_cl
 
 def test_a_slurm_job_cannot_ask_nodes_for_unequal_gpu_counts(gpu_cluster):
     with pytest.raises(DtlabError, match=r"same number of GPUs, but the placement takes \[2, 1\]"):
-        launch.build(gpu_cluster, cell("slurm", gpus=3), attempt=1, timeout_s=600)
+        build_launch(gpu_cluster, cell("slurm", gpus=3), attempt=1, timeout_s=600)
 
 
 def test_sinfo_states_parse_and_flags_are_kept_apart():
-    states = probes.parse_slurm_nodes("node1 idle\nnode2 down*\n\nnoise\n")
+    states = slurm.parse_nodes("node1 idle\nnode2 down*\n\nnoise\n")
     assert states == {"node1": "idle", "node2": "down*"}
-    assert probes.slurm_base_state("down*") == "down" and probes.slurm_base_state("drain") == "drain"
-    assert "down" in probes.SLURM_HELD_STATES and "idle" not in probes.SLURM_HELD_STATES
+    assert slurm.base_state("down*") == "down" and slurm.base_state("drain") == "drain"
+    assert "down" in slurm.HELD_STATES and "idle" not in slurm.HELD_STATES
 
 
 def test_the_queue_is_its_own_phase_only_for_runs_that_went_through_one():

@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
 
-from dtlab import cluster as cluster_module
 from dtlab import detconfig, pins
 from dtlab.cell import Cell
 from dtlab.inventory import load_cluster
-from dtlab.launch import determined
-from dtlab.launch.common import CellPaths, place, trainer_config
+from dtlab.launch import CellPaths, place, trainer_config
+from dtlab.platforms import determined
 
 IMAGE = "registry.example/trial:1"
 LINE_START = f"determined: trial image {IMAGE} on node1 cannot install the pins: "
@@ -230,7 +229,9 @@ def test_a_bare_python_with_pip_would_install_the_pins_and_one_without_pip_is_re
 def test_without_determined_each_worker_gets_a_note_not_a_failure(tmp_path):
     site = CPU_SITE_VARS + "determined_install_binaries: false\n"  # as on the lab
     cluster = load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": site}))
-    rows = cluster_module.check_determined_trial_image(cluster, list(cluster.workers))
+    states = {node.name: {} for node in cluster.nodes}  # every node answered the probe
+    rows = [row for row in determined.PLATFORM.check_rows(cluster, states)
+            if row.check == "determined trial image"]
     assert [row.node for row in rows] == [worker.name for worker in cluster.workers]
     assert all(row.ok and not row.required and row.detail == "Determined not installed here" for row in rows)
 

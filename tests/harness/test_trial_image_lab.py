@@ -22,7 +22,7 @@ import pytest
 from dtlab import launch, remote
 from dtlab.bench import Bench, BenchOptions, PreflightError
 from dtlab.cell import Cell
-from dtlab.launch import determined
+from dtlab.platforms import determined
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(1800)]
 

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from dtlab import paths, probes, provision
+from dtlab import paths, platforms, provision
 from dtlab.inventory import load_cluster
 from dtlab.lab.access import run_on_node, ssh_argv
 from dtlab.pins import pinned
@@ -355,7 +355,7 @@ def test_a_ray_unit_deletes_all_but_the_newest_sessions_before_it_starts(provisi
     made = on(lab, worker.name, as_service_user(cluster, f"mkdir {' '.join(old)}"))
     assert made.returncode == 0, made.stderr
     before = current + old
-    joined_before = {node["node_id"] for node in probes.ray_alive_workers(cluster)}
+    joined_before = {node["node_id"] for node in platforms.ray.alive_workers(cluster)}
     restarted = on(lab, worker.name, f"systemctl restart {cluster.var('ray_worker_service')}")
     assert restarted.returncode == 0, restarted.stderr
     try:
@@ -364,7 +364,7 @@ def test_a_ray_unit_deletes_all_but_the_newest_sessions_before_it_starts(provisi
         assert current[-1] in after
     finally:  # the restarted raylet joins again as a new Ray node, beside the other workers
         def rejoined() -> bool:
-            alive = {node["node_id"] for node in probes.ray_alive_workers(cluster)}
+            alive = {node["node_id"] for node in platforms.ray.alive_workers(cluster)}
             return len(alive) == len(cluster.workers) and bool(alive - joined_before)
         assert wait_until(rejoined, timeout_s=120, every_s=2), "the restarted worker did not rejoin Ray"
 

@@ -1,7 +1,7 @@
 """Slurm launcher: `python -m trainer.launchers.slurm --marks F.json -- SBATCH_OPTIONS --wrap "srun ..."`.
 
 The cell's driver on the master; it trains nothing itself. `sbatch --wait` submits the job (its srun
-starts one torchrun a node: dtlab.launch.slurm writes the options), sattach follows the job's step live,
+starts one torchrun a node: dtlab.platforms.slurm writes the options), sattach follows the job's step live,
 and a driver stopped by SIGTERM or SIGINT (Ctrl-C, timeout, cluster.reset) cancels the job first.
 --marks gets the queue's clock: when Slurm took the job and when the job left the queue. The job's end
 is read from scontrol every 0.1 s: sbatch --wait's own poll backs off to 10 s and would add that lag.

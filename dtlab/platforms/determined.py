@@ -20,15 +20,26 @@ from typing import TYPE_CHECKING, Any
 from dtlab import detmaster, remote
 from dtlab import paths as dtlab_paths
 from dtlab.cell import Cell
+from dtlab.checks import CheckRow, NodeStates, service_state
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
-from dtlab.launch import ddp
-from dtlab.launch.common import CellPaths, Launch, place, trainer_config
+from dtlab.launch import CellPaths, Launch, place, trainer_config
+from dtlab.platforms import ddp
+from dtlab.platforms.base import (
+    DTLAB_RETRY,
+    NO_GPU_CPU_INVENTORY,
+    Platform,
+    PreflightError,
+    ResetSteps,
+    missing_unit_row,
+    restart_command,
+)
 from dtlab.waiting import wait_until
 
 if TYPE_CHECKING:
     from dtlab.detconfig import TrialImageVerdict
 
+NAME = "determined"
 OFF_CLUSTER_LABEL = "determined (Core API, off-cluster)"
 CLUSTER_LABEL = "determined (Core API, cluster)"
 TRAINER_MODULE = "trainer.launchers.determined"
@@ -210,15 +221,6 @@ class ClusterExperiment:
     def master_url(self) -> str:
         return detmaster.master_url(self.cluster)
 
-    def preflight(self, sessions: remote.Sessions | None = None) -> None:
-        """Every agent's Docker has the trial image and its python3 can install the pins; else one line."""
-        verdicts = check_trial_image(self.cluster, self.cluster.workers, sessions=sessions)
-        refused = [verdict for verdict in verdicts if not verdict.ok]
-        if refused:
-            error = DtlabError(refused[0].detail)
-            error.node = refused[0].node  # bench records the failure against that node
-            raise error
-
     def run(self) -> dict[str, Any]:
         from dtlab import detconfig
 
@@ -253,3 +255,154 @@ class ClusterExperiment:
         if self.experiment_id is None:
             return
         detmaster.connect(self.cluster).get_experiment(self.experiment_id).kill()
+
+
+def slot_rows(workers: list[Node], agents: list[dict[str, Any]]) -> list[CheckRow]:
+    """Each GPU worker's agent (determined_agent_id, default its name) registered with one CUDA slot per
+    GPU in gpu_indices: an agent whose driver is broken registers with none and only logs a warning."""
+    by_id = {str(agent.get("id")): agent for agent in agents}
+    rows = []
+    for worker in workers:
+        agent_id = str(worker.var("determined_agent_id") or worker.name)
+        expected = len(worker.gpu_indices)
+        agent = by_id.get(agent_id)
+        if agent is None:
+            known = ", ".join(sorted(by_id)) or "none"
+            rows.append(CheckRow("determined slots", worker.name, False,
+                                 f"agent {agent_id} is not registered with the master (agents: {known})"))
+            continue
+        slots = list((agent.get("slots") or {}).values())
+        cuda = [s for s in slots
+                if (s.get("device") or {}).get("type") == "TYPE_CUDA" and s.get("enabled", True)]
+        rows.append(CheckRow("determined slots", worker.name, len(cuda) == expected,
+                             f"agent {agent_id}: {len(cuda)} CUDA slot(s) of {len(slots)},"
+                             f" expected {expected}"))
+    return rows
+
+
+def cancel_experiments(cluster: Cluster, say) -> list[CheckRow]:
+    """Kill every unfinished experiment, as admin with the master's own password. A failed login (wrong or
+    missing password, master not answering) is a failed row of reset's table, never a silent skip."""
+    assert cluster.master is not None
+    try:
+        det = detmaster.connect(cluster)
+    except DtlabError as error:
+        say(f"  [red]{error}[/]")
+        return [CheckRow("determined login", cluster.master.name, False,
+                         f"{error}; experiments not cancelled")]
+    killed = []
+    try:
+        for experiment in det.list_experiments():
+            state = str(getattr(experiment, "state", ""))
+            if any(s in state.upper() for s in ("ACTIVE", "PAUSED", "QUEUED", "RUNNING")):
+                experiment.kill()
+                killed.append(experiment.id)
+                say(f"  killed experiment {experiment.id}")
+    except Exception as error:  # the SDK raises its own types
+        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        say(f"  [red]determined: could not cancel experiments: {first_line}[/]")
+        return [CheckRow("determined experiments", cluster.master.name, False,
+                         f"could not cancel experiments ({first_line}); killed so far: {killed or 'none'}")]
+    return [CheckRow("determined login", cluster.master.name, True,
+                     f"{detmaster.ADMIN_USER} at {detmaster.master_url(cluster)};"
+                     f" {len(killed)} experiment(s) killed")]
+
+
+class Determined(Platform):
+    name = NAME
+    label = "Determined AI"
+    colour = "#2ca02c"
+    description = ("an experiment on the Determined master, its trial in determined_trial_image on the "
+                   "agents (without a master: the Core API entry off-cluster under torchrun)")
+    launcher_files = ("trainer/launchers/determined.py",)
+    roles = ("postgresql", "determined_master", "determined_agent", "docker")
+    variable_prefixes = ("determined_", "postgresql_")
+    service_variables = ("postgresql_service", "determined_master_service", "determined_agent_service")
+    check_names = ("postgresql", "determined master", "determined agent", "determined",
+                   "determined trial image", "determined slots")
+    reset_title = "Determined: cancel experiments, restart master and agents"
+
+    def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+        return build(cluster, cell, attempt, timeout_s)
+
+    def preflight(self, cluster: Cluster, planned: Launch, sessions: remote.Sessions | None) -> None:
+        """On a master: every agent's Docker has the trial image and its python3 can install the pins."""
+        if planned.external is None:
+            return  # off-cluster: ddp's units, checked as ddp's are
+        refused = [v for v in check_trial_image(cluster, cluster.workers, sessions=sessions) if not v.ok]
+        if refused:
+            raise PreflightError(f"preflight: {refused[0].detail}", refused[0].node)
+
+    def check_rows(self, cluster: Cluster, states: NodeStates) -> list[CheckRow]:
+        master = cluster.master
+        if master is None or master.name not in states:
+            return []
+        units = self.units(cluster)
+        rows = [self._postgresql_row(cluster, master, states, units["postgresql_service"])]
+        if not cluster.has_determined_master:
+            rows.append(CheckRow("determined", master.name, True,
+                                 "binaries not installed here (determined_install_binaries: false): "
+                                 "cells run the Core API off-cluster", required=False))
+            rows += [CheckRow("determined trial image", w.name, True, "Determined not installed here",
+                              required=False) for w in cluster.workers if w.name in states]
+            return rows
+        master_unit, agent_unit = units["determined_master_service"], units["determined_agent_service"]
+        state = service_state(states, master.name, master_unit)
+        rows.append(CheckRow("determined master", master.name, state == "active",
+                             f"{master_unit} {state or 'not installed'}"))
+        for worker in cluster.workers:
+            state = service_state(states, worker.name, agent_unit)
+            rows.append(CheckRow("determined agent", worker.name, state == "active",
+                                 f"{agent_unit} {state or 'not installed'}"))
+        # Trials run where an agent is installed: only there is the image's verdict worth a probe.
+        agents = [w for w in cluster.workers if service_state(states, w.name, agent_unit)]
+        rows += [CheckRow("determined trial image", verdict.node, verdict.ok, verdict.detail)
+                 for verdict in check_trial_image(cluster, agents)]
+        return rows
+
+    @staticmethod
+    def _postgresql_row(cluster: Cluster, master: Node, states: NodeStates, unit: str) -> CheckRow:
+        if not service_state(states, master.name, unit):
+            return missing_unit_row("postgresql", master, unit)
+        ready = remote.run(master, f"pg_isready -q -h 127.0.0.1 -p {cluster.postgresql_port}", timeout=20)
+        return CheckRow("postgresql", master.name, ready.ok,
+                        f"accepting connections on {cluster.postgresql_port}" if ready.ok
+                        else f"pg_isready exit {ready.exit_code}")
+
+    def gpu_rows(self, cluster: Cluster, workers: list[Node]) -> list[CheckRow]:
+        if cluster.device != "cuda":
+            return [CheckRow("determined slots", w.name, True, NO_GPU_CPU_INVENTORY, required=False)
+                    for w in workers]
+        gpu_workers = [w for w in workers if w.uses_gpu]
+        if not cluster.has_determined_master:
+            return [CheckRow("determined slots", w.name, True, "Determined not installed here",
+                             required=False) for w in gpu_workers]
+        try:
+            return slot_rows(gpu_workers, detmaster.agents(cluster))
+        except DtlabError as error:
+            return [CheckRow("determined slots", w.name, False, str(error)) for w in gpu_workers]
+
+    def reset(self, steps: ResetSteps) -> list[CheckRow]:
+        cluster = steps.cluster
+        if not cluster.has_determined_master:
+            steps.say("  not installed on this inventory; nothing to do")
+            return []
+        if not steps.masters:
+            steps.say("  the master does not answer; skipped")
+            return []
+        rows = cancel_experiments(cluster, steps.say)
+        units = self.units(cluster)
+        steps.run(steps.masters, restart_command(units["determined_master_service"]),
+                  "restart determined master", 120)
+        steps.run(cluster.workers, restart_command(units["determined_agent_service"]),
+                  "restart determined agents", 120)
+        return rows
+
+    def recovery(self, cluster: Cluster) -> str:
+        if cluster.has_determined_master:
+            return (f"the Determined master's trial restart (max_restarts: "
+                    f"{cluster.require('determined_fault_max_restarts')}), then {DTLAB_RETRY}")
+        return f"{DTLAB_RETRY}, a stand-in for the Determined master's trial restart"
+
+
+PLATFORM = Determined()

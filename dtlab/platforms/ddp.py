@@ -7,10 +7,13 @@ code mounted at /app) when the inventory sets dtlab_trainer_runtime: docker.
 from __future__ import annotations
 
 from dtlab.cell import Cell
+from dtlab.checks import CheckRow, NodeStates
 from dtlab.inventory import Cluster, Node
-from dtlab.launch.common import CellPaths, Launch, Slot, place, trainer_config, trainer_env, unit
+from dtlab.launch import CellPaths, Launch, Slot, place, trainer_config, trainer_env, unit
+from dtlab.platforms.base import DTLAB_RETRY, Platform, ResetSteps
 from dtlab.remote import UnitSpec
 
+NAME = "ddp"
 LABEL = "ddp (torchrun)"
 TRAINER_MODULE = "trainer.launchers.torchrun"
 AGENT_MODULE = "trainer.launchers.agent"  # torch.distributed.run, unchanged
@@ -129,3 +132,64 @@ def build(
         trainer_config=trainer_config(cluster, placement, paths, label),
         label=label,
     )
+
+
+def rendezvous_listeners_command(port: int) -> str:
+    """Prints the processes listening on the rendezvous port ("pid=..,name" pairs; nothing when free)."""
+    return (f"ss -Hltnp 'sport = :{port}' 2>/dev/null | grep -o 'users:.*' | tr '\\n' ' '")
+
+
+class Ddp(Platform):
+    name = NAME
+    label = "PyTorch DDP"
+    colour = "#1f77b4"
+    description = "torchrun on each placed worker, static rendezvous on the first (the study's baseline)"
+    launcher_files = ("trainer/launchers/torchrun.py",)
+    roles = ("trainer",)  # torchrun comes with torch: nothing beyond the trainer's venv (and its image)
+    variable_prefixes = ("dtlab_rendezvous_",)
+    check_names = ("ddp rendezvous port",)
+    reset_title = "DDP: torchrun lives in each cell's units (stopped above); is the rendezvous port free?"
+
+    def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+        return build(cluster, cell, attempt, timeout_s)
+
+    def probe_lines(self, cluster: Cluster, node: Node) -> list[str]:
+        if node not in cluster.workers:
+            return []
+        return [f"echo ddp.rendezvous=$({rendezvous_listeners_command(cluster.rendezvous_port)})"]
+
+    def check_rows(self, cluster: Cluster, states: NodeStates) -> list[CheckRow]:
+        """The rendezvous port free on each worker: a process left holding it (a torchrun started by hand,
+        a stray rank) makes the next cell placed first there fail at its rendezvous."""
+        rows = []
+        for worker in cluster.workers:
+            values = states.get(worker.name)
+            if values is None:
+                continue
+            holders = values.get("ddp.rendezvous", "").strip()
+            running = [u for u in values.get("units", "").split(",") if u]
+            port = cluster.rendezvous_port
+            if not holders:
+                rows.append(CheckRow(self.check_names[0], worker.name, True, f"{port} free"))
+            elif running:  # a cell of its own may hold it now
+                rows.append(CheckRow(self.check_names[0], worker.name, True,
+                                     f"{port} in use while {len(running)} dtlab unit(s) run: {holders}",
+                                     required=False))
+            else:
+                rows.append(CheckRow(self.check_names[0], worker.name, False,
+                                     f"{port} held with no dtlab unit running: {holders}; stop that "
+                                     "process, or set dtlab_rendezvous_port"))
+        return rows
+
+    def reset(self, steps: ResetSteps) -> list[CheckRow]:
+        """Nothing of DDP outlives a cell's units; a port still held after they stopped is reported
+        (never killed: the process is not dtlab's) by the check that ends the reset."""
+        steps.say("  nothing to restart; the rendezvous port is checked below")
+        return []
+
+    def recovery(self, cluster: Cluster) -> str:
+        # The study's torchrun: static rendezvous, no --max-restarts; a user reruns it, as dtlab does.
+        return DTLAB_RETRY
+
+
+PLATFORM = Ddp()

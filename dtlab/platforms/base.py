@@ -1,0 +1,129 @@
+"""The Platform interface: everything dtlab knows about one training platform, in one module per platform.
+
+bench, cluster, doctor, faults' caller and report iterate over the registry (dtlab.platforms) and never
+name a platform. A platform module defines one subclass of Platform and one instance, PLATFORM. The
+contract test (tests/harness/test_platform_contract.py) checks every registered platform has every part.
+
+What a platform owns:
+- who it is: `name` (the trainer's framework name), `label`, `colour`, `description`;
+- what a user adopts: `launcher_files` (the lines a user writes), `roles` (what site.yml installs for it),
+  `variable_prefixes` (its group_vars names: ports, services), `service_variables` (its systemd units);
+- one cell's life: `build` (the Launch bench runs), `preflight` (is the platform ready for this cell?),
+  `stop` (what stopping its units leaves behind);
+- the cluster: `probe_lines` (its part of cluster.check's one probe script per node), `check_rows`,
+  `gpu_rows`, `reset` (its step of cluster.reset) and `wait_ready` (after the reset);
+- faults: `recovery` (what recovers a lost worker, as dtlab configures it).
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+from dtlab import remote
+from dtlab.cell import Cell
+from dtlab.checks import CheckRow, NodeStates
+from dtlab.errors import DtlabError
+from dtlab.inventory import Cluster, Node
+from dtlab.launch import Launch
+
+DTLAB_RETRY = "dtlab retry from the newest checkpoint"
+NO_GPU_CPU_INVENTORY = "no GPU (cpu inventory)"
+
+
+class PreflightError(DtlabError):
+    """A cell that cannot start: the platform (or the node) is not ready; `node` names where."""
+
+    def __init__(self, message: str, node: str | None = None):
+        super().__init__(message)
+        self.node = node
+
+
+@dataclass(frozen=True)
+class ResetSteps:
+    """What cluster.reset hands each platform's step: `run(nodes, command, what, timeout_s)` runs a
+    command on those of `nodes` that still answer and reports failures itself; `reachable(nodes)` filters
+    out the nodes an earlier step found unreachable; `say` prints one line of the reset's log."""
+
+    cluster: Cluster
+    say: Callable[[str], None]
+    run: Callable[[Sequence[Node], str, str, int], None]
+    reachable: Callable[[Sequence[Node]], list[Node]]
+
+    @property
+    def masters(self) -> list[Node]:
+        return self.reachable([self.cluster.master] if self.cluster.master is not None else [])
+
+
+class Platform:
+    """One training platform. Subclasses set the class attributes and implement the abstract methods."""
+
+    name: ClassVar[str]
+    label: ClassVar[str]  # how reports name it ("Apache Spark")
+    colour: ClassVar[str]  # its bars and lines in the report's figures
+    description: ClassVar[str]  # one line: what runs the trainer
+    launcher_files: ClassVar[tuple[str, ...]]  # what a user writes to run the core on it (repo paths)
+    roles: ClassVar[tuple[str, ...]]  # the roles site.yml runs for it, beyond the shared ones
+    variable_prefixes: ClassVar[tuple[str, ...]]  # its group_vars names, by prefix (ports, services)
+    port_ranges: ClassVar[tuple[tuple[str, str], ...]] = ()  # (first, last) variables: one listening entry
+    service_variables: ClassVar[tuple[str, ...]] = ()  # its systemd units, by group_vars name
+    check_names: ClassVar[tuple[str, ...]]  # the rows check_rows and gpu_rows can return
+    reset_title: ClassVar[str]  # its step's line in cluster.reset's log
+
+    # --- one cell ---
+
+    def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+        """What bench runs for this attempt of this cell."""
+        raise NotImplementedError
+
+    def preflight(self, cluster: Cluster, planned: Launch, sessions: remote.Sessions | None) -> None:
+        """Raise PreflightError when the platform cannot take the cell now (bounded waits allowed)."""
+
+    def stop(self, cluster: Cluster, cell: Cell, sessions: remote.Sessions | None, timeout_s: int) -> None:
+        """What stopping the cell's units on every node leaves running (jobs, containers): stop it."""
+
+    # --- the cluster ---
+
+    def units(self, cluster: Cluster) -> dict[str, str]:
+        """{group_vars name: systemd unit} of its services, as the inventory names them."""
+        return {variable: str(cluster.require(variable)) for variable in self.service_variables}
+
+    def probe_lines(self, cluster: Cluster, node: Node) -> list[str]:
+        """Shell lines for cluster.check's one probe script on `node`, each printing `<name>.<key>=<value>`
+        (the states of `units` are probed for every platform already)."""
+        return []
+
+    def check_rows(self, cluster: Cluster, states: NodeStates) -> list[CheckRow]:
+        """Its rows of cluster.check: are its services up and ready for cells?"""
+        raise NotImplementedError
+
+    def gpu_rows(self, cluster: Cluster, workers: list[Node]) -> list[CheckRow]:
+        """Does it offer each of `workers`' GPUs to its cells? (On a cpu inventory: a note per worker.)"""
+        return []
+
+    def reset(self, steps: ResetSteps) -> list[CheckRow]:
+        """Its step of cluster.reset: end what it runs, restart its services; rows for what failed."""
+        raise NotImplementedError
+
+    def wait_ready(self, cluster: Cluster, workers: list[Node], timeout_s: float) -> None:
+        """After the reset: wait (bounded) until its services take cells again."""
+
+    # --- faults ---
+
+    def recovery(self, cluster: Cluster) -> str:
+        """How it recovers from a lost worker, as dtlab configures it (docs/faults.md)."""
+        raise NotImplementedError
+
+
+def restart_command(unit: str) -> str:
+    """Restart <unit>.service where it is installed (not installed: nothing, exit 0)."""
+    service = shlex.quote(unit + ".service")
+    return (
+        f'[ -z "$(systemctl list-unit-files --plain --no-legend {service})" ] || systemctl restart {service}'
+    )
+
+
+def missing_unit_row(check: str, node: Node, unit: str) -> CheckRow:
+    return CheckRow(check, node.name, False, f"no {unit} unit; run ansible-playbook site.yml")

@@ -1,0 +1,230 @@
+"""Ray: the Ray launcher runs on the master as the driver, against the Ray cluster the ray role runs.
+
+Ray Train's TorchTrainer places the N training workers on the workers' raylets (the head offers no
+slots), so Ray, not dtlab, picks which workers; the launcher copies rank 0's result to the driver's
+output_dir, so the result is fetched from the master, as for Spark.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+from dtlab import remote
+from dtlab.cell import Cell
+from dtlab.checks import CheckRow, NodeStates, service_state
+from dtlab.errors import DtlabError
+from dtlab.inventory import Cluster, Node
+from dtlab.launch import CellPaths, Launch, driver_on_master, place, trainer_env
+from dtlab.platforms.base import (
+    DTLAB_RETRY,
+    Platform,
+    PreflightError,
+    ResetSteps,
+    missing_unit_row,
+    restart_command,
+)
+from dtlab.waiting import wait_until
+
+NAME = "ray"
+JOIN_WAIT_S = 60  # raylets rejoin for a while after a restart (cluster.reset, a node reboot)
+LABEL = "ray (Ray Train, TorchTrainer)"
+TRAINER_MODULE = "trainer.launchers.ray"
+
+
+def auth_env(cluster: Cluster) -> dict[str, str]:
+    """What a Ray client needs to be let in: token mode and the token file's path (never the token)."""
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": cluster.ray_auth_token_file}
+
+
+def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+    placement = place(cluster, cell)  # checks the inventory offers N slots; Ray picks the workers
+    paths = CellPaths(cluster, cell, attempt)
+    argv = [
+        cluster.python,
+        "-m",
+        TRAINER_MODULE,
+        "--config",
+        paths.config_path,
+        "--num-workers",
+        str(cell.gpus),
+        "--address",
+        cluster.ray_head_address,
+        "--max-failures",
+        str(int(cluster.require("ray_max_failures"))),
+    ]
+    # The driver forwards the trainer's environment to its workers; each worker keeps its own node's
+    # socket interface (its raylet's unit reads the socket env file).
+    # RAY_COLOR_PREFIX=0: Ray's driver prefixes each worker line with "(RayTrainWorker pid=..)", in
+    # colour unless told not to; the log is a file, read by people and by the report.
+    master = cluster.require_master("ray cells")
+    env = {**trainer_env(cluster, master), **auth_env(cluster), "RAY_COLOR_PREFIX": "0"}
+    return driver_on_master(cluster, placement, paths, argv, env, timeout_s, LABEL)
+
+
+# --- Ray: the head's dashboard API, asked on the master with the token file there --------------------
+
+# Runs on the master with the venv's Python: reads the token file (never printed), calls one endpoint
+# of the dashboard and prints its JSON `data` (or the HTTP error as {"error": ...}).
+_RAY_API_CALL = """
+import json, sys, urllib.error, urllib.request
+url, token_file, method = sys.argv[1:4]
+token = open(token_file).read().strip()
+request = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None,
+                                 headers={"Authorization": "Bearer " + token})
+try:
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        body = json.load(answer)
+except urllib.error.HTTPError as error:
+    body = {"error": f"HTTP {error.code} {error.reason}"}
+except (OSError, ValueError) as error:
+    body = {"error": str(error)}
+print(json.dumps(body))
+"""
+
+
+def api_command(cluster: Cluster, path: str, method: str = "GET") -> str:
+    """The shell command, run on the master, that calls one dashboard endpoint with the token file."""
+    return " ".join(shlex.quote(part) for part in (
+        cluster.python, "-c", _RAY_API_CALL, cluster.ray_dashboard_url + path, cluster.ray_auth_token_file,
+        method))
+
+
+def parse_api(answer: remote.CommandResult, where: str, path: str) -> Any:
+    """The endpoint's JSON, or DtlabError naming the host and what went wrong."""
+    try:
+        body = json.loads(answer.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise DtlabError(f"host {where}: Ray dashboard gave no answer: "
+                         f"{(answer.stderr or answer.stdout).strip()[-200:]}") from None
+    if isinstance(body, dict) and "error" in body:
+        raise DtlabError(f"host {where}: Ray dashboard {path}: {body['error']}")
+    return body
+
+
+def api(cluster: Cluster, path: str, method: str = "GET") -> Any:
+    """One call to the Ray dashboard's REST API on the master; DtlabError when it does not answer."""
+    master = cluster.require_master("Ray")
+    answer = remote.run(master, api_command(cluster, path, method), timeout=30)
+    return parse_api(answer, master.name, path)
+
+
+def alive_workers_in(nodes_answer: Any) -> list[dict]:
+    """From /api/v0/nodes' answer: the nodes other than the head that are ALIVE, with resources_total."""
+    nodes = nodes_answer["data"]["result"]["result"]
+    return [node for node in nodes if node.get("state") == "ALIVE" and not node.get("is_head_node")]
+
+
+NODES_PATH = "/api/v0/nodes?limit=1000"
+
+
+def alive_workers(cluster: Cluster) -> list[dict]:
+    """The Ray nodes other than the head that are ALIVE, with their resources_total."""
+    return alive_workers_in(api(cluster, NODES_PATH))
+
+
+def wait_for_workers(cluster: Cluster, expected: int, timeout_s: float, *,
+                     head_restarted: bool = False) -> int:
+    """Alive Ray worker nodes once `expected` have joined, or after `timeout_s` (raylets rejoin for a while
+    after a restart); stops early when the head does not answer, unless it was just restarted
+    (`head_restarted`: its dashboard answers some seconds after its unit is active)."""
+
+    def alive_workers() -> int | None:
+        try:
+            return len(alive_workers(cluster))
+        except DtlabError:
+            return None
+
+    alive = wait_until(alive_workers, timeout_s=timeout_s, every_s=2,
+                       until=lambda count: (count is None and not head_restarted) or (count or 0) >= expected)
+    return alive or 0
+
+
+def stop_jobs(cluster: Cluster, call: Callable[..., Any] = api) -> list[str]:
+    """Stop every Ray job still pending or running (Jobs API); the submission ids stopped.
+    `call` makes the API calls: ray_api, over SSH on the master."""
+    unfinished = [job for job in call(cluster, "/api/jobs/")
+                  if job.get("status") in ("PENDING", "RUNNING") and job.get("submission_id")]
+    for job in unfinished:
+        call(cluster, f"/api/jobs/{job['submission_id']}/stop", method="POST")
+    return [job["submission_id"] for job in unfinished]
+
+
+class Ray(Platform):
+    name = NAME
+    label = "Ray Train"
+    colour = "#9467bd"
+    description = "Ray Train's TorchTrainer, the driver on the master, workers on the workers' raylets"
+    launcher_files = ("trainer/launchers/ray.py",)
+    roles = ("ray",)
+    variable_prefixes = ("ray_",)
+    port_ranges = (("ray_min_worker_port", "ray_max_worker_port"),)
+    service_variables = ("ray_head_service", "ray_worker_service")
+    check_names = ("ray head", "ray worker")
+    reset_title = "Ray: stop its jobs, restart the head, then the workers (they rejoin the new head)"
+
+    def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+        return build(cluster, cell, attempt, timeout_s)
+
+    def preflight(self, cluster: Cluster, planned: Launch, sessions: remote.Sessions | None) -> None:
+        needed = len(planned.placement.slots)  # the workers placement would use; Ray picks which
+        head = cluster.master.name if cluster.master else None
+        alive = wait_for_workers(cluster, needed, JOIN_WAIT_S)
+        if alive < needed:
+            try:  # one more look, to say why: a head that does not answer raises with its reason
+                alive = len(alive_workers(cluster))
+            except DtlabError as error:
+                raise PreflightError(f"preflight: {error}; run `invoke cluster.reset`", head) from None
+            raise PreflightError(f"preflight: Ray head {head} has {alive} alive worker nodes, the cell needs "
+                                 f"{needed}; run `invoke cluster.reset`", head)
+
+    def check_rows(self, cluster: Cluster, states: NodeStates) -> list[CheckRow]:
+        """The Ray head (its unit, and which worker nodes it sees alive with what they offer) and each
+        worker's raylet unit."""
+        master = cluster.master
+        if master is None or master.name not in states:
+            return []
+        units = self.units(cluster)
+        head_unit, worker_unit = units["ray_head_service"], units["ray_worker_service"]
+        state = service_state(states, master.name, head_unit)
+        if not state:
+            return [missing_unit_row("ray head", master, head_unit)]
+        try:
+            alive = alive_workers(cluster)
+        except DtlabError as error:
+            return [CheckRow("ray head", master.name, False, f"{head_unit} {state}; {error}")]
+        resource = "GPU" if cluster.device == "cuda" else "CPU"
+        offered = sum(node.get("resources_total", {}).get(resource, 0) for node in alive)
+        rows = [CheckRow("ray head", master.name, state == "active" and len(alive) == len(cluster.workers),
+                         f"{head_unit} {state}; {len(alive)}/{len(cluster.workers)} worker nodes alive; "
+                         f"{resource}s offered: {offered:g}")]
+        for worker in cluster.workers:
+            state = service_state(states, worker.name, worker_unit)
+            rows.append(CheckRow("ray worker", worker.name, state == "active",
+                                 f"{worker_unit} {state or 'not installed'}"))
+        return rows
+
+    def reset(self, steps: ResetSteps) -> list[CheckRow]:
+        if steps.masters:
+            try:
+                stopped = stop_jobs(steps.cluster)
+                steps.say(f"  stopped {len(stopped)} Ray job(s)" if stopped else "  no Ray job running")
+            except DtlabError as error:
+                steps.say(f"  [yellow]could not list Ray jobs ({error}); the restart ends them[/]")
+        units = self.units(steps.cluster)
+        steps.run(steps.masters, restart_command(units["ray_head_service"]), "restart ray head", 120)
+        steps.run(steps.cluster.workers, restart_command(units["ray_worker_service"]),
+                  "restart ray workers", 120)
+        return []
+
+    def wait_ready(self, cluster: Cluster, workers: list[Node], timeout_s: float) -> None:
+        wait_for_workers(cluster, len(workers), timeout_s, head_restarted=True)
+
+    def recovery(self, cluster: Cluster) -> str:
+        failures = cluster.require("ray_max_failures")
+        return f"Ray Train FailureConfig(max_failures={failures}), then {DTLAB_RETRY}"
+
+
+PLATFORM = Ray()

@@ -1,0 +1,123 @@
+"""The Platform contract, over every registered platform: a platform that misses a piece fails here, not
+in a user's run (dtlab/platforms/base.py says what each piece is)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
+from result_factory import made_up_result
+
+from dtlab import matrix, paths, platforms
+from dtlab.cell import Cell
+from dtlab.checks import CheckRow
+from dtlab.inventory import load_cluster
+from dtlab.platforms.base import Platform, ResetSteps
+from dtlab.report import generate_report
+from dtlab.results import ResultStore
+from trainer import config as trainer_config
+from trainer import result as trainer_result
+
+ABSTRACT = ("build", "check_rows", "reset", "recovery")
+GROUP_VARS = yaml.safe_load((paths.REPO_ROOT / "inventory" / "group_vars" / "all.yml").read_text())
+each_platform = pytest.mark.parametrize("platform", platforms.ALL, ids=lambda p: p.name)
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Three loopback nodes: node 0 master, nodes 1-2 workers; the lab's services under their names."""
+    return load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": CPU_SITE_VARS}))
+
+
+def test_the_framework_list_exists_once_and_every_schema_reads_it():
+    assert platforms.NAMES == trainer_config.FRAMEWORKS
+    assert trainer_result.load_schema()["properties"]["framework"]["enum"] == list(trainer_config.FRAMEWORKS)
+    assert '"enum"' not in trainer_result.SCHEMA_PATH.read_text().split('"framework"', 1)[1].split("\n")[0]
+    runs = matrix.SCHEMA["$defs"]
+    assert trainer_config.SCHEMA["$id"] + "#/properties/framework" in str(runs), "it refers to the trainer's"
+
+
+@each_platform
+def test_every_part_of_the_interface_is_implemented(platform: Platform):
+    missing = [part for part in ABSTRACT if getattr(type(platform), part) is getattr(Platform, part)]
+    assert not missing, f"{platform.name} does not implement {missing}"
+    for attribute in ("label", "colour", "description", "reset_title"):
+        assert isinstance(getattr(platform, attribute), str) and getattr(platform, attribute).strip()
+    assert re.fullmatch(r"#[0-9a-f]{6}", platform.colour)
+    assert platform.launcher_files and all((paths.REPO_ROOT / f).is_file() for f in platform.launcher_files)
+    roles = paths.REPO_ROOT / "roles"
+    assert all((roles / role / "tasks").is_dir() for role in platform.roles), platform.roles
+    assert platform.check_names
+
+
+def test_labels_and_colours_tell_the_platforms_apart():
+    count = len(platforms.ALL)
+    assert len({p.label for p in platforms.ALL}) == len({p.colour for p in platforms.ALL}) == count
+
+
+@each_platform
+def test_its_variables_and_services_are_in_group_vars(platform: Platform):
+    for prefix in platform.variable_prefixes:
+        assert any(name.startswith(prefix) for name in GROUP_VARS), f"no group_vars name starts {prefix}"
+    for variable in platform.service_variables:
+        assert variable in GROUP_VARS, f"{variable} is not in group_vars/all.yml"
+    for first, last in platform.port_ranges:
+        assert int(GROUP_VARS[first]) <= int(GROUP_VARS[last])
+
+
+@each_platform
+def test_it_has_check_rows_with_its_own_names(platform: Platform, cluster):
+    # Every node answered cluster.check's probe, with none of the platform's services installed.
+    states = {node.name: {} for node in cluster.nodes}
+    rows = platform.check_rows(cluster, states)
+    assert rows and all(isinstance(row, CheckRow) for row in rows)
+    assert {row.check for row in rows} <= set(platform.check_names), rows
+    gpu_rows = platform.gpu_rows(cluster, list(cluster.workers))
+    assert {row.check for row in gpu_rows} <= set(platform.check_names)
+    assert all(row.ok or not row.required for row in gpu_rows), "a cpu inventory has no GPU to fail on"
+
+
+@each_platform
+def test_it_has_a_reset_step(platform: Platform, cluster):
+    ran: list[tuple[tuple[str, ...], str]] = []
+    said: list[str] = []
+    nobody_answers = ResetSteps(cluster, said.append, lambda nodes, command, what, timeout: ran.append(
+        (tuple(n.name for n in nodes), what)), lambda nodes: [])
+    rows = platform.reset(nobody_answers)
+    assert ran or said, "the step does something or says why not"
+    assert all(isinstance(row, CheckRow) for row in rows)
+    assert all(nodes == () or what for nodes, what in ran)
+
+
+@each_platform
+def test_the_matrix_accepts_it_with_and_without_a_fault_plan(platform: Platform, tmp_path, cluster):
+    document = {"profiles": {
+        "plain": {"runs": [{"frameworks": [platform.name], "gpus": [1, 2], "epochs": [2], "seeds": [0]}]},
+        "faulted": {"fault": {"kind": "kill", "after_epoch": 1},
+                    "runs": [{"frameworks": [platform.name], "gpus": [2], "epochs": [2], "seeds": [0]}]},
+    }, "default_profile": "plain"}
+    path = tmp_path / "matrix.yml"
+    path.write_text(yaml.safe_dump(document))
+    plain = matrix.load("plain", path, max_gpus=2, device="cpu")
+    assert [cell.framework for cell in plain.cells] == [platform.name, platform.name]
+    twin, faulted = matrix.load("faulted", path, max_gpus=2, device="cpu").cells
+    assert faulted.fault and not twin.fault and faulted.framework == platform.name
+    assert platform.recovery(cluster).strip()
+    assert platform.build(cluster, faulted, 1, 600).cell == faulted
+
+
+@each_platform
+def test_the_report_renders_a_run_of_it(platform: Platform, tmp_path):
+    store = ResultStore(tmp_path / "results")
+    for seed in (1, 2, 3):
+        cell = Cell(platform.name, gpus=1, epochs=2, seed=seed, profile="smoke")
+        result = made_up_result(platform.name, 1, 2, seed, time_total_s=20.0 + seed, final_accuracy=0.6,
+                                device="cpu")
+        store.record_ok(cell, result, config_hash="0123456789abcdef", git_rev=None, inventory="lab",
+                        node_versions={}, harness_time_s=24.0)
+    files = generate_report(store, tmp_path / "report", profile="smoke")
+    markdown = Path(files.markdown).read_text()
+    assert platform.label in markdown
