@@ -27,7 +27,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from dtlab.cell import Cell, config_hash
 from dtlab.display import Display
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
+from dtlab.outcome import AttemptFailure, CellOutcome
 from dtlab.platforms import PreflightError
 from dtlab.results import ResultStore
 from dtlab.waiting import wait_until
@@ -72,29 +73,6 @@ class BenchOptions:
     report: bool = True
     # No health gate before the matrix, and no re-check of a node a cell failed on (so no drains).
     skip_gate: bool = False
-
-
-@dataclass
-class AttemptFailure:
-    reason: str
-    node: str | None = None
-    exit_code: int | None = None
-    log_tail: list[str] = field(default_factory=list)
-    retryable: bool = True
-
-
-@dataclass
-class CellOutcome:
-    cell: Cell
-    status: str  # ok | failed | skipped
-    attempts: int = 0
-    seconds: float = 0.0
-    failure: AttemptFailure | None = None
-    result: dict[str, Any] | None = None
-    phases: dict[str, float] = field(default_factory=dict)  # seconds per harness phase, last attempt
-    marks: dict[str, float] = field(default_factory=dict)  # wall clock (time.time) of units start/end
-    # A skipped cell that is not recorded: why it did not run ("node2 drained (ssh: ...)").
-    skipped_because: str | None = None
 
 
 class UnitWatch:

@@ -10,9 +10,10 @@ from pathlib import Path
 
 from dtlab import cluster as cluster_module
 from dtlab import doctor
-from dtlab.bench import Bench, BenchOptions, CellOutcome, Display
+from dtlab.bench import Bench, BenchOptions, Display
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, load_cluster
+from dtlab.outcome import CellOutcome
 from dtlab.paths import results_dir_for
 from dtlab.report import (
     STUDY_REPORT_DIR,

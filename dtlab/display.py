@@ -7,12 +7,9 @@ import re
 import statistics
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
 
 from dtlab.cell import Cell
-
-if TYPE_CHECKING:
-    from dtlab.bench import CellOutcome
+from dtlab.outcome import CellOutcome
 
 HELD_LINES = 20
 EPOCH_LINE = re.compile(r"\bepoch\s+\d+\s*/\s*\d+", re.IGNORECASE)

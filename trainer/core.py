@@ -309,8 +309,8 @@ class _Run:
         gradient.index_copy_(0, rows, averaged)
 
     def _sample_gpu_utilization(self) -> None:
-        """CUDA-only: NVML's utilization of this rank's GPU (needs pynvml; skipped without it)."""
-        with contextlib.suppress(Exception):  # no NVML library or no permission: leave it null
+        """CUDA-only: NVML's utilization of this rank's GPU (nvidia-ml-py, a trainer dependency)."""
+        with contextlib.suppress(Exception):  # NVML's library (the driver's) unloadable: leave it null
             self.gpu_utilization.append(float(torch.cuda.utilization(self.device)))
 
     def _synchronize(self) -> None:

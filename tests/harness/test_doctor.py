@@ -13,12 +13,13 @@ import pytest
 from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, invoke, write_inventory
 
 from dtlab import doctor, paths, remote
-from dtlab.bench import Bench, BenchOptions, CellOutcome
+from dtlab.bench import Bench, BenchOptions
 from dtlab.cell import Cell
 from dtlab.cluster import CheckRow
 from dtlab.commands import matrix_summary
 from dtlab.errors import DtlabError
 from dtlab.inventory import load_cluster
+from dtlab.outcome import CellOutcome
 
 LIMITS = doctor.Thresholds(
     max_clock_skew_s=1.0,

@@ -11,6 +11,7 @@ import yaml
 from dtlab import bench, paths, remote
 from dtlab.cell import Cell
 from dtlab.display import Display
+from dtlab.outcome import CellOutcome
 
 
 def test_a_cell_unit_is_named_and_bounded_and_its_script_is_valid_shell(tmp_path):
@@ -129,7 +130,7 @@ def test_eta_comes_from_measured_cell_times_per_framework():
     assert display.eta_seconds() is None  # nothing measured yet
     for cell, seconds in zip(cells[:2], (10.0, 100.0), strict=True):
         display.start_cell(cell, 1)
-        display.finish_cell(bench.CellOutcome(cell, "ok", 1, seconds))
+        display.finish_cell(CellOutcome(cell, "ok", 1, seconds))
     assert display.eta_seconds() == pytest.approx(110.0)
     display.start_cell(cells[2], 1)
     display.current_started = time.monotonic() - 4.0
