@@ -18,6 +18,7 @@ results are never touched. What the user sees is dtlab.display; the command bodi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shlex
@@ -40,7 +41,7 @@ from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
 from dtlab.outcome import AttemptFailure, CellOutcome
 from dtlab.platforms import PreflightError
-from dtlab.results import ResultStore
+from dtlab.results import Provenance, ResultStore
 from dtlab.waiting import wait_until
 
 LOG_TAIL_LINES = 30
@@ -418,13 +419,8 @@ class Bench:
         attempt = self.store.reserve_attempt(cell)
         if self.display:
             self.display.start_cell(cell, number_in_run)
-        record = {
-            "config_hash": config_hash(cell),
-            "git_rev": self.git_rev,
-            "inventory": self.cluster.name,
-            "log_dir": attempt.log_dir,
-            "attempt": attempt.number,
-        }
+        provenance = Provenance(config_hash(cell), self.git_rev, self.cluster.name, log_dir=attempt.log_dir,
+                                attempt=attempt.number)
         planned: launching.Launch | None = None
         self.phases = {}
         mark = time.monotonic()
@@ -468,14 +464,12 @@ class Bench:
             marks = {"submitted": submitted_at, **self.marks, "recorded": time.time()}
             result["harness_timeline_unix"] = marks
             try:
-                self.store.record_ok(
-                    cell,
-                    result,
+                self.store.record_ok(cell, result, dataclasses.replace(
+                    provenance,
                     node_versions=versions,
                     harness_time_s=time.monotonic() - attempt_started,
                     fault_record=self.fault_run and self.fault_run.finish(number_in_run, result),
-                    **record,
-                )
+                ))
                 phase("record")
                 return result, None
             except DtlabError as error:  # a result that does not match the schema or the cell
@@ -492,14 +486,12 @@ class Bench:
         self.stop_cell(cell)
         self.store.record_failure(
             cell,
-            fault_record=fault_record,
+            dataclasses.replace(provenance, node_versions=versions, fault_record=fault_record,
+                                harness_time_s=time.monotonic() - attempt_started),
             reason=failure.reason,
             node=failure.node,
             exit_code=failure.exit_code,
             log_tail=failure.log_tail,
-            node_versions=versions,
-            harness_time_s=time.monotonic() - attempt_started,
-            **record,
         )
         return None, failure
 

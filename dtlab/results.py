@@ -19,14 +19,13 @@ API (the harness, ``dtlab.bench``, is the writer; ``dtlab.report`` only reads)::
     if not store.is_done(cell.key, config_hash):      # resume: an ok attempt with this hash exists?
         attempt = store.reserve_attempt(cell)         # Attempt(number, dir, log_dir): stream logs there
         ...run the cell...
-        store.record_ok(cell, result, config_hash=..., git_rev=..., inventory="lab",
-                        node_versions={"node1": {...}}, log_dir=attempt.log_dir,
-                        harness_time_s=123.4, attempt=attempt.number)
+        provenance = Provenance(config_hash=..., git_rev=..., inventory="lab",
+                                node_versions={"node1": {...}}, log_dir=attempt.log_dir,
+                                harness_time_s=123.4, attempt=attempt.number)
+        store.record_ok(cell, result, provenance)
         # or on failure:
-        store.record_failure(cell, reason="exit 1 on node2", node="node2", exit_code=1,
-                             log_tail=[...], config_hash=..., git_rev=..., inventory="lab",
-                             node_versions={...}, log_dir=attempt.log_dir, harness_time_s=40.0,
-                             attempt=attempt.number)
+        store.record_failure(cell, provenance, reason="exit 1 on node2", node="node2", exit_code=1,
+                             log_tail=[...])
     store.runs(status="ok")          # list[Run], oldest first; status=None for all, "failed" for failures
     store.latest_ok_runs(profile)    # one Run per cell key: its newest ok attempt (what the report uses)
     store.delete_all(confirm=True)   # the only way anything recorded goes away
@@ -216,6 +215,22 @@ def _tail(lines: str | Sequence[str] | None) -> list[str]:
     return [str(line) for line in lines][-_LOG_TAIL_LINES:]
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """What every recorded attempt carries, ok or failed: the config it ran (its hash), the code (git
+    revision), the cluster (inventory name, each node's environment), its logs, how long the harness
+    took, which attempt it was (None: the next free one), and its fault record (faulted cells)."""
+
+    config_hash: str
+    git_rev: str | None
+    inventory: str | None
+    node_versions: Mapping[str, Any] | None = None
+    log_dir: str | os.PathLike[str] | None = None
+    harness_time_s: float | None = None
+    attempt: int | None = None
+    fault_record: Mapping[str, Any] | None = None
+
+
 class ResultStore:
     """SQLite index plus raw files under one results folder. See the module docstring."""
 
@@ -374,20 +389,7 @@ class ResultStore:
 
     # --- writing -------------------------------------------------------------
 
-    def record_ok(
-        self,
-        cell: Cell,
-        result: Mapping[str, Any],
-        *,
-        config_hash: str,
-        git_rev: str | None,
-        inventory: str | None,
-        node_versions: Mapping[str, Any] | None = None,
-        log_dir: str | os.PathLike[str] | None = None,
-        harness_time_s: float | None = None,
-        attempt: int | None = None,
-        fault_record: Mapping[str, Any] | None = None,
-    ) -> Run:
+    def record_ok(self, cell: Cell, result: Mapping[str, Any], provenance: Provenance) -> Run:
         """Record a successful attempt; the result is validated against the schema and the cell first."""
         where = f"results: {cell.key} result.json"
         validate_result(result, where=where)
@@ -397,81 +399,41 @@ class ResultStore:
                     f"{where}: {name} is {result[name]!r} but the cell has "
                     f"{getattr(cell, name)!r}; record the result under its own cell"
                 )
-        return self._record(
-            cell,
-            "ok",
-            result=dict(result),
-            config_hash=config_hash,
-            git_rev=git_rev,
-            inventory=inventory,
-            node_versions=node_versions,
-            log_dir=log_dir,
-            harness_time_s=harness_time_s,
-            trainer_time_s=float(result["time_total_s"]),
-            attempt=attempt,
-            fault_record=fault_record,
-        )
+        return self._record(cell, "ok", provenance, result=dict(result),
+                            trainer_time_s=float(result["time_total_s"]))
 
     def record_failure(
         self,
         cell: Cell,
+        provenance: Provenance,
         *,
         reason: str,
         node: str | None = None,
         exit_code: int | None = None,
         log_tail: str | Sequence[str] | None = None,
-        config_hash: str,
-        git_rev: str | None,
-        inventory: str | None,
-        node_versions: Mapping[str, Any] | None = None,
-        log_dir: str | os.PathLike[str] | None = None,
-        harness_time_s: float | None = None,
         trainer_time_s: float | None = None,
-        attempt: int | None = None,
-        fault_record: Mapping[str, Any] | None = None,
     ) -> Run:
         """Record a failed attempt: why, on which node, its exit code and last log lines."""
         if not reason:
             raise DtlabError(f"results: {cell.key}: a failure needs a reason; pass reason=...")
-        return self._record(
-            cell,
-            "failed",
-            result=None,
-            config_hash=config_hash,
-            git_rev=git_rev,
-            inventory=inventory,
-            node_versions=node_versions,
-            log_dir=log_dir,
-            harness_time_s=harness_time_s,
-            trainer_time_s=trainer_time_s,
-            attempt=attempt,
-            fault_record=fault_record,
-            reason=reason,
-            node=node,
-            exit_code=exit_code,
-            log_tail=_tail(log_tail),
-        )
+        return self._record(cell, "failed", provenance, result=None, trainer_time_s=trainer_time_s,
+                            reason=reason, node=node, exit_code=exit_code, log_tail=_tail(log_tail))
 
     def _record(
         self,
         cell: Cell,
         status: str,
+        provenance: Provenance,
         *,
         result: dict[str, Any] | None,
-        config_hash: str,
-        git_rev: str | None,
-        inventory: str | None,
-        node_versions: Mapping[str, Any] | None,
-        log_dir: str | os.PathLike[str] | None,
-        harness_time_s: float | None,
         trainer_time_s: float | None,
-        attempt: int | None,
-        fault_record: Mapping[str, Any] | None = None,
         reason: str | None = None,
         node: str | None = None,
         exit_code: int | None = None,
         log_tail: list[str] | None = None,
     ) -> Run:
+        config_hash, attempt = provenance.config_hash, provenance.attempt
+        fault_record = provenance.fault_record
         if not config_hash:
             raise DtlabError(f"results: {cell.key}: config_hash is empty; pass the cell's config hash")
         if attempt is None:
@@ -487,7 +449,7 @@ class ResultStore:
                 )
             folder = self._attempt_dir(cell.key, attempt)
             folder.mkdir(parents=True, exist_ok=True)
-        self._collect_logs(log_dir, folder / "logs")
+        self._collect_logs(provenance.log_dir, folder / "logs")
         recorded_at = _now()
         if result is not None:
             atomic_write_text(folder / "result.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
@@ -512,15 +474,15 @@ class ResultStore:
             "profile": cell.profile,
             "trainer_config": json.dumps(dict(cell.trainer_config), sort_keys=True),
             "config_hash": config_hash,
-            "git_rev": git_rev,
-            "inventory": inventory,
-            "node_versions": json.dumps(dict(node_versions or {}), sort_keys=True),
+            "git_rev": provenance.git_rev,
+            "inventory": provenance.inventory,
+            "node_versions": json.dumps(dict(provenance.node_versions or {}), sort_keys=True),
             "status": status,
             "reason": reason,
             "failed_node": node,
             "exit_code": exit_code,
             "log_tail": json.dumps(log_tail or []),
-            "harness_time_s": harness_time_s,
+            "harness_time_s": provenance.harness_time_s,
             "trainer_time_s": trainer_time_s,
             "result_json": json.dumps(result, sort_keys=True) if result is not None else None,
             "run_dir": str(folder.relative_to(self.root)),

@@ -10,6 +10,7 @@ import pytest
 from harness_helpers import INVOKE, invoke, write_inventory
 
 from dtlab import paths, platforms
+from dtlab.results import Provenance
 
 
 @pytest.mark.parametrize(
@@ -159,8 +160,11 @@ def _read_only(db):
     from dtlab.results import ResultStore
 
     result = made_up_result("ddp", 1, 2, 0, time_total_s=30.0, final_accuracy=0.9, device="cpu")
-    ResultStore(db.parent).record_ok(Cell("ddp", 1, 2, 0, "smoke"), result, config_hash="0123456789abcdef",
-                                     git_rev=None, inventory="three")
+    ResultStore(db.parent).record_ok(
+        Cell("ddp", 1, 2, 0, "smoke"),
+        result,
+        Provenance(config_hash="0123456789abcdef", git_rev=None, inventory="three"),
+    )
 
 
 def tree(directory: Path) -> dict[str, bytes | None]:

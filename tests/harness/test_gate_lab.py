@@ -18,7 +18,7 @@ from harness_helpers import invoke, write_inventory
 
 from dtlab import doctor, paths, remote
 from dtlab.errors import DtlabError
-from dtlab.results import ResultStore
+from dtlab.results import Provenance, ResultStore
 from dtlab.waiting import wait_until
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -58,11 +58,9 @@ def test_bench_all_on_nodes_that_do_not_answer_refuses_with_one_line_per_failure
     store = ResultStore(results / cluster.name)  # a store with one recorded attempt already
     store.record_failure(
         Cell("ddp", 1, 2, 0, "smoke"),
+        Provenance(config_hash="0123456789abcdef", git_rev=None, inventory=cluster.name),
         reason="an earlier failure",
         node="node1",
-        config_hash="0123456789abcdef",
-        git_rev=None,
-        inventory=cluster.name,
     )
     before = tree(results)
 

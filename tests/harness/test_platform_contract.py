@@ -17,7 +17,7 @@ from dtlab.checks import CheckRow
 from dtlab.inventory import load_cluster
 from dtlab.platforms.base import Platform, ResetSteps
 from dtlab.report import generate_report
-from dtlab.results import ResultStore
+from dtlab.results import Provenance, ResultStore
 from trainer import config as trainer_config
 from trainer import result as trainer_result
 
@@ -116,8 +116,17 @@ def test_the_report_renders_a_run_of_it(platform: Platform, tmp_path):
         cell = Cell(platform.name, gpus=1, epochs=2, seed=seed, profile="smoke")
         result = made_up_result(platform.name, 1, 2, seed, time_total_s=20.0 + seed, final_accuracy=0.6,
                                 device="cpu")
-        store.record_ok(cell, result, config_hash="0123456789abcdef", git_rev=None, inventory="lab",
-                        node_versions={}, harness_time_s=24.0)
+        store.record_ok(
+            cell,
+            result,
+            Provenance(
+                config_hash="0123456789abcdef",
+                git_rev=None,
+                inventory="lab",
+                node_versions={},
+                harness_time_s=24.0,
+            ),
+        )
     files = generate_report(store, tmp_path / "report", profile="smoke")
     markdown = Path(files.markdown).read_text()
     assert platform.label in markdown

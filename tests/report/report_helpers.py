@@ -5,7 +5,7 @@ from result_factory import made_up_result
 
 from dtlab.cell import Cell
 from dtlab.report.study import published
-from dtlab.results import ResultStore
+from dtlab.results import Provenance, ResultStore
 
 STUDY_SEEDS = (1, 2, 3, 4, 5)
 # The study's 20-epoch figures are means of 5 seeds: spread the seeds symmetrically around the
@@ -38,19 +38,23 @@ def record(
     return store.record_ok(
         cell,
         result,
-        config_hash=config_hash,
-        git_rev="deadbeef",
-        inventory=inventory,
-        node_versions={"node1": {"nvidia_driver": "535.247.01", "torch": "2.13.0"}},
-        harness_time_s=time_total_s + 4.0,
+        Provenance(
+            config_hash=config_hash,
+            git_rev="deadbeef",
+            inventory=inventory,
+            node_versions={"node1": {"nvidia_driver": "535.247.01", "torch": "2.13.0"}},
+            harness_time_s=time_total_s + 4.0,
+        ),
     )
 
 
-def record_failure(store: ResultStore, cell: Cell, reason: str = "executor lost", **overrides):
-    """One failed attempt of `cell`, as bench records it when a node dies."""
-    details = dict(node="node2", exit_code=137, log_tail=["Killed"], config_hash="0123456789abcdef",
-                   git_rev=None, inventory="lab")
-    return store.record_failure(cell, reason=reason, **{**details, **overrides})
+def record_failure(store: ResultStore, cell: Cell, reason: str = "executor lost", **provenance):
+    """One failed attempt of `cell`, as bench records it when a node dies; `provenance` overrides
+    Provenance's fields (inventory, log_dir, harness_time_s, ...)."""
+    recorded = Provenance(**{"config_hash": "0123456789abcdef", "git_rev": None, "inventory": "lab",
+                             **provenance})
+    return store.record_failure(cell, recorded, reason=reason, node="node2", exit_code=137,
+                                log_tail=["Killed"])
 
 
 def fill_with_study_runs(store: ResultStore, profile: str = "study") -> None:

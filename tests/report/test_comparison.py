@@ -27,7 +27,7 @@ from dtlab.report.comparison import (
     moving_parts,
     rank,
 )
-from dtlab.results import ResultStore
+from dtlab.results import Provenance, ResultStore
 
 SEEDS = (1, 2, 3, 4, 5)
 GROUP_VARS = yaml.safe_load((INVENTORY_DIR / "group_vars" / "all.yml").read_text())
@@ -56,11 +56,8 @@ def record(store, framework, seed, *, time_s, startup_s=10.0, accuracy=0.8, gpus
     store.record_ok(
         Cell(framework, gpus, epochs, seed, "cmp"),
         result,
-        config_hash="0123456789abcdef",
-        git_rev="deadbeef",
-        inventory="lab",
-        node_versions={},
-        harness_time_s=time_s + 12,
+        Provenance(config_hash="0123456789abcdef", git_rev="deadbeef", inventory="lab", node_versions={},
+                   harness_time_s=time_s + 12),
     )
 
 

@@ -12,7 +12,7 @@ from dtlab.paths import REPO_ROOT
 from dtlab.report import build_report, generate_report
 from dtlab.report.faults import compare_metrics
 from dtlab.report.render import draw_figures
-from dtlab.results import ResultStore
+from dtlab.results import Provenance, ResultStore
 
 TRAINER = {"model": "generated-bert-tiny", "dataset": "generated-reviews", "batch_size_per_worker": 8}
 KILL = "kill-after1-node2"
@@ -40,16 +40,35 @@ def result_of(c: Cell, *, submitted: float, recorded: float, accuracy_shift: flo
 
 
 def record_ok(store: ResultStore, c: Cell, result: dict, fault_record: dict | None = None):
-    return store.record_ok(c, result, config_hash=config_hash(c), git_rev="deadbeef", inventory="lab",
-                           harness_time_s=result["harness_timeline_unix"]["recorded"]
+    return store.record_ok(
+        c,
+        result,
+        Provenance(
+            config_hash=config_hash(c),
+            git_rev="deadbeef",
+            inventory="lab",
+            harness_time_s=result["harness_timeline_unix"]["recorded"]
                            - result["harness_timeline_unix"]["submitted"],
-                           fault_record=fault_record)
+            fault_record=fault_record,
+        ),
+    )
 
 
 def record_failed(store: ResultStore, c: Cell, reason: str, fault_record: dict | None = None):
-    return store.record_failure(c, reason=reason, node="node2", exit_code=137, log_tail=["Killed"],
-                                config_hash=config_hash(c), git_rev="deadbeef", inventory="lab",
-                                harness_time_s=12.0, fault_record=fault_record)
+    return store.record_failure(
+        c,
+        Provenance(
+            config_hash=config_hash(c),
+            git_rev="deadbeef",
+            inventory="lab",
+            harness_time_s=12.0,
+            fault_record=fault_record,
+        ),
+        reason=reason,
+        node="node2",
+        exit_code=137,
+        log_tail=["Killed"],
+    )
 
 
 def fault_record(c: Cell, *, started: float, total_s: float | None, outcome: str | None, recovered_by: str,
@@ -84,8 +103,11 @@ def fault_store(tmp_path) -> ResultStore:
         record_ok(store, twin, result_of(twin, submitted=start, recorded=end))
     record_failed(store, cell("spark", profile="twins", seed=8), DISK_REASON)
     other_options = cell("determined", profile="twins")  # another config hash: not the faulted run's twin
-    store.record_ok(other_options, result_of(other_options, submitted=900.0, recorded=950.0),
-                    config_hash="another-hash", git_rev="deadbeef", inventory="lab")
+    store.record_ok(
+        other_options,
+        result_of(other_options, submitted=900.0, recorded=950.0),
+        Provenance(config_hash="another-hash", git_rev="deadbeef", inventory="lab"),
+    )
 
     ddp = cell("ddp", fault=KILL)
     record_failed(store, ddp, "exit -9 on node2", fault_record(ddp, started=2000.0, total_s=None,

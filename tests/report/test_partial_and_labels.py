@@ -10,7 +10,7 @@ from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.report import EmptyStoreError, build_report, generate_report
 from dtlab.report.render import figure_5_1
-from dtlab.results import ResultStore
+from dtlab.results import Provenance, ResultStore
 
 DDP, DET, SPARK = "PyTorch DDP", "Determined AI", "Apache Spark"
 OFF_CLUSTER = "determined (Core API, off-cluster)"
@@ -171,7 +171,9 @@ def test_resumed_runs_are_left_out_of_the_tables_and_named(tmp_path):
     resumed["epoch_metrics"] = resumed["epoch_metrics"][1:]  # resumed after epoch 1's checkpoint
     resumed["resumed_from_epoch"] = 1
     store.record_ok(
-        Cell("ddp", 1, 3, 2), resumed, config_hash="0123456789abcdef", git_rev=None, inventory="lab"
+        Cell("ddp", 1, 3, 2),
+        resumed,
+        Provenance(config_hash="0123456789abcdef", git_rev=None, inventory="lab"),
     )
     report = build_report(store)
     [stats] = report.groups.values()
@@ -197,8 +199,11 @@ def test_a_resumed_run_shows_its_whole_cost(tmp_path, lookup):
     resumed = made_up_result("ddp", 1, 3, 2, time_total_s=31.0, final_accuracy=0.7)
     resumed["epoch_metrics"] = resumed["epoch_metrics"][1:]
     resumed["resumed_from_epoch"] = 1
-    store.record_ok(cell, resumed, config_hash="0123456789abcdef", git_rev=None, inventory="lab",
-                    harness_time_s=25.0)
+    store.record_ok(
+        cell,
+        resumed,
+        Provenance(config_hash="0123456789abcdef", git_rev=None, inventory="lab", harness_time_s=25.0),
+    )
     look = lookup(build_report(store))
     assert look.rows("B.4", "ddp-g1-e3-s2") == [
         ["ddp-g1-e3-s2", "3", "1", "not logged", "31.00", "41.00", "34.00", "+7.00"]]
@@ -280,9 +285,7 @@ def test_whole_run_table_splits_each_platforms_time_and_compares_with_ddp(tmp_pa
         store.record_ok(
             Cell(framework, 1, 2, 0, "smoke"),
             result,
-            config_hash="0123456789abcdef",
-            git_rev=None,
-            inventory="lab",
+            Provenance(config_hash="0123456789abcdef", git_rev=None, inventory="lab"),
         )
     record(store, Cell("determined", 1, 2, 0, "smoke"), time_total_s=30.0, final_accuracy=0.9, device="cpu")
     look = lookup(build_report(store))
@@ -308,8 +311,11 @@ def test_this_study_ratios_are_left_out_where_the_runs_do_not_compare(tmp_path, 
     store = ResultStore(tmp_path / "results")
     result = made_up_result("ddp", 1, 20, 1, time_total_s=300.0, final_accuracy=0.95, device="cpu")
     result["hyperparameters"].update(dataset="generated", model="generated:bert-tiny")
-    store.record_ok(Cell("ddp", 1, 20, 1, "smoke"), result, config_hash="0123456789abcdef", git_rev=None,
-                    inventory="lab")
+    store.record_ok(
+        Cell("ddp", 1, 20, 1, "smoke"),
+        result,
+        Provenance(config_hash="0123456789abcdef", git_rev=None, inventory="lab"),
+    )
     report = build_report(store)
     look = lookup(report)
     row = look.rows("5.1", "1 worker (CPU)", "20")[0]

@@ -10,7 +10,7 @@ from dtlab.cell import Cell
 from dtlab.report import build_report
 from dtlab.report.aggregate import epoch_ends_from_submit
 from dtlab.report.render import figure_time_to_target, write_report
-from dtlab.results import ResultStore
+from dtlab.results import Provenance, ResultStore
 
 DDP, SPARK, RAY = "PyTorch DDP", "Apache Spark", "Ray Train"
 SUBMITTED = 1_000_000.0
@@ -45,9 +45,7 @@ def store_of(tmp_path, runs: dict[tuple[str, int], tuple[list[float], float]]) -
         store.record_ok(
             Cell(framework, 2, len(accuracies), seed, "p"),
             timed_result(framework, seed, accuracies, start_s=start_s),
-            config_hash="0123456789abcdef",
-            git_rev=None,
-            inventory="lab",
+            Provenance(config_hash="0123456789abcdef", git_rev=None, inventory="lab"),
         )
     return store
 

@@ -9,7 +9,7 @@ from result_factory import made_up_result
 
 from dtlab.cell import Cell, Fault, config_hash
 from dtlab.errors import DtlabError
-from dtlab.results import _DDL, DB_FILENAME, ResultStore
+from dtlab.results import _DDL, DB_FILENAME, Provenance, ResultStore
 
 HASH = "0123456789abcdef"
 OTHER_HASH = "fedcba9876543210"
@@ -32,26 +32,30 @@ def record_ok(store: ResultStore, cell: Cell = CELL, config_hash: str = HASH, **
     return store.record_ok(
         cell,
         result_for(cell, **options),
-        config_hash=config_hash,
-        git_rev="abc1234",
-        inventory="lab",
-        node_versions={"node1": {"torch": "2.13.0"}},
-        harness_time_s=35.0,
+        Provenance(
+            config_hash=config_hash,
+            git_rev="abc1234",
+            inventory="lab",
+            node_versions={"node1": {"torch": "2.13.0"}},
+            harness_time_s=35.0,
+        ),
     )
 
 
 def record_failure(store: ResultStore, cell: Cell = CELL, config_hash: str = HASH):
     return store.record_failure(
         cell,
+        Provenance(
+            config_hash=config_hash,
+            git_rev="abc1234",
+            inventory="lab",
+            node_versions={},
+            harness_time_s=12.0,
+        ),
         reason="trainer exited 1 on node2",
         node="node2",
         exit_code=1,
         log_tail=[f"line {i}" for i in range(200)],
-        config_hash=config_hash,
-        git_rev="abc1234",
-        inventory="lab",
-        node_versions={},
-        harness_time_s=12.0,
     )
 
 
@@ -69,12 +73,14 @@ def test_ok_result_is_recorded_with_everything_and_read_back(tmp_path):
     run = store.record_ok(
         CELL,
         result_for(CELL),
-        config_hash=HASH,
-        git_rev="abc1234",
-        inventory="lab",
-        node_versions={"node1": {"torch": "2.13.0", "driver": "535"}},
-        log_dir=logs,
-        harness_time_s=35.0,
+        Provenance(
+            config_hash=HASH,
+            git_rev="abc1234",
+            inventory="lab",
+            node_versions={"node1": {"torch": "2.13.0", "driver": "535"}},
+            log_dir=logs,
+            harness_time_s=35.0,
+        ),
     )
 
     [read] = store.runs("ok")
@@ -146,7 +152,9 @@ def test_an_attempt_number_is_never_recorded_twice(tmp_path):
     record_ok(store)
     with pytest.raises(DtlabError, match="attempt 1 is already recorded"):
         store.record_failure(
-            CELL, reason="late duplicate", config_hash=HASH, git_rev=None, inventory="lab", attempt=1
+            CELL,
+            Provenance(config_hash=HASH, git_rev=None, inventory="lab", attempt=1),
+            reason="late duplicate",
         )
     assert [r.status for r in store.runs(None)] == ["ok"]
 
@@ -160,11 +168,13 @@ def test_reserved_attempt_takes_live_logs_in_place(tmp_path):
     run = store.record_ok(
         CELL,
         result_for(CELL),
-        config_hash=HASH,
-        git_rev=None,
-        inventory="lab",
-        log_dir=attempt.log_dir,
-        attempt=attempt.number,
+        Provenance(
+            config_hash=HASH,
+            git_rev=None,
+            inventory="lab",
+            log_dir=attempt.log_dir,
+            attempt=attempt.number,
+        ),
     )
     assert (run.log_dir / "node1.log").read_text() == "streamed live\n"
     assert record_ok(store).attempt == 3
@@ -198,7 +208,7 @@ def test_invalid_result_is_rejected_and_nothing_recorded(tmp_path, damage, messa
     result = result_for(CELL)
     damage(result)
     with pytest.raises(DtlabError, match=message):
-        store.record_ok(CELL, result, config_hash=HASH, git_rev=None, inventory="lab")
+        store.record_ok(CELL, result, Provenance(config_hash=HASH, git_rev=None, inventory="lab"))
     assert store.runs(None) == []
     assert not list(tmp_path.rglob("result.json"))
 
@@ -207,7 +217,9 @@ def test_result_of_another_cell_is_rejected(tmp_path):
     store = ResultStore(tmp_path)
     with pytest.raises(DtlabError, match="seed is 8 but the cell has 7"):
         store.record_ok(
-            CELL, result_for(Cell("ddp", 2, 3, 8)), config_hash=HASH, git_rev=None, inventory="lab"
+            CELL,
+            result_for(Cell("ddp", 2, 3, 8)),
+            Provenance(config_hash=HASH, git_rev=None, inventory="lab"),
         )
 
 
@@ -249,8 +261,16 @@ def test_a_faulted_cell_is_its_own_cell_and_keeps_what_its_fault_plan_did(tmp_pa
     assert faulted.key == "ddp-g2-e3-s7-kill-after1" and faulted.undisturbed.key == "ddp-g2-e3-s7"
     assert faulted != faulted.undisturbed and config_hash(faulted) != config_hash(faulted.undisturbed)
     assert config_hash(CELL) == config_hash(Cell("ddp", 2, 3, 7, "x", {"max_length": 64}))  # unchanged
-    store.record_ok(faulted, result_for(faulted), config_hash=config_hash(faulted), git_rev=None,
-                    inventory="lab", fault_record={"injected_unix": 1.5, "node": "node2"})
+    store.record_ok(
+        faulted,
+        result_for(faulted),
+        Provenance(
+            config_hash=config_hash(faulted),
+            git_rev=None,
+            inventory="lab",
+            fault_record={"injected_unix": 1.5, "node": "node2"},
+        ),
+    )
     [run] = store.runs("ok")
     assert run.cell.fault == "kill-after1" and run.cell.fault_plan.kind == "kill"
     assert run.fault_record == {"injected_unix": 1.5, "node": "node2"}
