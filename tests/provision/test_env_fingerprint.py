@@ -26,7 +26,8 @@ def role_fingerprint(tmp_path: Path, venv: Path) -> dict:
     env = {**os.environ, "ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json"}
     answer = subprocess.run(
         [str(ANSIBLE_PLAYBOOK), "-i", "localhost,", "-c", "local", "-e", f"dtlab_venv_dir={venv}",
-         str(playbook)], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
+         "-e", f"dtlab_repo_dir={paths.REPO_ROOT}", str(playbook)],
+        cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
     assert answer.returncode == 0, answer.stdout[-3000:] + answer.stderr[-2000:]
     tasks = json.loads(answer.stdout)["plays"][0]["tasks"]
     facts = tasks[-1]["hosts"]["localhost"]["ansible_facts"]

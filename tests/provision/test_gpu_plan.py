@@ -40,8 +40,10 @@ def inventory_with(tmp_path, gpus):
 
 def playbook(tmp_path, inventory, name, *extra):
     env = {**os.environ, "ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_NOCOLOR": "1"}
+    # The inventory is outside the checkout, so dtlab_repo_dir (its parent, by default) is named.
     return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(PLAYBOOKS / name), "--check",
-                           "-e", f"dtlab_torch_build_dir={tmp_path / 'torch-build'}", *extra],
+                           "-e", f"dtlab_torch_build_dir={tmp_path / 'torch-build'}",
+                           "-e", f"dtlab_repo_dir={paths.REPO_ROOT}", *extra],
                           cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
 
 
