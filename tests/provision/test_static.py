@@ -1,14 +1,21 @@
-"""Fast provisioning checks: the playbooks parse, lint clean, and every role has the same shape."""
+"""Fast provisioning checks: the playbooks parse, lint clean, and every role has the same shape and
+declares every variable it reads."""
 
+import os
+import re
 import subprocess
+import warnings
+from pathlib import Path
 
+import jinja2
+import jinja2.nodes
 import pytest
 import yaml
 
 from dtlab import paths
 
-ROLES = ["common", "ssh", "firewall", "nvidia", "docker", "postgresql", "spark", "ray", "slurm",
-         "determined_master", "determined_agent", "trainer"]
+# Every role: site.yml's stages, and those the others import (systemd_units, determined_common).
+ROLES = sorted(path.name for path in (paths.REPO_ROOT / "roles").iterdir() if path.is_dir())
 STAGE_TAGS = ["common", "ssh", "firewall", "nvidia", "docker", "trainer", "postgresql", "spark", "ray",
               "slurm", "determined"]
 VENV_BIN = paths.REPO_ROOT / ".venv" / "bin"
@@ -68,6 +75,147 @@ def test_role_has_documented_interface(role):
     order = [readme.index(heading) for heading in
              ("## Requirements", "## Role Variables", "## Dependencies", "## Example Playbook")]
     assert order == sorted(order), f"{role}: README sections out of the geerlingguy order"
+    shown = re.search(r"## Role Variables.*?```yaml\n(.*?)```", readme, re.S)
+    assert shown, f"{role}: README shows no defaults under Role Variables"
+    defaults_text = (role_dir / "defaults/main.yml").read_text().removeprefix("---\n")
+    assert shown.group(1).strip() == defaults_text.strip(), f"{role}: README shows other defaults"
+
+
+def test_no_role_reaches_outside_itself():
+    """A role gets the repository's files through a variable (dtlab_repo_dir), not by its own path."""
+    for path in sorted((paths.REPO_ROOT / "roles").rglob("*")):
+        if path.suffix in (".yml", ".j2"):
+            assert "role_path" not in path.read_text(), f"{path}: role_path (give the role a variable)"
+
+
+# --- every variable a role reads is declared in its meta/argument_specs.yml ------------------------------
+
+# Names only parsed here, never rendered: every filter and test passes (Ansible's are not Jinja's).
+class _AnyName(dict):
+    def __contains__(self, name):
+        return True
+
+    def get(self, name, default=None):
+        return str
+
+
+JINJA = jinja2.Environment(extensions=["jinja2.ext.do", "jinja2.ext.loopcontrols"])
+JINJA.filters, JINJA.tests = _AnyName(), _AnyName()
+# Ansible's own: magic variables (facts, connection and magic ansible_* too) and template globals.
+ANSIBLE_NAMES = {"inventory_hostname", "inventory_hostname_short", "groups", "group_names", "hostvars",
+                 "play_hosts", "role_path", "role_name", "playbook_dir", "inventory_dir", "omit", "item",
+                 "lookup", "query", "q", "now", "undef", "range", "dict", "lipsum", "cycler", "joiner",
+                 "namespace"}
+# Keywords whose strings Ansible evaluates as bare expressions, without {{ }}.
+EXPRESSION_KEYWORDS = {"when", "changed_when", "failed_when", "until", "that"}
+# Read but not declared: computed from the facts, and a tagged run (--tags x) validates every role's
+# arguments also in the plays whose fact gathering it skips, where this one cannot be computed.
+READ_FROM_FACTS = {"dtlab_node_socket_ifname"}
+
+
+def jinja_reads(text):
+    """The variables a template or expression reads: every name it loads, less the names it sets itself."""
+    with warnings.catch_warnings():  # regexes such as '\.' in Jinja string literals: Ansible's to render
+        warnings.simplefilter("ignore", DeprecationWarning)
+        found = list(JINJA.parse(text).find_all(jinja2.nodes.Name))
+    return {n.name for n in found if n.ctx == "load"} - {n.name for n in found if n.ctx != "load"} - {"loop"}
+
+
+def yaml_reads(node, reads, sets, key=None):
+    """Add what a tasks, handlers, defaults or vars document reads to `reads`, and what it sets to `sets`:
+    registered results, set_fact names, task and block vars, loop variables."""
+    if isinstance(node, dict):
+        sets.update([node["register"]] if "register" in node else [])
+        for keyword in ("set_fact", "ansible.builtin.set_fact", "vars"):
+            sets.update(node[keyword] if isinstance(node.get(keyword), dict) else [])
+        loop_control = node.get("loop_control")
+        sets.update([loop_control.get("loop_var")] if isinstance(loop_control, dict) else [])
+        for child_key, child in node.items():
+            yaml_reads(child, reads, sets, child_key)
+    elif isinstance(node, list):
+        for child in node:
+            yaml_reads(child, reads, sets, key)
+    elif isinstance(node, str) and key in EXPRESSION_KEYWORDS:
+        reads.update(jinja_reads("{{ (" + node + ") }}"))
+    elif isinstance(node, str) and ("{{" in node or "{%" in node):
+        reads.update(jinja_reads(node))
+
+
+def role_reads(role_dir: Path) -> set:
+    """Every variable a role reads that it neither sets itself (vars/, register, set_fact, vars:, loops)
+    nor gets from Ansible."""
+    reads, sets = set(), set()
+    for part in ("tasks", "handlers", "defaults", "vars"):
+        for path in sorted((role_dir / part).glob("*.yml")):
+            document = yaml.safe_load(path.read_text())
+            sets.update(document if part == "vars" and isinstance(document, dict) else [])
+            yaml_reads(document, reads, sets)
+    for path in sorted((role_dir / "templates").rglob("*.j2")):
+        reads.update(jinja_reads(path.read_text()))
+    sets.discard(None)
+    return {name for name in reads - sets if not name.startswith("ansible_") and name not in ANSIBLE_NAMES}
+
+
+def declared(role_dir: Path) -> set:
+    return set(yaml.safe_load((role_dir / "meta/argument_specs.yml").read_text())
+               ["argument_specs"]["main"]["options"])
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_role_declares_every_variable_it_reads(role):
+    role_dir = paths.REPO_ROOT / "roles" / role
+    undeclared = role_reads(role_dir) - declared(role_dir) - READ_FROM_FACTS
+    assert not undeclared, f"{role} reads {sorted(undeclared)}, undeclared in meta/argument_specs.yml"
+    defaults = yaml.safe_load((role_dir / "defaults/main.yml").read_text()) or {}
+    unread = declared(role_dir) - role_reads(role_dir) - set(defaults)
+    assert not unread, f"{role}: meta/argument_specs.yml declares {sorted(unread)}, which it never reads"
+
+
+def test_a_tagged_run_validates_every_role_without_facts(tmp_path):
+    """`--tags <stage>` still checks every role's arguments (the check is tagged always), in plays whose fact
+    gathering it skips: every declared variable must render without facts (READ_FROM_FACTS is why one is
+    not declared). Check mode on the controller, which no task touches."""
+    inventory_dir = tmp_path / "inventory"
+    inventory_dir.mkdir()
+    (inventory_dir / "group_vars").symlink_to(paths.INVENTORY_DIR / "group_vars")
+    (tmp_path / "constraints.txt").symlink_to(paths.CONSTRAINTS_FILE)  # group_vars read ../constraints.txt
+    (inventory_dir / "hosts.yml").write_text(
+        "all:\n  children:\n    master:\n      hosts:\n        controller:\n"
+        "          ansible_host: 127.0.0.1\n          ansible_connection: local\n"
+        "          ansible_python_interpreter: /usr/bin/python3\n          gpu_indices: [0]\n"
+        "    workers:\n      hosts:\n        controller:\n")
+    env = {**os.environ, "ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_NOCOLOR": "1"}
+    result = subprocess.run(
+        [str(VENV_BIN / "ansible-playbook"), "-i", str(inventory_dir / "hosts.yml"), "site.yml", "--check",
+         "--tags", "no_such_stage"],
+        cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
+    assert "Gathering Facts" not in result.stdout
+    for role in ROLES:
+        assert f"TASK [{role} : Validating arguments against arg spec 'main'" in result.stdout, role
+
+
+def test_the_variable_check_finds_an_undeclared_read(tmp_path):
+    """The check above bites: a read in a task, a template or a condition is found; what the role sets
+    itself (register, set_fact, vars:, loop_var, vars/) and Ansible's own names are not."""
+    role_dir = tmp_path / "demo"
+    for part, text in {
+        "tasks/main.yml": "- ansible.builtin.command: {argv: [echo, '{{ demo_port }}']}\n"
+                          "  register: demo_result\n"
+                          "  when: demo_enabled and demo_result is not defined and inventory_hostname\n"
+                          "- ansible.builtin.set_fact: {demo_fact: '{{ demo_result.stdout }}'}\n"
+                          "- ansible.builtin.debug: {msg: '{{ demo_local ~ each ~ demo_fact }}'}\n"
+                          "  vars: {demo_local: '{{ ansible_facts.hostname }}'}\n"
+                          "  loop: '{{ demo_list }}'\n  loop_control: {loop_var: each}\n",
+        "vars/main.yml": "demo_internal: '{{ demo_from_group_vars }}'\n",
+        "defaults/main.yml": "demo_list: [1]\n",
+        "templates/demo.j2": "{% for x in demo_items %}{{ x }}{% set y = 1 %}{{ y }}{% endfor %}"
+                             "{{ demo_internal }}",
+    }.items():
+        (role_dir / part).parent.mkdir(parents=True, exist_ok=True)
+        (role_dir / part).write_text(text)
+    assert role_reads(role_dir) == {"demo_port", "demo_enabled", "demo_list", "demo_from_group_vars",
+                                    "demo_items"}
 
 
 def test_distribution_specific_values_live_in_vars_files():
