@@ -24,6 +24,10 @@ ANSIBLE_CFG = REPO_ROOT / "ansible.cfg"
 
 # Inside results/<cluster>/: the health gate that preceded each matrix (dtlab.doctor), as JSON.
 GATE_DIRNAME = "gate"
+# ... each whole site.yml converge's seconds per role (dtlab.provision), and the platforms' daemons
+# idle (dtlab.idle, invoke cluster.idle); both read by the report's Table B.10.
+PROVISION_DIRNAME = "provision"
+IDLE_DIRNAME = "idle"
 
 
 def results_dir_for(cluster_name: str) -> Path:
