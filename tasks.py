@@ -123,6 +123,26 @@ def cluster_doctor(c, inventory=None, json=False):
     _harness_call(commands.cluster_doctor, inventory, as_json=json)
 
 
+@task(name="provision", help={"inventory": INVENTORY_HELP,
+                              "check": "check mode: what would change (nothing is recorded)",
+                              "diff": "show each file's changes", "tags": "only these stages, e.g. spark,ray",
+                              "limit": "only these hosts (Ansible's --limit)"})
+def cluster_provision(c, inventory=None, check=False, diff=False, tags="", limit=None):
+    """ansible-playbook site.yml, a line per task; a whole run records its seconds per role (Table B.10)."""
+    from dtlab.provision import provision_command
+
+    _harness_call(provision_command, inventory, check=check, diff=diff, tags=tags, limit=limit)
+
+
+@task(name="idle", help={"inventory": INVENTORY_HELP,
+                         "seconds": "seconds between the two samples that CPU is measured over (default 10)"})
+def cluster_idle(c, inventory=None, seconds=None):
+    """Each platform daemon's memory and CPU per node with no cell running; recorded for Table B.10."""
+    from dtlab.idle import idle_command
+
+    _harness_call(idle_command, inventory, seconds)
+
+
 @task(name="reset", help={"inventory": INVENTORY_HELP})
 def cluster_reset(c, inventory=None):
     """Stop dtlab runs and Slurm jobs, restart Spark, Ray, Determined, clear scratch; ends with the check."""
@@ -235,7 +255,7 @@ def demo(c, name=None, faults=False):
 
 
 lab = Collection("lab", lab_up, lab_down, lab_status, lab_ssh, lab_restart_node)
-cluster = Collection("cluster", cluster_check, cluster_doctor, cluster_reset)
+cluster = Collection("cluster", cluster_check, cluster_doctor, cluster_provision, cluster_idle, cluster_reset)
 trainer = Collection("trainer", trainer_deploy)
 bench = Collection("bench", bench_all, bench_run, bench_faults, bench_report)
 

@@ -446,7 +446,9 @@ def build_report(
         gate=gate_section(store.root, chosen),
         target_accuracy=target_accuracy,
         disagreements=builder.disagreement_table(known_setup_differences(undisturbed, short, pub.device)),
-        comparison=with_recommendation(build_comparison(groups, samples, faults, short), priorities),
+        comparison=with_recommendation(
+            build_comparison(groups, samples, faults, short, store.root), priorities
+        ),
     )
 
 

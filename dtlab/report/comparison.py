@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import math
 import tokenize
 from collections.abc import Iterable, Mapping, Sequence
@@ -26,7 +27,7 @@ from typing import Any
 import yaml
 
 from dtlab.errors import DtlabError
-from dtlab.paths import INVENTORY_DIR, REPO_ROOT
+from dtlab.paths import IDLE_DIRNAME, INVENTORY_DIR, PROVISION_DIRNAME, REPO_ROOT
 from dtlab.report.aggregate import MIN_RUNS_FOR_SPREAD, GroupKey, GroupStats, Sample
 from dtlab.report.faults import FaultSection
 from dtlab.report.numbers import fmt, text
@@ -56,20 +57,36 @@ VARIABLE_PREFIXES = {
     "ray": ("ray_",),
     "slurm": ("slurmctld_", "slurmd_", "munge_"),
 }
+# Which of site.yml's roles provision which platform, for the provisioning time (a role's time includes
+# the roles it imports: dtlab.provision.play_roles). Every other role (common, ssh, firewall, nvidia,
+# docker, trainer) and the tasks outside roles serve all platforms: "shared". DDP has none of its own:
+# torchrun runs from the trainer venv every platform uses (and its Docker runtime from the docker role
+# Determined's agents use too). tests/report/test_comparison.py checks that a new stage of site.yml is
+# placed here or named as shared.
+PLATFORM_ROLES = {
+    "ddp": (),
+    "determined": ("determined_master", "determined_agent", "postgresql"),
+    "spark": ("spark",),
+    "ray": ("ray",),
+    "slurm": ("slurm",),
+}
 # A port range (first, last): counted as one listening entry, shown as a range.
 PORT_RANGES = {"ray": ("ray_min_worker_port", "ray_max_worker_port")}
 
 STARTUP_PHASES = ("submit → trainer process", "→ first step")  # aggregate.WHOLE_RUN_PHASES' first two
 
 NOT_MEASURED = "not measured"
-# What recording the two columns this report cannot fill would take (docs/results-and-report.md).
-NOT_MEASURED_NOTE = (
-    "Provisioning time and idle memory/CPU are not measured: the report reads only the results folder, "
-    "and nothing records them there yet. Recording them needs (1) site.yml run with a per-role timer "
-    "(Ansible's profile_roles callback) whose totals are written to results/<cluster>/provision/, and (2) "
-    "an idle probe after provisioning, with no cell running, that writes each platform unit's "
-    "MemoryCurrent and CPUUsageNSec (systemctl show) per node to results/<cluster>/idle/."
+# The two columns measured on the cluster rather than from the runs: what records each, and where.
+PROVISION_NOT_MEASURED_NOTE = (
+    f"Provisioning time is not measured: results/<cluster>/{PROVISION_DIRNAME}/ holds no record. "
+    "invoke cluster.provision (or invoke demo) records each whole site.yml converge there, seconds per role."
 )
+IDLE_NOT_MEASURED_NOTE = (
+    f"Idle memory / CPU is not measured: results/<cluster>/{IDLE_DIRNAME}/ holds no record. invoke "
+    "cluster.idle, run with no cell running, records each platform unit's MemoryCurrent and CPUUsageNSec "
+    "(systemctl show) per node there."
+)
+READABLE_RECORD_FORMATS = (1,)  # of dtlab.provision's and dtlab.idle's records
 
 # name -> (what it ranks on, which way is better)
 CRITERIA = {
@@ -192,6 +209,191 @@ def moving_parts(platform: str, group_vars: Mapping[str, Any] | None = None) -> 
         ports.append(f"{group_vars[ranged[0]]}–{group_vars[ranged[1]]}")
     services = [str(group_vars[k]) for k in mine if k.endswith("_service")]
     return MovingParts(tuple(services), tuple(ports))
+
+
+# --- measured on the cluster: provisioning and idle records ------------------------------------------
+
+
+def variable_platform(variable: str) -> str:
+    """The platform a group_vars name belongs to (VARIABLE_PREFIXES); DtlabError for no platform's."""
+    for platform, prefixes in VARIABLE_PREFIXES.items():
+        if variable.startswith(prefixes):
+            return platform
+    raise DtlabError(f"{variable}: no platform's variable (dtlab.report.comparison.VARIABLE_PREFIXES)")
+
+
+def shared_roles(recorded: Iterable[str]) -> list[str]:
+    """The recorded roles (and tasks outside roles) no platform owns."""
+    owned = {role for roles in PLATFORM_ROLES.values() for role in roles}
+    return sorted(set(recorded) - owned)
+
+
+def _provision_record(content: Mapping[str, Any]) -> bool:
+    roles = content.get("roles")
+    return isinstance(roles, dict) and all(
+        isinstance(r, dict) and isinstance(r.get("seconds"), int | float) for r in roles.values()
+    )
+
+
+def _idle_record(content: Mapping[str, Any]) -> bool:
+    units = content.get("units")
+    return isinstance(units, list) and all(
+        isinstance(u, dict)
+        and all(isinstance(u.get(k), str) for k in ("node", "unit", "platform", "state"))
+        and isinstance(u.get("running"), list)
+        for u in units
+    )
+
+
+RECORD_SHAPES = {PROVISION_DIRNAME: _provision_record, IDLE_DIRNAME: _idle_record}
+
+
+def read_records(root: Path, dirname: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The JSON records in results/<cluster>/<dirname>/, oldest first (their names sort by time), and one
+    note per file that cannot be read (left out, never a stopped report)."""
+    directory = root / dirname
+    records, unreadable = [], []
+    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+        source = path.relative_to(root).as_posix()
+        try:
+            content = json.loads(path.read_text())
+        except (OSError, ValueError) as error:
+            unreadable.append(f"{source} ({error})")
+            continue
+        if (not isinstance(content, dict) or content.get("format") not in READABLE_RECORD_FORMATS
+                or not RECORD_SHAPES[dirname](content)):
+            unreadable.append(f"{source} (not a {dirname} record of format "
+                              f"{', '.join(map(str, READABLE_RECORD_FORMATS))})")
+            continue
+        records.append(content)
+    return records, unreadable
+
+
+def _range(values: Sequence[float], places: int, unit: str) -> str:
+    """'97 s', or '90–104 s' (min–max over the runs)."""
+    low, high = (f"{v:.{places}f}" for v in (min(values), max(values)))
+    return f"{low if low == high else f'{low}–{high}'}{unit}"
+
+
+def _runs(n: int) -> str:
+    return "1 run" if n == 1 else f"n={n}"
+
+
+def _role_seconds(records: Iterable[Mapping[str, Any]], roles: Sequence[str]
+                  ) -> tuple[list[float], list[float]]:
+    """Per run in which any of `roles` ran: their wall seconds, apart for the runs in which they changed
+    something (a first converge) and those in which they changed nothing (an idempotent re-run)."""
+    changed, unchanged = [], []
+    for record in records:
+        mine = [record["roles"][role] for role in roles if role in record.get("roles", {})]
+        if mine:
+            seconds = sum(float(m["seconds"]) for m in mine)
+            (changed if any(m.get("changed") for m in mine) else unchanged).append(seconds)
+    return changed, unchanged
+
+
+def _seconds_text(changed: list[float], unchanged: list[float]) -> str:
+    parts = [f"{_range(changed, 0, ' s')} with changes ({_runs(len(changed))})"] if changed else []
+    parts += [f"{_range(unchanged, 0, ' s')} changing nothing ({_runs(len(unchanged))})"] if unchanged else []
+    return "; ".join(parts)
+
+
+def provisioning_times(records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, str], str]:
+    """Per platform, its roles' seconds in the recorded converges; and the shared roles' line."""
+    shown = {}
+    for platform, roles in PLATFORM_ROLES.items():
+        if not roles:
+            shown[platform] = "no role of its own (it runs on the shared roles)"
+        else:
+            shown[platform] = _seconds_text(*_role_seconds(records, roles)) or "its roles never ran"
+    shared = shared_roles({role for record in records for role in record.get("roles", {})})
+    line = f"Shared roles ({', '.join(shared)}): {_seconds_text(*_role_seconds(records, shared))}."
+    return shown, line
+
+
+def idle_use(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Per platform and node, the memory and CPU of its running units (dtlab.idle.UnitIdle.running),
+    min–max over the probes."""
+    shown = {}
+    for platform in PLATFORMS:
+        per_node: dict[str, tuple[list[float], list[float]]] = {}
+        states = set()
+        probes = 0  # the records in which the platform had an active unit
+        for record in records:
+            totals: dict[str, list[float | None]] = {}
+            for unit in record.get("units", []):
+                if unit.get("platform") != platform:
+                    continue
+                states.add(f"{unit['unit']} {unit['state']}")
+                if not unit.get("running"):  # neither the unit nor a member of it ran
+                    continue
+                total = totals.setdefault(unit["node"], [0.0, 0.0])
+                for index, key in enumerate(("memory_bytes", "cpu_pct")):
+                    value = unit.get(key)
+                    total[index] = None if value is None or total[index] is None else total[index] + value
+            probes += bool(totals)
+            for node, (memory, cpu) in totals.items():
+                memories, cpus = per_node.setdefault(node, ([], []))
+                if memory is not None:
+                    memories.append(memory / 2**20)
+                if cpu is not None:
+                    cpus.append(cpu)
+        if not per_node:
+            shown[platform] = ("none running: " + ", ".join(sorted(states)) if states
+                               else "no daemon of its own" if platform == "ddp" else "not installed")
+            continue
+        shown[platform] = "; ".join(
+            f"{node}: {_range(memories, 0, ' MiB') if memories else 'memory not accounted'}, "
+            f"{_range(cpus, 2, '% CPU') if cpus else 'CPU not accounted'}"
+            for node, (memories, cpus) in sorted(per_node.items())
+        ) + f" ({'1 probe' if probes == 1 else f'n={probes}'})"
+    return shown
+
+
+def cluster_measures(root: Path | None) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """Table B.10's two columns measured on the cluster, from results/<cluster>/provision/ and idle/
+    (NOT_MEASURED where no record is), and their notes."""
+    provision, unreadable = read_records(root, PROVISION_DIRNAME) if root else ([], [])
+    idle, unreadable_idle = read_records(root, IDLE_DIRNAME) if root else ([], [])
+    notes = []
+    if provision:
+        times, shared = provisioning_times(provision)
+        notes.append(
+            f"Provisioning time: the wall time of each platform's roles ({_roles_named()}) in the "
+            f"{len(provision)} whole site.yml converge(s) recorded in {PROVISION_DIRNAME}/ (invoke "
+            "cluster.provision, invoke demo), min–max over them; runs in which those roles changed "
+            "something (a first converge) shown apart from runs in which they changed nothing (an "
+            f"idempotent re-run). {shared}"
+        )
+    else:
+        times = dict.fromkeys(PLATFORMS, NOT_MEASURED)
+        notes.append(PROVISION_NOT_MEASURED_NOTE)
+    if idle:
+        used = idle_use(idle)
+        intervals = sorted({float(record.get("interval_s", 0)) for record in idle})
+        sources = sorted({u.get("source") for r in idle for u in r["units"] if u.get("source")})
+        over = ", ".join(f"{i:g}" for i in intervals)
+        notes.append(
+            f"Idle memory / CPU: {len(idle)} probe(s) by invoke cluster.idle ({IDLE_DIRNAME}/), no cell "
+            "running: per node, the sum over the platform's units (its *_service names in group_vars, "
+            "each with the units that are PartOf it, of those running at both samples) of its memory "
+            f"(the mean of two samples) and its CPU over {over} s as % of one core, min–max over the "
+            "probes. Both from systemd's accounts (MemoryCurrent, page cache charged to the unit "
+            "included; CPUUsageNSec) where it keeps them, else from the unit's processes (PSS, and the "
+            "CPU ticks of those alive at both samples), as on the lab's nodes; here from: "
+            f"{', '.join(sources) or 'no running unit'}."
+        )
+    else:
+        used = dict.fromkeys(PLATFORMS, NOT_MEASURED)
+        notes.append(IDLE_NOT_MEASURED_NOTE)
+    if unreadable or unreadable_idle:
+        notes.append(f"Left out, unreadable: {'; '.join(unreadable + unreadable_idle)}.")
+    return times, used, notes
+
+
+def _roles_named() -> str:
+    return "; ".join(f"{DISPLAY_NAMES.get(p, p)}: {', '.join(roles)}" for p, roles in PLATFORM_ROLES.items()
+                     if roles)
 
 
 # --- measures ----------------------------------------------------------------------------------------
@@ -390,7 +592,10 @@ def _table(
     parts: dict[str, MovingParts | None],
     title: str,
     notes: list[str],
+    provisioning: Mapping[str, str] | None = None,
+    idle: Mapping[str, str] | None = None,
 ) -> Table:
+    """`provisioning` and `idle` None: not published (the study's figures)."""
     rows = []
     for p in platforms:
         moving = parts[p]
@@ -403,8 +608,8 @@ def _table(
                 text(", ".join(moving.ports) or "none") if moving else text("not published"),
                 text(measures["operations"][p].shown),
                 text(measures["pipelines"][p].shown),
-                text(NOT_MEASURED if moving else "not published"),
-                text(NOT_MEASURED if moving else "not published"),
+                text(provisioning[p] if provisioning is not None else "not published"),
+                text(idle[p] if idle is not None else "not published"),
             ]
         )
     return Table("B.10", "table-b.10-comparison", title, COLUMNS, rows, notes)
@@ -428,8 +633,10 @@ def build_comparison(
     samples: Iterable[Sample],
     faults: FaultSection | None,
     short: int | None,
+    root: Path | None = None,
 ) -> Comparison:
-    """Table B.10 from this cluster's runs."""
+    """Table B.10 from this cluster's runs, and from the provisioning and idle records under `root` (its
+    results folder)."""
     samples = list(samples)
     count = comparison_count(groups, short)
     measures: dict[str, dict[str, Measure]] = {c: {} for c in CRITERIA}
@@ -447,7 +654,8 @@ def build_comparison(
         measures["operations"][p], measures["pipelines"][p] = _qualitative(p)
     at = f"{count} workers/GPUs, {short} epochs" if count is not None else "no runs"
     title = f"The study's qualitative comparison, measured on this cluster (at {at}; beyond the study)"
-    table = _table(list(PLATFORMS), measures, parts, title, [COMPARISON_NOTE, NOT_MEASURED_NOTE])
+    provisioning, idle, notes = cluster_measures(root)
+    table = _table(list(PLATFORMS), measures, parts, title, [COMPARISON_NOTE, *notes], provisioning, idle)
     return Comparison(list(PLATFORMS), measures, table)
 
 

@@ -2,21 +2,24 @@
 from the user's priorities), issue #28 items 4 and 5."""
 
 import math
+from dataclasses import replace
+from datetime import UTC, datetime
 
 import pytest
 import yaml
 from result_factory import made_up_result
 
-from dtlab import commands
+from dtlab import commands, idle, provision
 from dtlab.cell import Cell
 from dtlab.cluster import SERVICE_VARIABLES
 from dtlab.errors import DtlabError
-from dtlab.paths import INVENTORY_DIR
+from dtlab.paths import IDLE_DIRNAME, INVENTORY_DIR, PROVISION_DIRNAME, SITE_PLAYBOOK
 from dtlab.report import build_report, build_study_report, parse_priorities
 from dtlab.report.comparison import (
     CRITERIA,
     LAUNCHER_FILES,
     NOT_MEASURED,
+    PLATFORM_ROLES,
     PLATFORMS,
     VARIABLE_PREFIXES,
     Measure,
@@ -26,6 +29,7 @@ from dtlab.report.comparison import (
     code_lines,
     moving_parts,
     rank,
+    shared_roles,
 )
 from dtlab.results import Provenance, ResultStore
 
@@ -123,10 +127,11 @@ def test_comparison_table_columns_are_computed(tmp_path):
     assert ddp["Services"] == "none" and ddp["Listening ports"] == str(GROUP_VARS["dtlab_rendezvous_port"])
     ray_ports = row(table, "Ray Train")["Listening ports"]
     assert f"{GROUP_VARS['ray_min_worker_port']}–{GROUP_VARS['ray_max_worker_port']}" in ray_ports
-    # No fault runs; nothing records provisioning or idle use.
+    # No fault runs; no provisioning or idle record: the notes name the commands that record them.
     assert ddp["Recovery from a fault: total / undisturbed"] == "no fault run"
     assert ddp["Provisioning time"] == ddp["Idle memory / CPU per node"] == NOT_MEASURED
-    assert any("profile_roles" in note for note in table.notes)
+    assert any("invoke cluster.provision" in note and "provision/" in note for note in table.notes)
+    assert any("invoke cluster.idle" in note and "idle/" in note for note in table.notes)
 
 
 def test_same_seed_runs_with_equal_epochs_are_reproducible(tmp_path):
@@ -143,6 +148,84 @@ def test_every_service_the_cluster_checks_belongs_to_one_platform():
         owners = [p for p, prefixes in VARIABLE_PREFIXES.items() if variable.startswith(prefixes)]
         assert len(owners) == 1, variable
     assert sum(moving_parts(p, GROUP_VARS).count for p in PLATFORMS) > len(SERVICE_VARIABLES)
+
+
+# --- provisioning time and idle use, from their records -------------------------------------------------
+
+
+def converged(roles: dict[str, tuple[float, int]]) -> provision.ConvergeResult:
+    """A successful converge whose roles took (seconds, changed results)."""
+    timed = {name: provision.RoleTime(seconds, tasks=3, changed=changed, hosts={"node0": seconds})
+             for name, (seconds, changed) in roles.items()}
+    changed = {"node0": sum(c for _, c in roles.values())}
+    return provision.ConvergeResult(0, "successful", {"changed": changed}, seconds=1.0, roles=timed)
+
+
+def probed(units: list[tuple[str, str, str, str, float | None, float | None]]) -> idle.IdleMeasure:
+    """An idle probe of (node, unit, platform, state, MiB, CPU %) rows."""
+    return idle.IdleMeasure("c", "2026-11-25T10:00:00+00:00", 10.0, [
+        idle.UnitIdle(node, unit, f"{platform}_service", platform, state,
+                      None if mib is None else int(mib * 2**20), cpu,
+                      running=(unit,) if state == "active" else ())
+        for node, unit, platform, state, mib, cpu in units
+    ])
+
+
+def test_provisioning_and_idle_columns_come_from_their_records(tmp_path):
+    store = ResultStore(tmp_path)
+    fill(store, {"ddp": (100, 101, 102)})
+    runs = [  # a first converge, then two idempotent re-runs, as dtlab.provision records them
+        converged({"common": (40, 9), "spark": (100, 5), "ray": (50, 4), "postgresql": (20, 3),
+                   "determined_master": (5, 0), provision.OUTSIDE_ROLES: (2, 0)}),
+        converged({"common": (8, 0), "spark": (10, 0), "ray": (6, 0), "postgresql": (3, 0),
+                   "determined_master": (1, 0)}),
+        converged({"common": (9, 0), "spark": (12, 0), "ray": (7, 0), "postgresql": (4, 0),
+                   "determined_master": (1, 0)}),
+    ]
+    for second, run in enumerate(runs):
+        started = datetime(2026, 11, 25, 10, 0, second, tzinfo=UTC)
+        provision.record_provision(run, "c", tmp_path / "hosts.yml", started, tmp_path / PROVISION_DIRNAME)
+    probes = [
+        probed([("node0", "dtlab-spark-master.service", "spark", "active", 300, 1.0),
+                ("node1", "dtlab-spark-worker.service", "spark", "active", 200, 0.5),
+                ("node0", "postgresql.service", "determined", "active", 25, 0.1),
+                ("node1", "slurmd.service", "slurm", "inactive", None, None)]),
+        probed([("node0", "dtlab-spark-master.service", "spark", "active", 310, 1.5),
+                ("node1", "dtlab-spark-worker.service", "spark", "active", 200, 0.5),
+                ("node0", "postgresql.service", "determined", "active", 25, None),
+                ("node1", "slurmd.service", "slurm", "inactive", None, None)]),
+    ]
+    for second, probe in enumerate(probes):
+        later = replace(probe, started_at=f"2026-11-25T10:00:0{second}+00:00")
+        idle.record_idle(later, tmp_path / IDLE_DIRNAME)
+    (tmp_path / IDLE_DIRNAME / "20261125T110000Z.json").write_text('{"format": 1, "units": "garbled"}')
+    table = build_report(store).comparison.table
+    spark, determined = row(table, "Apache Spark"), row(table, "Determined AI")
+    # The first converge apart from the re-runs, min–max over those.
+    assert spark["Provisioning time"] == "100 s with changes (1 run); 10–12 s changing nothing (n=2)"
+    assert determined["Provisioning time"] == "25 s with changes (1 run); 4–5 s changing nothing (n=2)"
+    assert row(table, "PyTorch DDP")["Provisioning time"].startswith("no role of its own")
+    assert row(table, "Slurm")["Provisioning time"] == "its roles never ran"
+    assert any("Shared roles ((outside roles), common): 42 s with changes (1 run); 8–9 s changing nothing "
+               "(n=2)" in note for note in table.notes)
+    # Idle: per node, min–max over the probes; a unit without a CPU figure is not read as 0 %.
+    assert spark["Idle memory / CPU per node"] == (
+        "node0: 300–310 MiB, 1.00–1.50% CPU; node1: 200 MiB, 0.50% CPU (n=2)")
+    assert determined["Idle memory / CPU per node"] == "node0: 25 MiB, 0.10% CPU (n=2)"
+    assert row(table, "Slurm")["Idle memory / CPU per node"] == "none running: slurmd.service inactive"
+    assert row(table, "Ray Train")["Idle memory / CPU per node"] == "not installed"
+    assert row(table, "PyTorch DDP")["Idle memory / CPU per node"] == "no daemon of its own"
+    assert any(note.startswith("Left out, unreadable: idle/20261125T110000Z.json") for note in table.notes)
+    assert not any("not measured" in note for note in table.notes)
+
+
+def test_every_stage_role_of_site_yml_is_a_platforms_or_named_as_shared():
+    # The roles site.yml's plays run; the roles they import (systemd_units, ...) count for them.
+    stages = {role for _, roles in provision.playbook_plays(SITE_PLAYBOOK) for role in roles}
+    owned = {role for platform_roles in PLATFORM_ROLES.values() for role in platform_roles}
+    assert set(PLATFORM_ROLES) == set(PLATFORMS) and owned <= stages
+    # A new stage lands here until it is placed in PLATFORM_ROLES or added to this list, knowingly.
+    assert shared_roles(stages) == ["common", "docker", "firewall", "nvidia", "ssh", "trainer"]
 
 
 # --- the ranking ---------------------------------------------------------------------------------------
