@@ -1,0 +1,159 @@
+#!/usr/bin/env bash
+# Builds a Horovod wheel (PyTorch + Gloo, no MPI) against the torch of a given Python, from PyPI's
+# horovod sdist with dtlab's own one-line build fix: the C++ standard raised from 14 to 17.
+#
+# Why: PyPI's last release, horovod 0.28.1 (2023-06-12), compiles with C++14, and torch >= 2.1 needs
+# C++17 ("#error C++17 or later compatible compiler is required to use PyTorch", horovod issues #3996
+# and #4014). Its CMakeLists strip any -std= from CXXFLAGS, so only an edit of the sources helps.
+# Upstream fixed it in PR #3998, merged but never released. dtlab keeps no copy of that patch: it
+# raises both `set(CMAKE_CXX_STANDARD 14)` lines (the project's, which also builds Gloo, and the torch
+# extension's) to 17, so Horovod, its Gloo and the extension are all C++17 (raising the extension's
+# alone fails at link time: multiple definition of gloo::rendezvous::Store::kDefaultTimeout).
+#
+# A Horovod wheel is bound to the exact torch it was compiled against, so the wheel's version carries
+# that torch as a local label: horovod-0.28.1+torch2.13.0.cpu-cp311-cp311-linux_x86_64.whl
+# (`pip install horovod==0.28.1` still matches it). When OUT_DIR already holds the wheel for this
+# Horovod, torch and Python, nothing is built.
+#
+#   scripts/build-horovod-wheel.sh --python VENV/bin/python --out OUT_DIR
+#       [--version V --sha256 H]   the sdist pin (default: horovod_version and horovod_sdist_sha256
+#                                  from this checkout's inventory/group_vars/all.yml)
+#       [--sdist PATH]             use this sdist instead of downloading it with pip (checked the same)
+#       [--jobs N] [--timeout S]   parallel compile jobs (default 2) and the build's time limit (3600)
+#
+# PYTHON must have torch and Horovod's setup_requires installed (cloudpickle, psutil, pyyaml,
+# packaging, cffi; setuptools >= 70.1 or wheel): the build runs without isolation, against that torch.
+# Needs cmake >= 3.13, a C++17 compiler (c++) and Python's headers (python3-dev).
+# GPU operations are not asked for: the caller's HOROVOD_GPU_OPERATIONS / HOROVOD_NCCL_HOME, if set,
+# pass through unchanged. Prints the wheel's path as its last line; exit != 0 with one line on error.
+set -euo pipefail
+
+die() { echo "build-horovod-wheel: $*" >&2; exit 2; }
+
+repo_dir="$(cd "$(dirname "$0")/.." && pwd)"
+python="" out_dir="" version="" sha256="" sdist="" jobs=2 timeout_s=3600
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --python|--out|--version|--sha256|--sdist|--jobs|--timeout)
+      [ $# -ge 2 ] || die "$1 needs a value"
+      case "$1" in
+        --python) python="$2" ;; --out) out_dir="$2" ;; --version) version="$2" ;;
+        --sha256) sha256="$2" ;; --sdist) sdist="$2" ;; --jobs) jobs="$2" ;; --timeout) timeout_s="$2" ;;
+      esac
+      shift 2 ;;
+    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    *) die "unknown argument '$1' (see --help)" ;;
+  esac
+done
+[ -n "$python" ] || die "--python is required (a venv's python with torch installed)"
+[ -n "$out_dir" ] || die "--out is required (the directory the wheel goes to)"
+[ -x "$python" ] || die "--python $python is not an executable"
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs $jobs is not a positive whole number"
+[[ "$timeout_s" =~ ^[1-9][0-9]*$ ]] || die "--timeout $timeout_s is not a positive whole number of seconds"
+
+# The pin's one home is group_vars/all.yml; the role passes it explicitly (no checkout on a node).
+if [ -z "$version" ] || [ -z "$sha256" ]; then
+  group_vars="$repo_dir/inventory/group_vars/all.yml"
+  [ -f "$group_vars" ] || die "--version and --sha256 are required outside a dtlab checkout"
+  pins=$("$python" -c 'import sys, yaml
+v = yaml.safe_load(open(sys.argv[1]))
+print(v.get("horovod_version", ""), v.get("horovod_sdist_sha256", ""))' "$group_vars" 2>/dev/null) \
+    || die "cannot read horovod_version and horovod_sdist_sha256 from $group_vars with $python (pyyaml?)"
+  read -r pinned_version pinned_sha256 <<<"$pins"
+  version="${version:-$pinned_version}" sha256="${sha256:-$pinned_sha256}"
+  [ -n "$version" ] && [ -n "$sha256" ] || die "$group_vars lacks horovod_version or horovod_sdist_sha256"
+fi
+[[ "$version" =~ ^[0-9]+(\.[0-9]+)+$ ]] || die "horovod version '$version' is not a release number like 0.28.1"
+[[ "$sha256" =~ ^[0-9a-f]{64}$ ]] || die "sdist sha256 '$sha256' is not 64 lowercase hex digits"
+
+# The torch this wheel is bound to, and the Python tag it is built for.
+build_target=$("$python" -c 'import sys, torch
+print(torch.__version__, "cp%d%d" % sys.version_info[:2])' 2>/dev/null) \
+  || die "$python cannot import torch: give the python of a venv with the pinned torch installed"
+read -r torch_version python_tag <<<"$build_target"
+[ -n "$python_tag" ] || die "$python cannot import torch: give the python of a venv with the pinned torch installed"
+torch_label="torch$(printf '%s' "$torch_version" | tr -c 'A-Za-z0-9.\n' '.')"  # 2.13.0+cpu -> torch2.13.0.cpu
+wheel_version="$version+$torch_label"
+
+mkdir -p "$out_dir" || die "cannot create the output directory $out_dir"
+out_dir="$(cd "$out_dir" && pwd)"
+shopt -s nullglob
+present=("$out_dir/horovod-$wheel_version-$python_tag-$python_tag-"*.whl)
+shopt -u nullglob
+if [ ${#present[@]} -gt 0 ]; then
+  echo "build-horovod-wheel: present, not rebuilt (horovod $version, torch $torch_version, $python_tag)" >&2
+  echo "${present[0]}"
+  exit 0
+fi
+
+# --- what the build needs, checked before minutes are spent ------------------------------------
+command -v cmake >/dev/null || die "cmake not found (apt-get install cmake)"
+command -v c++ >/dev/null || die "no C++ compiler (c++) found (apt-get install g++)"
+missing=$("$python" - <<'EOF'
+import importlib.util, os, sysconfig
+need = {"cloudpickle": "cloudpickle", "psutil": "psutil", "yaml": "pyyaml", "packaging": "packaging",
+        "cffi": "cffi", "setuptools": "setuptools"}
+missing = [pkg for module, pkg in need.items() if importlib.util.find_spec(module) is None]
+if "setuptools" not in missing and importlib.util.find_spec("wheel") is None:
+    import setuptools
+    if tuple(int(p) for p in setuptools.__version__.split(".")[:2]) < (70, 1):
+        missing.append("wheel")  # setuptools carries bdist_wheel itself only from 70.1
+if not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")):
+    missing.append("Python.h (apt-get install python3-dev)")
+print(" ".join(missing))
+EOF
+) || die "$python cannot check its build requirements"
+[ -z "$missing" ] || die "$python lacks what the build needs: $missing (pip install them; the build runs without isolation)"
+
+work_dir="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"
+log="$work_dir/build.log"
+keep_work_dir=yes  # kept, with its log, when a step that logs fails
+trap 'if [ "$keep_work_dir" = no ] || [ ! -s "$log" ]; then rm -rf "$work_dir"; fi' EXIT
+
+# --- the sdist: PyPI's, checked against the pin ------------------------------------------------
+if [ -z "$sdist" ]; then
+  echo "build-horovod-wheel: downloading the horovod $version sdist" >&2
+  "$python" -m pip download --quiet --no-deps --no-binary :all: --no-build-isolation \
+      --dest "$work_dir" "horovod==$version" >"$log" 2>&1 \
+    || die "pip could not download the horovod $version sdist (log: $log)"
+  sdist="$work_dir/horovod-$version.tar.gz"
+fi
+[ -f "$sdist" ] || die "sdist $sdist not found"
+actual_sha256=$(sha256sum "$sdist" | cut -d' ' -f1)
+[ "$actual_sha256" = "$sha256" ] \
+  || die "$sdist has sha256 $actual_sha256, not the pinned $sha256 (horovod_sdist_sha256)"
+tar -xzf "$sdist" -C "$work_dir" || die "cannot unpack $sdist"
+src="$work_dir/horovod-$version"
+[ -d "$src" ] || die "$sdist does not unpack to horovod-$version/"
+
+# --- dtlab's edits: C++17 everywhere, and the torch label in the version ---------------------------
+for cmake_file in CMakeLists.txt horovod/torch/CMakeLists.txt; do
+  [ "$(grep -c 'set(CMAKE_CXX_STANDARD 14)' "$src/$cmake_file")" = 1 ] \
+    || die "$cmake_file of horovod $version has no single 'set(CMAKE_CXX_STANDARD 14)' line: the C++17 edit does not fit this release"
+  sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$src/$cmake_file"
+done
+grep -q "^__version__ = '$version'\$" "$src/horovod/__init__.py" \
+  || die "horovod/__init__.py of horovod $version does not say __version__ = '$version'"
+sed -i "s/^__version__ = '$version'\$/__version__ = '$wheel_version'/" "$src/horovod/__init__.py"
+
+# --- the build ---------------------------------------------------------------------------------------
+echo "build-horovod-wheel: building horovod $wheel_version for $python_tag (-j$jobs, up to ${timeout_s}s; log: $log)" >&2
+started=$SECONDS
+unset HOROVOD_WITHOUT_GLOO HOROVOD_WITH_MPI
+build_status=0
+env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
+    HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$jobs" \
+  timeout "$timeout_s" "$python" -m pip wheel --no-build-isolation --no-deps --verbose \
+    --wheel-dir "$work_dir/dist" "$src" >>"$log" 2>&1 || build_status=$?
+if [ "$build_status" != 0 ]; then
+  tail -n 25 "$log" >&2
+  [ "$build_status" = 124 ] && die "the build ran past ${timeout_s}s and was stopped (log: $log)"
+  die "the build failed with exit $build_status after $((SECONDS - started))s (log: $log)"
+fi
+built=("$work_dir/dist/horovod-$wheel_version-"*.whl)
+[ -f "${built[0]}" ] || die "pip reported success but left no horovod wheel in $work_dir/dist (log: $log)"
+wheel="$out_dir/$(basename "${built[0]}")"
+cp "${built[0]}" "$wheel.partial" && mv "$wheel.partial" "$wheel"  # never a half-written wheel in OUT_DIR
+keep_work_dir=no
+echo "build-horovod-wheel: built in $((SECONDS - started))s" >&2
+echo "$wheel"

@@ -1,0 +1,190 @@
+"""scripts/build-horovod-wheel.sh: dtlab's own Horovod build (PyPI's 0.28.1 sdist with the C++ standard
+raised to 17) against the pinned torch, and the wheel it leaves. The wheel installs into another venv than
+the one it was built in, `horovodrun --check-build` shows PyTorch and Gloo, and two ranks on this machine
+average their gradients and all-reduce as they should.
+
+The wheel is kept in the controller's wheelhouse, where the horovod role builds and finds it: a cold run
+builds it (about 5 minutes on 2 cores), a warm one only checks it. Needs cmake and g++ for a cold build."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import yaml
+
+from dtlab import paths
+from dtlab.pins import pinned
+
+SCRIPT = paths.REPO_ROOT / "scripts" / "build-horovod-wheel.sh"
+GROUP_VARS = yaml.safe_load((paths.INVENTORY_DIR / "group_vars" / "all.yml").read_text())
+HOROVOD_VERSION = GROUP_VARS["horovod_version"]
+CLOUDPICKLE = f"cloudpickle=={GROUP_VARS['horovod_cloudpickle_version']}"
+# What the build needs in its venv besides torch: Horovod's setup_requires (the build runs without isolation).
+BUILD_REQUIREMENTS = [CLOUDPICKLE, "psutil", "pyyaml", "packaging", "cffi", "setuptools>=70.1"]
+# The script's one line when the machine cannot compile (setup.sh installs neither): those tests skip.
+NO_COMPILER = ("build-horovod-wheel: cmake not found", "build-horovod-wheel: no C++ compiler")
+
+# Two ranks: different data each, one model broadcast from rank 0, three SGD steps through Horovod's
+# DistributedOptimizer. Rank 0 replays the steps alone with the gradients averaged by hand: Horovod must
+# land on the same weights, as DDP would.
+JOB = """
+import json, torch
+import horovod.torch as hvd
+
+hvd.init()
+torch.manual_seed(100 + hvd.rank())  # a different start and data on each rank
+model = torch.nn.Linear(3, 1)
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+start = [p.detach().clone() for p in model.parameters()]
+optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                     named_parameters=model.named_parameters())
+data = torch.randn(8, 3)
+for _ in range(3):
+    optimizer.zero_grad()
+    torch.nn.functional.mse_loss(model(data), data.sum(1, keepdim=True)).backward()
+    optimizer.step()
+
+all_data = hvd.allgather(data).view(hvd.size(), 8, 3)
+weights = hvd.allgather(model.weight.detach())
+replay = torch.nn.Linear(3, 1)
+with torch.no_grad():
+    for param, value in zip(replay.parameters(), start):
+        param.copy_(value)
+for _ in range(3):
+    grads = []
+    for rank_data in all_data:
+        replay.zero_grad()
+        torch.nn.functional.mse_loss(replay(rank_data), rank_data.sum(1, keepdim=True)).backward()
+        grads.append([p.grad.clone() for p in replay.parameters()])
+    with torch.no_grad():
+        for index, param in enumerate(replay.parameters()):
+            param -= 0.05 * sum(g[index] for g in grads) / len(grads)
+print(json.dumps({
+    "rank": hvd.rank(), "size": hvd.size(),
+    "sum": hvd.allreduce(torch.tensor([hvd.rank() + 1.0]), op=hvd.Sum).item(),
+    "average": hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Average).item(),
+    "same_weights_on_every_rank": all(torch.equal(weights[0], w) for w in weights),
+    "matches_averaged_replay": torch.allclose(model.weight, replay.weight, atol=1e-6),
+}), flush=True)
+hvd.shutdown()
+"""
+
+
+def run(argv, timeout, **kwargs):
+    return subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def venv_with(directory, requirements):
+    """A fresh venv of the controller's Python with the pinned torch and `requirements`."""
+    assert run([sys.executable, "-m", "venv", directory], timeout=300).returncode == 0
+    python = directory / "bin" / "python"
+    installed = run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--find-links",
+                     paths.WHEELHOUSE_DIR, "-c", paths.CONSTRAINTS_FILE, "torch", *requirements],
+                    timeout=1200)
+    assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
+    return python
+
+
+def missing_compiler(text):
+    """The script's line saying that cmake or the C++ compiler is missing, if `text` has it."""
+    lines = [line.strip() for line in text.splitlines() if any(mark in line for mark in NO_COMPILER)]
+    return lines[0] if lines else None
+
+
+def build(python, out_dir, *extra, timeout=3900):
+    return run([SCRIPT, "--python", python, "--out", out_dir, *extra], timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def build_python(tmp_path_factory):
+    return venv_with(tmp_path_factory.mktemp("horovod-build") / "venv", BUILD_REQUIREMENTS)
+
+
+@pytest.fixture(scope="module")
+def wheel(build_python):
+    """The wheel for the pinned torch, in the controller's wheelhouse (built there unless already there)."""
+    built = build(build_python, paths.WHEELHOUSE_DIR)
+    if built.returncode != 0 and missing_compiler(built.stderr):
+        pytest.skip(missing_compiler(built.stderr))
+    assert built.returncode == 0, built.stderr[-3000:]
+    return built.stdout.splitlines()[-1]
+
+
+@pytest.fixture(scope="module")
+def horovod_python(tmp_path_factory, wheel):
+    """Another venv than the build's, with the wheel: the extension's RUNPATH names the build venv's torch."""
+    return venv_with(tmp_path_factory.mktemp("horovod-run") / "venv", [wheel, CLOUDPICKLE])
+
+
+@pytest.mark.slow
+def test_the_wheel_carries_horovod_torch_and_python_and_is_not_rebuilt(build_python, wheel):
+    torch_version = pinned("torch")
+    probe = "import sys, torch; print(torch.__version__, 'cp%d%d' % sys.version_info[:2])"
+    torch_built, python_tag = run([build_python, "-c", probe], timeout=120).stdout.split()
+    assert torch_built.split("+")[0] == torch_version
+    label = "torch" + torch_built.replace("+", ".")
+    name = f"horovod-{HOROVOD_VERSION}+{label}-{python_tag}-{python_tag}-linux_x86_64.whl"
+    assert wheel == f"{paths.WHEELHOUSE_DIR}/{name}"
+    started = time.monotonic()
+    again = build(build_python, paths.WHEELHOUSE_DIR, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.splitlines()[-1] == wheel
+    assert "present, not rebuilt" in again.stderr
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.slow
+def test_check_build_shows_pytorch_and_gloo_without_mpi(horovod_python):
+    checked = run([horovod_python.parent / "horovodrun", "--check-build"], timeout=120)
+    assert checked.returncode == 0, checked.stderr
+    lines = [line.strip() for line in checked.stdout.splitlines()]
+    assert f"Horovod v{HOROVOD_VERSION}+torch" in checked.stdout
+    assert "[X] PyTorch" in lines
+    assert lines.count("[X] Gloo") == 2  # the controller and the tensor operations
+    assert lines.count("[ ] MPI") == 2
+
+
+@pytest.mark.slow
+def test_two_ranks_average_gradients_and_allreduce_on_localhost(horovod_python, tmp_path):
+    job = tmp_path / "job.py"
+    job.write_text(JOB)
+    ran = run([horovod_python.parent / "horovodrun", "--gloo", "-np", "2", "-H", "localhost:2",
+               horovod_python, job], timeout=300, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    results = sorted((json.loads(line.split(">:", 1)[1]) for line in ran.stdout.splitlines()
+                      if line.startswith("[") and ">:{" in line), key=lambda result: result["rank"])
+    assert [result["rank"] for result in results] == [0, 1], ran.stdout[-3000:]
+    for result in results:
+        assert result["size"] == 2
+        assert result["sum"] == 3.0  # 1 + 2
+        assert result["average"] == 0.5  # (0 + 1) / 2
+        assert result["same_weights_on_every_rank"] is True
+        assert result["matches_averaged_replay"] is True
+
+
+@pytest.mark.slow
+def test_a_sdist_with_another_checksum_is_refused(build_python, tmp_path):
+    fake = tmp_path / f"horovod-{HOROVOD_VERSION}.tar.gz"
+    fake.write_bytes(b"not the release")
+    refused = build(build_python, tmp_path / "out", "--sdist", fake, timeout=300)
+    if missing_compiler(refused.stderr):
+        pytest.skip(missing_compiler(refused.stderr))
+    assert refused.returncode == 2
+    assert refused.stderr.strip().endswith("(horovod_sdist_sha256)"), refused.stderr
+    assert "not the pinned " + GROUP_VARS["horovod_sdist_sha256"] in refused.stderr
+    assert not list((tmp_path / "out").glob("*.whl"))
+
+
+def test_bad_arguments_are_refused_in_one_line(tmp_path):
+    missing = run([SCRIPT, "--python", tmp_path / "nope", "--out", tmp_path], timeout=30)
+    assert missing.returncode == 2
+    assert missing.stderr == f"build-horovod-wheel: --python {tmp_path / 'nope'} is not an executable\n"
+    no_out = run([SCRIPT, "--python", sys.executable], timeout=30)
+    assert (no_out.returncode, no_out.stderr) == (
+        2, "build-horovod-wheel: --out is required (the directory the wheel goes to)\n")
+    no_torch = run([SCRIPT, "--python", "/usr/bin/true", "--out", tmp_path, "--version", "0.28.1",
+                    "--sha256", "0" * 64], timeout=30)
+    assert no_torch.returncode == 2
+    assert no_torch.stderr.startswith("build-horovod-wheel: /usr/bin/true cannot import torch")
