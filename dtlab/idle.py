@@ -1,7 +1,7 @@
 """invoke cluster.idle: what each platform's daemons cost while no cell runs (the report's Table B.10).
 
 On every node at once, with no cell unit running (remote.CELL_UNIT_PATTERNS; one is refused), each
-platform unit cluster.check looks for (cluster.SERVICE_VARIABLES, by the names in group_vars) is read
+platform unit cluster.check looks for (each platform's service_variables, by the names in group_vars) is read
 twice, `interval_s` apart on the node's monotonic clock, by dtlab/data/idle_probe.py: memory (bytes, the
 mean of the two samples) and CPU (its increase over the interval: % of one core). Both come from
 systemd's own accounting (MemoryCurrent, CPUUsageNSec) where it keeps one, else from the unit's
@@ -24,12 +24,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from dtlab import paths, remote
-from dtlab.cluster import SERVICE_VARIABLES
+from dtlab import paths, platforms, remote
 from dtlab.errors import DtlabError
 from dtlab.files import atomic_write_text
 from dtlab.inventory import Cluster, Node, load_cluster
-from dtlab.report.comparison import variable_platform
 
 IDLE_FORMAT = 1  # the record's JSON layout, read by dtlab.report.comparison
 DEFAULT_INTERVAL_S = 10.0
@@ -56,10 +54,8 @@ class UnitIdle:
 
 def platform_units(cluster: Cluster) -> dict[str, tuple[str, str]]:
     """{unit file name: (group_vars variable, platform)} of every unit cluster.check looks for."""
-    return {
-        f"{cluster.require(variable)}.service": (variable, variable_platform(variable))
-        for variable in SERVICE_VARIABLES
-    }
+    return {f"{unit}.service": (variable, platform.name)
+            for platform in platforms.ALL for variable, unit in platform.units(cluster).items()}
 
 
 def probe_command(units: list[str], interval_s: float) -> str:

@@ -14,9 +14,10 @@ command -v apt-get >/dev/null || die "needs apt-get (Debian or Ubuntu)"
 
 # System packages: the lab (debootstrap, nspawn, iproute2), SSH and rsync for the harness,
 # Java 17 for Spark's driver on the controller, and a Python >= 3.11 with venv.
+# cmake and g++: scripts/build-horovod-wheel.sh compiles Horovod for its tests and the lab (roles/horovod).
 # openssh-server: only its sshd binary, for tests/provision/test_sshd_dropin.py (the ssh role's
 # drop-in checked by a real sshd); where setup.sh installs it, the controller's own sshd stays off.
-APT_PACKAGES=(debootstrap systemd-container iproute2 openssh-client rsync ca-certificates
+APT_PACKAGES=(debootstrap systemd-container iproute2 openssh-client rsync ca-certificates cmake g++
               openjdk-17-jre-headless python3 python3-venv python3-dev gcc openssh-server
               python3-debian)  # python3-debian: deb822_repository in the GPU roles' check-mode tests
 missing=()

@@ -35,7 +35,9 @@ COMPILE_MODES = ("no", "default", "reduce-overhead")
 OPTIMIZERS = ("adamw", "sgd")  # sgd exists only for the DDP-equivalence test: Adam hides gradient scale
 DEVICES = ("auto", "cpu", "cuda")
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
-FRAMEWORKS = ("ddp", "spark", "determined", "ray", "slurm")
+# The one list of platforms: the result schema, the matrix schema and dtlab's registry of platforms
+# (dtlab/platforms/, one module per name) all read it from here.
+FRAMEWORKS = ("ddp", "spark", "determined", "ray", "slurm", "horovod")
 # A hub id is "name" or "owner/name"; anything else is treated as a local path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _SOURCE = {"minLength": 1, "message": "is empty; give a hub id or a local path"}
@@ -277,7 +279,7 @@ _HELP = {
     "output_dir": "where rank 0 writes result.json",
     "checkpoint_dir": "per-epoch checkpoints and resume (null/none = off)",
     "cache_dir": "tokenized-split cache shared by runs (default: <output_dir>/../token-cache)",
-    "framework": "ddp, spark, determined, ray or slurm (set by the launcher)",
+    "framework": f"{', '.join(FRAMEWORKS[:-1])} or {FRAMEWORKS[-1]} (set by the launcher)",
     "framework_label": "what the run really was, written to result.json (default: the launcher's)",
 }
 

@@ -47,6 +47,9 @@ class TrainHooks:
     framework: str = "ddp"
     framework_label: str = "ddp (torchrun)"
     cfg: TrainConfig | None = None
+    # True when the launcher's own optimizer averages the gradients (Horovod's DistributedOptimizer):
+    # the core then trains wrap_model's module instead of stock DDP's.
+    syncs_gradients: bool = False
 
     def resume_path(self) -> Path | None:
         """Checkpoint directory or file to resume from; default: the latest in cfg.checkpoint_dir."""
@@ -64,6 +67,19 @@ class TrainHooks:
     def should_stop(self) -> bool:
         """True to stop after this epoch's checkpoint (preemption); train() then returns None."""
         return False
+
+    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """With syncs_gradients: the module to train (the core's DDP otherwise)."""
+        return model
+
+    def wrap_optimizer(self, optimizer: torch.optim.Optimizer,
+                       model: torch.nn.Module) -> torch.optim.Optimizer:
+        """With syncs_gradients: the optimizer that averages the gradients across ranks."""
+        return optimizer
+
+    def optimizer_step(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+        """One optimizer step through the loss scaler (a no-op scaler unless fp16)."""
+        scaler.step(optimizer)
 
 
 def auto_precision(capability: tuple[int, int]) -> str:
@@ -141,6 +157,9 @@ class _Run:
         self.model = model
         self.word_embeddings = None
         ddp = torch.nn.parallel.DistributedDataParallel
+        if self.hooks.syncs_gradients and cfg.sparse_embedding_sync:
+            raise ConfigError(f"sparse_embedding_sync: a DDP optimisation; {self.hooks.framework_label} "
+                              "averages every gradient itself: set it to false")
         if cfg.sparse_embedding_sync and self.world_size > 1:
             # dtlab's opt-in optimisation, not stock DDP: the word-embedding gradient (90% of bert-tiny's)
             # is zero outside the batch's tokens, so we average only those rows ourselves
@@ -149,7 +168,8 @@ class _Run:
             name = next(n for n, p in model.named_parameters() if p is self.word_embeddings)
             ddp._set_params_and_buffers_to_ignore_for_model(model, [name])
         # Stock DDP at every world size, 1 included: the study's 1-GPU baseline ran DDP under torchrun.
-        self.parallel_model = ddp(model, device_ids=[self.device.index] if self.is_cuda else None)
+        self.parallel_model = (self.hooks.wrap_model(model) if self.hooks.syncs_gradients
+                               else ddp(model, device_ids=[self.device.index] if self.is_cuda else None))
         self.eval_model = model  # validation needs no gradient sync
         if cfg.compile != "no":
             self.parallel_model, self.eval_model = self._compiled(self.parallel_model, model)
@@ -178,7 +198,7 @@ class _Run:
         self.data_fingerprint = train_split.fingerprint  # the tokens every rank trains on
 
         self.steps_per_epoch = len(self.batch_sampler)
-        self.optimizer = self._optimizer()
+        self.optimizer = self.hooks.wrap_optimizer(self._optimizer(), model)
         from transformers import get_linear_schedule_with_warmup
 
         self.scheduler = get_linear_schedule_with_warmup(
@@ -326,10 +346,10 @@ class _Run:
         self._average_word_embedding_rows(batch["input_ids"])
 
     def optimizer_step(self) -> None:
-        self.scaler.step(self.optimizer)
+        self.hooks.optimizer_step(self.scaler, self.optimizer)
         self.scaler.update()
         self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()  # set_to_none, torch's default; Horovod's optimizer takes no argument
 
     def _train_epoch(self, epoch: int) -> dict:
         self.batch_sampler.set_epoch(epoch)

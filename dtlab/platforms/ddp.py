@@ -145,7 +145,7 @@ class Ddp(Platform):
     colour = "#1f77b4"
     description = "torchrun on each placed worker, static rendezvous on the first (the study's baseline)"
     launcher_files = ("trainer/launchers/torchrun.py",)
-    roles = ("trainer",)  # torchrun comes with torch: nothing beyond the trainer's venv (and its image)
+    roles = ()  # torchrun comes with torch: the trainer venv (and image) every platform shares
     variable_prefixes = ("dtlab_rendezvous_",)
     check_names = ("ddp rendezvous port",)
     reset_title = "DDP: torchrun lives in each cell's units (stopped above); is the rendezvous port free?"

@@ -315,7 +315,7 @@ class Determined(Platform):
     description = ("an experiment on the Determined master, its trial in determined_trial_image on the "
                    "agents (without a master: the Core API entry off-cluster under torchrun)")
     launcher_files = ("trainer/launchers/determined.py",)
-    roles = ("postgresql", "determined_master", "determined_agent", "docker")
+    roles = ("determined_master", "determined_agent", "postgresql")  # docker: shared with ddp's image
     variable_prefixes = ("determined_", "postgresql_")
     service_variables = ("postgresql_service", "determined_master_service", "determined_agent_service")
     check_names = ("postgresql", "determined master", "determined agent", "determined",

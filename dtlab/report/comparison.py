@@ -26,52 +26,33 @@ from typing import Any
 
 import yaml
 
+from dtlab import platforms
 from dtlab.errors import DtlabError
 from dtlab.paths import IDLE_DIRNAME, INVENTORY_DIR, PROVISION_DIRNAME, REPO_ROOT
+from dtlab.platforms import BASELINE
 from dtlab.report.aggregate import MIN_RUNS_FOR_SPREAD, GroupKey, GroupStats, Sample
 from dtlab.report.faults import FaultSection
 from dtlab.report.numbers import fmt, text
 from dtlab.report.study import DISPLAY_NAMES, STUDY_SCALED_GPUS, STUDY_SHORT_EPOCHS, Published
 from dtlab.report.tables import Table
 
-PLATFORMS = ("ddp", "determined", "spark", "ray", "slurm")
-
-# What the user writes to run the training core on each platform (the trainer's own code is the same for
-# all). Slurm: the driver that submits and follows the job; the sbatch options are dtlab's, written for
-# the user by dtlab.launch.slurm.
-LAUNCHER_FILES = {
-    "ddp": ("trainer/launchers/torchrun.py",),
-    "determined": ("trainer/launchers/determined.py",),
-    "spark": ("trainer/launchers/spark.py",),
-    "ray": ("trainer/launchers/ray.py",),
-    "slurm": ("trainer/launchers/slurm.py", "trainer/launchers/_slurm.py"),
-}
-
-# Which group_vars names belong to which platform (by name prefix). dtlab_doctor_port is the health
-# gate's, no platform's. tests/report/test_comparison.py checks that every unit cluster.check looks for
-# (dtlab.cluster.SERVICE_VARIABLES) falls to one platform here.
-VARIABLE_PREFIXES = {
-    "ddp": ("dtlab_rendezvous_",),
-    "determined": ("determined_", "postgresql_"),
-    "spark": ("spark_",),
-    "ray": ("ray_",),
-    "slurm": ("slurmctld_", "slurmd_", "munge_"),
-}
-# Which of site.yml's roles provision which platform, for the provisioning time (a role's time includes
-# the roles it imports: dtlab.provision.play_roles). Every other role (common, ssh, firewall, nvidia,
-# docker, trainer) and the tasks outside roles serve all platforms: "shared". DDP has none of its own:
-# torchrun runs from the trainer venv every platform uses (and its Docker runtime from the docker role
-# Determined's agents use too). tests/report/test_comparison.py checks that a new stage of site.yml is
-# placed here or named as shared.
-PLATFORM_ROLES = {
-    "ddp": (),
-    "determined": ("determined_master", "determined_agent", "postgresql"),
-    "spark": ("spark",),
-    "ray": ("ray",),
-    "slurm": ("slurm",),
-}
-# A port range (first, last): counted as one listening entry, shown as a range.
-PORT_RANGES = {"ray": ("ray_min_worker_port", "ray_max_worker_port")}
+# Every registered platform (dtlab/platforms/: one module each), the study's three first. What each
+# module says about itself, as the comparison reads it:
+# - launcher_files: what the user writes to run the training core on it (the trainer's own code is the
+#   same for all; Slurm's is the driver that submits and follows the job, the sbatch options are dtlab's);
+# - variable_prefixes: which group_vars names are its own (dtlab_doctor_port is the health gate's, no
+#   platform's; tests/report/test_comparison.py checks every unit cluster.check looks for falls to one);
+# - roles: which of site.yml's roles provision it, for the provisioning time (a role's time includes
+#   the roles it imports: dtlab.provision.play_roles). Every other role (common, ssh, firewall, nvidia,
+#   docker, trainer) and the tasks outside roles serve all platforms: "shared". DDP has none of its own:
+#   torchrun runs from the trainer venv every platform uses. tests/report/test_comparison.py checks a
+#   new stage of site.yml is some platform's or named as shared;
+# - port_ranges: (first, last) variables counted as one listening entry, shown as a range.
+PLATFORMS = tuple(DISPLAY_NAMES)
+LAUNCHER_FILES = {p.name: p.launcher_files for p in platforms.ALL}
+VARIABLE_PREFIXES = {p.name: p.variable_prefixes for p in platforms.ALL}
+PLATFORM_ROLES = {p.name: p.roles for p in platforms.ALL}
+PORT_RANGES = {p.name: p.port_ranges[0] for p in platforms.ALL if p.port_ranges}
 
 STARTUP_PHASES = ("submit → trainer process", "→ first step")  # aggregate.WHOLE_RUN_PHASES' first two
 
@@ -340,7 +321,8 @@ def idle_use(records: Sequence[Mapping[str, Any]]) -> dict[str, str]:
                     cpus.append(cpu)
         if not per_node:
             shown[platform] = ("none running: " + ", ".join(sorted(states)) if states
-                               else "no daemon of its own" if platform == "ddp" else "not installed")
+                               else "no daemon of its own" if not platforms.get(platform).service_variables
+                               else "not installed")
             continue
         shown[platform] = "; ".join(
             f"{node}: {_range(memories, 0, ' MiB') if memories else 'memory not accounted'}, "
@@ -466,7 +448,7 @@ class Comparison:
 def comparison_count(groups: Mapping[GroupKey, GroupStats], short: int | None) -> int | None:
     """The count every platform is compared at: the largest at which DDP ran the short runs, else the
     largest any platform did."""
-    ddp = [g for f, g, e in groups if e == short and f == "ddp"]
+    ddp = [g for f, g, e in groups if e == short and f == BASELINE]
     counts = ddp or [g for _f, g, e in groups if e == short]
     return max(counts) if counts else None
 
@@ -489,8 +471,8 @@ def _speed(groups: Mapping[GroupKey, GroupStats], key: GroupKey) -> Measure:
         return Measure(None, "no run")
     framework, gpus, epochs = key
     per_epoch = tuple(t / epochs for t in stats.times)
-    ddp = groups.get(("ddp", gpus, epochs))
-    if framework == "ddp":
+    ddp = groups.get((BASELINE, gpus, epochs))
+    if framework == BASELINE:
         overhead = "– (baseline)"
     elif ddp is None:
         overhead = "no DDP run"
@@ -529,11 +511,11 @@ def _recovery(faults: FaultSection | None, framework: str) -> Measure:
 
 
 def _reproducibility(groups: Mapping[GroupKey, GroupStats], framework: str) -> Measure:
-    if framework == "ddp":
+    if framework == BASELINE:
         return Measure(1.0, "– (baseline)", exact=True)
     compared, differing = 0, []
     for (f, gpus, epochs), stats in groups.items():
-        ddp = groups.get(("ddp", gpus, epochs))
+        ddp = groups.get((BASELINE, gpus, epochs))
         if f != framework or ddp is None:
             continue
         theirs = {clock.seed: clock.epoch_accuracy for clock in ddp.clocks}
@@ -621,10 +603,10 @@ COMPARISON_NOTE = (
     "over runs (Table 5.9). Recovery from a fault: Table B.5's total over undisturbed time, per faulted run. "
     "Reproducible: each run's per-epoch validation accuracy against DDP's run with the same seed, count "
     "and epochs, compared exactly. Lines: the non-blank lines of code (comments and docstrings left out) "
-    "of its launcher (Slurm: its driver; the sbatch options are dtlab.launch.slurm's, not counted). Services "
-    "and ports: the names "
-    "inventory/group_vars/all.yml gives the platform (a port range counts once). The study's two columns "
-    "are its Table 5.11 and section 5.6.4 (the study covers DDP, Determined and Spark only)."
+    "of its launcher (Slurm: its driver; the sbatch options are dtlab.platforms.slurm's, not counted). "
+    "Services and ports: the names inventory/group_vars/all.yml gives the platform (a port range counts "
+    "once). The study's two columns are its Table 5.11 and section 5.6.4 (the study covers DDP, "
+    "Determined and Spark only)."
 )
 
 
@@ -667,7 +649,7 @@ def build_study_comparison(pub: Published) -> Comparison:
     for p in platforms:
         per_epoch = pub.per_epoch_s.get((p, STUDY_SCALED_GPUS, STUDY_SHORT_EPOCHS))
         pct = pub.overhead_pct.get((p, STUDY_SCALED_GPUS))
-        overhead = "– (baseline)" if p == "ddp" else f"{fmt(pct, 'overhead_pct', sign=True)}% vs DDP"
+        overhead = "– (baseline)" if p == BASELINE else f"{fmt(pct, 'overhead_pct', sign=True)}% vs DDP"
         measures["speed"][p] = Measure(
             per_epoch, f"{fmt(per_epoch, 'per_epoch_s')} s/epoch, {overhead} (Table 5.9)", published=True
         )

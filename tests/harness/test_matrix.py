@@ -83,8 +83,8 @@ def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
     ("body", "message"),
     [
         (
-            "runs: [{frameworks: [ddp, horovod], gpus: 1, epochs: 1, seeds: 0}]",
-            "p.runs[0].frameworks[1]: must be one of ddp, spark, determined, ray, slurm; got 'horovod'",
+            "runs: [{frameworks: [ddp, mpi], gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[0].frameworks[1]: must be one of ddp, spark, determined, ray, slurm, horovod; got 'mpi'",
         ),
         (
             "runs: [{frameworks: ddp, gpus: 1, epochs: 0, seeds: 0}]",
@@ -103,8 +103,8 @@ def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
             "p.runs[0].gpus[1]: must be an integer >= 1, got 0",
         ),
         (
-            "runs: [{frameworks: horovod, gpus: 1, epochs: 1, seeds: 0}]",
-            "p.runs[0].frameworks: must be one of ddp, spark, determined, ray, slurm; got 'horovod'",
+            "runs: [{frameworks: mpi, gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[0].frameworks: must be one of ddp, spark, determined, ray, slurm, horovod; got 'mpi'",
         ),
         (
             "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: x}]",

@@ -3,6 +3,7 @@ in a user's run (dtlab/platforms/base.py says what each piece is)."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -130,3 +131,20 @@ def test_the_report_renders_a_run_of_it(platform: Platform, tmp_path):
     files = generate_report(store, tmp_path / "report", profile="smoke")
     markdown = Path(files.markdown).read_text()
     assert platform.label in markdown
+
+
+def test_outside_the_platform_modules_the_harness_names_no_platform():
+    """A platform's knowledge lives in its module: no other module of dtlab spells a platform's name.
+    Allowed: the report's study.py (the study's own three, facts about the publication) and Determined's
+    client modules, which only its platform module uses (detmaster: the master's REST login;
+    detconfig: its experiment configs)."""
+    dtlab = paths.REPO_ROOT / "dtlab"
+    allowed = {dtlab / "report" / "study.py", dtlab / "detconfig.py", dtlab / "detmaster.py"}
+    named = []
+    for path in sorted((paths.REPO_ROOT / "dtlab").rglob("*.py")):
+        if "platforms" in path.parts or path in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in platforms.NAMES:
+                named.append(f"{path.relative_to(paths.REPO_ROOT)}:{node.lineno}: {node.value!r}")
+    assert not named, named

@@ -23,7 +23,8 @@ HOROVOD_VERSION = GROUP_VARS["horovod_version"]
 CLOUDPICKLE = f"cloudpickle=={GROUP_VARS['horovod_cloudpickle_version']}"
 # What the build needs in its venv besides torch: Horovod's setup_requires (the build runs without isolation).
 BUILD_REQUIREMENTS = [CLOUDPICKLE, "psutil", "pyyaml", "packaging", "cffi", "setuptools>=70.1"]
-# The script's one line when the machine cannot compile (setup.sh installs neither): those tests skip.
+# The script's one line when the machine cannot compile (setup.sh installs cmake and g++; a machine set up
+# otherwise may lack them): those tests skip.
 NO_COMPILER = ("build-horovod-wheel: cmake not found", "build-horovod-wheel: no C++ compiler")
 
 # Two ranks: different data each, one model broadcast from rank 0, three SGD steps through Horovod's

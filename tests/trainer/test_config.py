@@ -29,7 +29,8 @@ from trainer.core import auto_precision, train
     ({"dataset": ""}, "dataset: is empty; give a hub id or a local path"),
     ({"model": "generated:bert-huge"}, "model: must be one of generated:bert-tiny; got 'generated:bert-hu"),
     ({"generated_median_words": 3}, "generated_median_words: must be an integer >= 4, got 3"),
-    ({"framework": "horovod"}, "framework: must be one of ddp, spark, determined, ray, slurm; got 'horovod'"),
+    ({"framework": "mpi"},
+     "framework: must be one of ddp, spark, determined, ray, slurm, horovod; got 'mpi'"),
     # Built in code, not parsed: the schema checks the types too.
     ({"batch_size": "32"}, "batch_size: expected int, got '32'"),
     ({"group_by_length": "yes"}, "group_by_length: expected bool, got 'yes'"),

@@ -1,0 +1,136 @@
+"""Horovod: horovodrun on the master starts one rank per placed GPU (CPU: per worker) over SSH, with Gloo;
+Horovod's ring all-reduce averages the gradients (trainer.launchers.horovod) in place of DDP's.
+
+The ranks are placed as dtlab places ddp (`-H` lists the placed workers in order, so rank 0 runs on the
+first, where its result lands). Each rank reads its own node's socket interface (the file the units
+read), so nodes whose interfaces are named differently still agree. The ranks run outside dtlab's units
+(horovodrun's SSH starts them): `stop` ends them by the PIDs they left in the attempt's output dir.
+Installed only where `horovod_install` is true (the horovod role; dtlab builds Horovod 0.28.1 itself,
+see roles/horovod/README.md).
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from dtlab import remote
+from dtlab.cell import Cell
+from dtlab.checks import CheckRow, NodeStates
+from dtlab.inventory import Cluster, Node
+from dtlab.launch import CellPaths, Launch, Placement, driver_on_master, place, trainer_env
+from dtlab.platforms.base import DTLAB_RETRY, Platform, PreflightError, ResetSteps
+from trainer import progress
+
+NAME = "horovod"
+LABEL = "horovod (horovodrun, Gloo)"
+TRAINER_MODULE = "trainer.launchers.horovod"
+START_TIMEOUT_S = 60  # horovodrun's wait for every rank to reach its rendezvous
+# Printed by the probe on a node whose trainer venv has Horovod with PyTorch and Gloo built in.
+BUILT = "pytorch+gloo"
+PROBE = ("import horovod.torch as h, sys; "
+         f"sys.stdout.write('{BUILT}' if h.gloo_built() else 'pytorch, no gloo')")
+
+
+def installed(cluster: Cluster) -> bool:
+    return bool(cluster.var("horovod_install", False))
+
+
+def horovodrun(cluster: Cluster) -> str:
+    return f"{cluster.venv_dir}/bin/horovodrun"
+
+
+def rank_command(cluster: Cluster, paths: CellPaths) -> str:
+    """What horovodrun runs for each rank, on its node: that node's interface for torch's Gloo group and
+    Horovod's own, then the launcher."""
+    env_file = shlex.quote(cluster.socket_env_file)
+    launcher = shlex.join([cluster.python, "-m", TRAINER_MODULE, "--config", paths.config_path])
+    return (f"set -a; . {env_file}; set +a; export HOROVOD_GLOO_IFACE=\"$GLOO_SOCKET_IFNAME\"; "
+            f"cd {shlex.quote(cluster.code_dir)} && exec {launcher}")
+
+
+def driver_script(cluster: Cluster, placement: Placement, paths: CellPaths) -> str:
+    """The driver unit's shell: horovodrun with the placed hosts in order, on the master's interface."""
+    hosts = ",".join(f"{slot.node.address}:{slot.nproc}" for slot in placement.slots)
+    world_size = sum(slot.nproc for slot in placement.slots)
+    argv = [horovodrun(cluster), "--gloo", "-np", str(world_size), "-H", hosts,
+            "--start-timeout", str(START_TIMEOUT_S), "sh", "-c", rank_command(cluster, paths)]
+    head, tail = shlex.join(argv[:7]), shlex.join(argv[7:])
+    return f'exec {head} --network-interfaces "$GLOO_SOCKET_IFNAME" {tail}'
+
+
+def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+    placement = place(cluster, cell)
+    paths = CellPaths(cluster, cell, attempt)
+    master = cluster.require_master("horovod cells")
+    argv = ["sh", "-c", driver_script(cluster, placement, paths)]
+    return driver_on_master(cluster, placement, paths, argv, trainer_env(cluster, master), timeout_s, LABEL,
+                            result_node=placement.slots[0].node)
+
+
+def stop_ranks_command(cluster: Cluster, cell_dirs: str) -> str:
+    """Kill the ranks of the cells under `cell_dirs` (a shell glob) on this node, by the PIDs they left
+    in each attempt's output dir, each checked to be the venv's Python (a finished rank's PID may have
+    been reused)."""
+    ranks = f"{cell_dirs}/attempt-*/out/{progress.RANKS_DIR}/*.pid"
+    return (f"want=$(readlink -f {shlex.quote(cluster.python)}); for file in {ranks}; do "
+            '[ -f "$file" ] || continue; pid=$(cat "$file"); '
+            '[ "$(readlink -f /proc/$pid/exe 2>/dev/null)" = "$want" ] && kill -9 "$pid"; done; true')
+
+
+class Horovod(Platform):
+    name = NAME
+    label = "Horovod"
+    colour = "#e377c2"
+    description = "horovodrun on the master starts the ranks over SSH; Horovod's Gloo ring averages gradients"
+    launcher_files = ("trainer/launchers/horovod.py",)
+    roles = ("horovod",)
+    variable_prefixes = ("horovod_",)
+    check_names = ("horovod",)
+    reset_title = "Horovod: end ranks left behind by a stopped horovodrun (by their PIDs)"
+
+    def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+        return build(cluster, cell, attempt, timeout_s)
+
+    def preflight(self, cluster: Cluster, planned: Launch, sessions: remote.Sessions | None) -> None:
+        if not installed(cluster):
+            raise PreflightError("preflight: Horovod is not installed on this inventory (horovod_install: "
+                                 "false); set it to true and run ansible-playbook site.yml")
+
+    def stop(self, cluster: Cluster, cell: Cell, sessions: remote.Sessions | None, timeout_s: int) -> None:
+        cell_dir = shlex.quote(CellPaths(cluster, cell, 1).cell_dir)
+        remote.run_all(cluster.workers, stop_ranks_command(cluster, cell_dir), timeout=timeout_s)
+
+    def probe_lines(self, cluster: Cluster, node: Node) -> list[str]:
+        if not installed(cluster):
+            return []
+        probe = shlex.join([cluster.python, "-c", PROBE])
+        return [f"echo horovod.built=$({probe} 2>&1 | tail -n 1)"]
+
+    def check_rows(self, cluster: Cluster, states: NodeStates) -> list[CheckRow]:
+        """On the master (horovodrun) and each worker (the ranks): Horovod with PyTorch and Gloo."""
+        nodes = [node for node in cluster.nodes if node.name in states]
+        if not installed(cluster):
+            return [CheckRow("horovod", node.name, True, "not installed here (horovod_install: false)",
+                             required=False) for node in nodes]
+        rows = []
+        for node in nodes:
+            built = states[node.name].get("horovod.built", "").strip()
+            rows.append(CheckRow("horovod", node.name, built == BUILT,
+                                 "PyTorch and Gloo built in" if built == BUILT
+                                 else f"{cluster.python}: {built or 'no answer'}; "
+                                 "run ansible-playbook site.yml"))
+        return rows
+
+    def reset(self, steps: ResetSteps) -> list[CheckRow]:
+        """horovodrun stops with its driver unit (step 1); its ranks, started over SSH, may outlive it."""
+        every_cell = f"{shlex.quote(steps.cluster.runs_dir)}/{NAME}-*"  # cell keys start with the platform
+        steps.run(steps.cluster.workers, stop_ranks_command(steps.cluster, every_cell),
+                  "stop horovod ranks", 60)
+        return []
+
+    def recovery(self, cluster: Cluster) -> str:
+        # A static horovodrun job ends every rank when one fails (Horovod's elastic mode is not used).
+        return DTLAB_RETRY
+
+
+PLATFORM = Horovod()

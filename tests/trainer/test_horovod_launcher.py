@@ -1,0 +1,83 @@
+"""The Horovod launcher for real: horovodrun with Gloo, 2 ranks on loopback, against torchrun's DDP.
+
+Horovod is not in the controller's venv (it is built against the nodes' torch: roles/horovod). The
+module builds the wheel with scripts/build-horovod-wheel.sh (once per torch and Python: a cached wheel
+is reused) and installs it, with cloudpickle, into a folder of its own on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dtlab import paths
+from tests.trainer.conftest import SUBPROCESS_TIMEOUT_S, TINY, run, torchrun_command, write_config
+from trainer.config import TrainConfig
+from trainer.result import validate_result
+
+GROUP_VARS = yaml.safe_load((paths.REPO_ROOT / "inventory" / "group_vars" / "all.yml").read_text())
+BUILD_TIMEOUT_S = 3600  # the first build: about 6 minutes on 2 cores; later ones find the wheel
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def horovod_env(tmp_path_factory) -> dict[str, str]:
+    """The environment a process needs to import the built Horovod beside this venv's torch."""
+    site = tmp_path_factory.mktemp("horovod-site")
+    built = subprocess.run(
+        [str(paths.REPO_ROOT / "scripts" / "build-horovod-wheel.sh"), "--python", sys.executable,
+         "--out", str(paths.WHEELHOUSE_DIR)],
+        capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    assert built.returncode == 0, built.stderr[-3000:]
+    wheel = built.stdout.strip().splitlines()[-1]
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site)]
+    installed = subprocess.run([*pip, wheel, f"cloudpickle=={GROUP_VARS['horovod_cloudpickle_version']}"],
+                               capture_output=True, text=True, timeout=600)
+    assert installed.returncode == 0, installed.stderr[-3000:]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(paths.REPO_ROOT)]),
+            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
+
+def horovodrun(env: dict[str, str], ranks: int, config: Path) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", str(ranks),
+               "-H", f"localhost:{ranks}", sys.executable, "-m", "trainer.launchers.horovod",
+               "--config", str(config)]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+
+
+def test_two_ranks_under_horovodrun_train_exactly_as_ddp_does(horovod_env, tmp_path, token_cache):
+    results = {}
+    for name in ("horovod", "ddp"):
+        cfg = TrainConfig(**{**TINY, "output_dir": str(tmp_path / name), "cache_dir": str(token_cache),
+                             "checkpoint_dir": str(tmp_path / f"{name}-ckpt")}).validate()
+        config = write_config(cfg, tmp_path / f"{name}.yml")
+        if name == "horovod":
+            done = horovodrun(horovod_env, 2, config)
+            assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        else:
+            run(torchrun_command(2, "--config", str(config)))
+        results[name] = json.loads((tmp_path / name / "result.json").read_text())
+    horovod, ddp = results["horovod"], results["ddp"]
+    validate_result(horovod)
+    assert (horovod["framework"], horovod["framework_label"]) == ("horovod", "horovod (horovodrun, Gloo)")
+    assert horovod["world_size"] == 2 and len(horovod["peak_memory_mb"]["rss_per_rank"]) == 2
+    # Horovod's ring averages what DDP's all-reduce averages: with 2 ranks, to the last bit.
+    for key in ("train_loss", "val_loss", "val_accuracy", "train_samples"):
+        assert [m[key] for m in horovod["epoch_metrics"]] == [m[key] for m in ddp["epoch_metrics"]], key
+
+
+def test_a_ddp_only_option_is_refused_in_one_line(horovod_env, make_config, tmp_path):
+    config = write_config(make_config(sparse_embedding_sync=True), tmp_path / "sparse.yml")
+    done = subprocess.run([sys.executable, "-m", "trainer.launchers.horovod", "--config", str(config)],
+                          env=horovod_env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        "python -m trainer.launchers.horovod: error: sparse_embedding_sync: a DDP optimisation; horovod "
+        "(horovodrun, Gloo) averages every gradient itself: set it to false")
