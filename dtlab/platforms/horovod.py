@@ -52,10 +52,10 @@ def driver_script(cluster: Cluster, placement: Placement, paths: CellPaths) -> s
     """The driver unit's shell: horovodrun with the placed hosts in order, on the master's interface."""
     hosts = ",".join(f"{slot.node.address}:{slot.nproc}" for slot in placement.slots)
     world_size = sum(slot.nproc for slot in placement.slots)
-    argv = [horovodrun(cluster), "--gloo", "-np", str(world_size), "-H", hosts,
-            "--start-timeout", str(START_TIMEOUT_S), "sh", "-c", rank_command(cluster, paths)]
-    head, tail = shlex.join(argv[:7]), shlex.join(argv[7:])
-    return f'exec {head} --network-interfaces "$GLOO_SOCKET_IFNAME" {tail}'
+    options = shlex.join([horovodrun(cluster), "--gloo", "-np", str(world_size), "-H", hosts,
+                          "--start-timeout", str(START_TIMEOUT_S)])
+    ranks = shlex.join(["sh", "-c", rank_command(cluster, paths)])
+    return f'exec {options} --network-interfaces "$GLOO_SOCKET_IFNAME" {ranks}'
 
 
 def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
