@@ -62,7 +62,8 @@ def test_every_role_applies_on_every_node(provisioned_lab):
     assert first.ok, first.summary()
     assert sorted(set(first.hosts) - {"localhost"}) == sorted(lab.node_names)  # localhost: validation play
     for role in ("common", "ssh", "nvidia", "docker", "trainer", "postgresql", "spark", "ray",
-                 "slurm", "determined_master", "determined_agent"):
+                 "slurm", "determined_master", "determined_agent",
+                 "systemd_units", "determined_common"):  # the last two: imported by the others
         assert f"TASK [{role} : " in first.output, f"role {role} did not run"
 
 
@@ -80,7 +81,8 @@ def test_second_run_changes_nothing(second_converge):
 
 def test_second_run_reloads_no_systemd_units(provisioned_lab, second_converge, before_second_converge):
     lab, first = provisioned_lab
-    assert "RUNNING HANDLER [spark : Reload systemd units]" in first.output  # the units were new then
+    # The units were new then (roles/systemd_units writes spark's, ray's and reloads for them).
+    assert "RUNNING HANDLER [systemd_units : Reload systemd units]" in first.output
     assert "Reload systemd units" not in second_converge.output
     for node, since in before_second_converge.items():
         # PID 1 logs "Reloading." on every daemon-reload (which detaches GPUs from containers).
@@ -519,8 +521,12 @@ def test_determined_configs_parse_and_carry_the_inventory_values(provisioned_lab
     assert master["checkpoint_storage"]["host_path"] == cluster.var("determined_checkpoint_host_path")
     assert master["resource_manager"]["scheduler"]["type"] == "priority"
     assert master["security"]["initial_user_password"] == secret(cluster, "determined_admin_password")
+    # master.yaml holds the passwords (roles/determined_common writes it 0600); agent.yaml holds none.
+    assert on(lab, cluster.master.name, "stat -c '%a %U' /etc/determined/master.yaml").stdout.split() == [
+        "600", "root"]
     agent_ids = []
     for worker in cluster.workers:
+        assert on(lab, worker.name, "stat -c '%a' /etc/determined/agent.yaml").stdout.strip() == "644"
         agent = yaml.safe_load(on(lab, worker.name, "cat /etc/determined/agent.yaml").stdout)
         assert agent["master_host"] == cluster.master.address
         assert agent["master_port"] == cluster.determined_master_port
@@ -537,3 +543,53 @@ def test_trainer_environment_is_identical_on_every_node(provisioned_lab, cluster
     assert len(set(freezes.values())) == 1, {k: len(v) for k, v in freezes.items()}
     packages = next(iter(freezes.values()))
     assert all(f"{name}=={pinned(name)}" in packages for name in ("torch", "pyspark", "determined"))
+
+
+# --- restarts on change (roles/systemd_units) ---------------------------------------------------------
+
+def test_a_changed_file_restarts_its_own_service_alone(provisioned_lab, cluster, second_converge):
+    """Spark, Ray and Slurm restart through roles/systemd_units when, and only when, their own files change:
+    a changed spark-env.sh restarts the Spark worker (no reload), a changed Ray unit file reloads systemd and
+    restarts the Ray worker, a changed cgroup.conf restarts slurmd and leaves munge (only its key restarts
+    it) alone. Last in this module: the restarted workers rejoin before it ends."""
+    lab, _ = provisioned_lab
+    node = cluster.workers[0].name
+    spark, ray, slurmd, munge = (cluster.var(name) for name in (
+        "spark_worker_service", "ray_worker_service", "slurmd_service", "munge_service"))
+
+    def started_at() -> dict[str, str]:
+        show = "systemctl show -p ActiveEnterTimestampMonotonic --value"
+        return {unit: on(lab, node, f"{show} {unit}").stdout.strip() for unit in (spark, ray, slurmd, munge)}
+
+    mark = "# changed by test_a_changed_file_restarts_its_own_service_alone"
+    changed = [f"{cluster.var('spark_conf_dir')}/spark-env.sh", f"/etc/systemd/system/{ray}.service",
+               f"{cluster.var('slurm_conf_dir')}/cgroup.conf"]
+    before = started_at()
+    ray_joined_before = {worker["node_id"] for worker in platforms.ray.alive_workers(cluster)}
+    assert on(lab, node, " && ".join(f"echo '{mark}' >> {path}" for path in changed)).returncode == 0
+    try:
+        again = provision.converge(lab.inventory_path, tags=["spark", "ray", "slurm"], limit=node)
+        assert again.ok, again.summary() + again.output[-3000:]
+        plays = {name: again.output[again.output.index(f"PLAY [{name}]"):] for name in (
+            "Spark standalone master and workers", "Ray head and worker nodes",
+            "Slurm controller and compute nodes, authenticated by munge")}
+        spark_play, ray_play, slurm_play = (text.split("\nPLAY [")[0] for text in plays.values())
+        assert "RUNNING HANDLER [systemd_units : Restart spark]" in spark_play, spark_play[-3000:]
+        assert "Reload systemd units" not in spark_play  # a config file, not a unit: no daemon-reload
+        assert "RUNNING HANDLER [systemd_units : Reload systemd units]" in ray_play, ray_play[-3000:]
+        assert ray_play.index("Reload systemd units") < ray_play.index("[systemd_units : Restart ray]")
+        assert "RUNNING HANDLER [systemd_units : Restart slurm]" in slurm_play, slurm_play[-3000:]
+        assert "Restart munge" not in slurm_play
+        after = started_at()
+        restarted = {unit for unit in before if after[unit] != before[unit]}
+        assert restarted == {spark, ray, slurmd}, (before, after)
+        for path in changed:
+            assert mark not in on(lab, node, f"cat {path}").stdout, path  # the roles wrote them back
+    finally:  # the restarted workers join Spark, Ray and the Slurm partition again
+        def rejoined() -> bool:
+            ray_alive = {worker["node_id"] for worker in platforms.ray.alive_workers(cluster)}
+            slurm_state = on(lab, cluster.master.name, f"sinfo --noheader --Node --nodes {node} --format %t")
+            return (platforms.spark.alive_workers(cluster) == len(cluster.workers)
+                    and len(ray_alive) == len(cluster.workers) and bool(ray_alive - ray_joined_before)
+                    and slurm_state.stdout.strip() == "idle")
+        assert wait_until(rejoined, timeout_s=180, every_s=3), f"{node} did not rejoin Spark, Ray and Slurm"
