@@ -131,13 +131,13 @@ def wait_for_workers(cluster: Cluster, expected: int, timeout_s: float, *,
     after a restart); stops early when the head does not answer, unless it was just restarted
     (`head_restarted`: its dashboard answers some seconds after its unit is active)."""
 
-    def alive_workers() -> int | None:
+    def joined() -> int | None:
         try:
             return len(alive_workers(cluster))
         except DtlabError:
             return None
 
-    alive = wait_until(alive_workers, timeout_s=timeout_s, every_s=2,
+    alive = wait_until(joined, timeout_s=timeout_s, every_s=2,
                        until=lambda count: (count is None and not head_restarted) or (count or 0) >= expected)
     return alive or 0
 

@@ -85,3 +85,18 @@ def test_reset_stops_a_running_job_through_the_jobs_api_and_only_once(ray_head, 
     assert ray.stop_jobs(cluster, call=on_master) == [submission_id]
     assert wait_until(status, until=lambda s: s == "STOPPED", timeout_s=60, every_s=1) == "STOPPED"
     assert ray.stop_jobs(cluster, call=on_master) == []  # a stopped job is left alone
+
+
+def test_waiting_for_workers_counts_the_heads_answers_and_stops_when_it_does_not_answer(
+    monkeypatch, cpu_cluster
+):
+    cluster = cpu_cluster  # never contacted: the head's answers are given below
+    answers = iter([[{"node_id": "a"}], [{"node_id": "a"}, {"node_id": "b"}]])
+    monkeypatch.setattr(ray, "alive_workers", lambda _: next(answers))
+    assert ray.wait_for_workers(cluster, 2, timeout_s=30) == 2  # asked again until both joined
+
+    def silent(_):
+        raise DtlabError("host node0: Ray dashboard gave no answer")
+
+    monkeypatch.setattr(ray, "alive_workers", silent)
+    assert ray.wait_for_workers(cluster, 2, timeout_s=30) == 0  # no head: no wait
