@@ -258,7 +258,7 @@ def test_a_stuck_cell_and_a_drained_slurm_node_are_cleared_by_cluster_reset(harn
            f"{drained} is drain" in refused.stdout + refused.stderr, refused.stdout[-2000:] + refused.stderr
     # Stuck for real: rank 0 of a 2-node DDP cell whose second node never starts waits in rendezvous.
     cell = next(c for c in matrix.load("smoke") if c.key == "ddp-g2-e2-s0")
-    planned = launch.build(cluster, cell, attempt=99, timeout_s=3600)
+    planned = platforms.get(cell.framework).build(cluster, cell, attempt=99, timeout_s=3600)
     node, spec = planned.jobs[0]
     assert remote.run(node, launch.prepare_command(planned, cluster.user, fresh=True)).ok
     start = remote.unit_script(spec).replace(" --wait", "")  # detached: nobody follows it
@@ -276,7 +276,8 @@ def test_a_stuck_cell_and_a_drained_slurm_node_are_cleared_by_cluster_reset(harn
     assert "all checks passed" in reset.stdout
     # Ray was restarted (its jobs ended with it) and its workers rejoined before the closing check.
     assert int(remote.run(cluster.master, head_started).stdout.strip()) > before
-    assert "4/7 Ray: stop its jobs" in reset.stdout and "no Ray job running" in reset.stdout
+    ray_step = f"{platforms.NAMES.index('ray') + 2}/{len(platforms.ALL) + 3} Ray: stop its jobs"
+    assert ray_step in reset.stdout and "no Ray job running" in reset.stdout
     assert f"resumed {drained}" in reset.stdout
     assert platforms.slurm.node_states(cluster)[drained] == "idle"
     assert "dtlab-ray-head active; 2/2 worker nodes alive" in reset.stdout  # the table's row

@@ -19,7 +19,7 @@ import shlex
 
 import pytest
 
-from dtlab import launch, remote
+from dtlab import remote
 from dtlab.bench import Bench, BenchOptions, PreflightError
 from dtlab.cell import Cell
 from dtlab.platforms import determined
@@ -135,7 +135,7 @@ def test_a_determined_cells_preflight_refuses_it_where_the_agents_lack_the_trial
     cluster, _ = harness_lab
     cell = Cell("determined", 2, 1, 1)
     experiment = determined.ClusterExperiment(cluster, cell, {}, 60)
-    planned = dataclasses.replace(launch.build(cluster, cell, 1, 60), external=experiment)
+    planned = dataclasses.replace(determined.build(cluster, cell, 1, 60), external=experiment)
     bench = Bench(cluster, BenchOptions())
     with remote.Sessions() as bench.sessions, pytest.raises(PreflightError) as refused:
         bench.preflight(planned)
