@@ -16,7 +16,10 @@ pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]
 def test_the_first_converge_records_its_seconds_per_role(provisioned_lab):
     lab, first = provisioned_lab
     directory = results_dir_for(lab.cluster_name) / PROVISION_DIRNAME
-    assert first.record is not None and first.record.parent == directory, first.summary()
+    # The session's one converge may run before a harness test points the results folder elsewhere:
+    # the record lies under results/<cluster>/provision/ of whichever folder was current then.
+    assert first.record is not None, first.summary()
+    assert first.record.parent.parts[-2:] == directory.parts[-2:], first.summary()
     record = json.loads(first.record.read_text())
     assert record["cluster"] == lab.cluster_name and record["changed"] is bool(first.changed_hosts)
     roles = record["roles"]
