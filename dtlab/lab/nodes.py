@@ -116,7 +116,12 @@ def running_pid(config: LabConfig, node: str) -> int | None:
 
 
 def _is_node_process(pid: int, root: Path) -> bool:
-    _reap(pid)
+    child = _children.get(pid)
+    if child is not None:
+        # Started here: its exit status is the truth. Its command line is not: while the PID execs
+        # ip netns exec -> sh -> nspawn, /proc/PID/cmdline can read empty for an instant, and a boot
+        # wait that looked then took a booting node for a dead one ("stopped while booting").
+        return child.poll() is None and str(root) in child.args
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -276,8 +281,9 @@ def console_tail(config: LabConfig, node: str, lines: int = 3) -> str:
     log_path = config.node_dir(node) / "console.log"
     text = log_path.read_text(errors="replace").rsplit("\n--- ", 1)[-1] if log_path.exists() else ""
     tail = [line for line in text.splitlines()[1:] if line.strip()][-lines:]
-    exits = [f"nspawn exit {child.returncode}" for child in list(_children.values())[-1:]
-             if child.poll() is not None and str(root_dir(config, node)) in child.args]
+    root = str(root_dir(config, node))
+    this_node = [child for child in _children.values() if root in child.args][-1:]
+    exits = [f"nspawn exit {child.returncode}" for child in this_node if child.poll() is not None]
     return " | ".join(tail + exits) or "no console output"
 
 

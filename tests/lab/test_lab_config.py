@@ -221,3 +221,25 @@ def test_cgroup_walk_survives_directories_that_vanish_mid_walk(tmp_path):
         stop.set()
         churner.join(timeout=10)
     assert _cgroup_tree(tmp_path / "gone") == []
+
+
+def test_a_node_process_started_here_is_running_until_it_exits_whatever_its_command_line_reads(tmp_path):
+    # While a node's PID execs ip netns exec -> sh -> nspawn its /proc cmdline can read empty for an
+    # instant; the boot wait took such a node for a dead one ("stopped while booting, no console output").
+    import subprocess
+
+    from dtlab.lab import nodes
+
+    root = tmp_path / "node1" / "root"
+    # A child whose command line never names systemd-nspawn: only its exit status can say it runs.
+    child = subprocess.Popen(["sh", "-c", "sleep 30", "sh", "-D", str(root)])
+    nodes._children[child.pid] = child
+    try:
+        assert nodes._is_node_process(child.pid, root)
+        assert not nodes._is_node_process(child.pid, tmp_path / "node2" / "root")  # another node's root
+        child.kill()
+        child.wait(timeout=10)
+        assert not nodes._is_node_process(child.pid, root)
+    finally:
+        child.kill()
+        nodes._children.pop(child.pid, None)
