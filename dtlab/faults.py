@@ -98,15 +98,9 @@ def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str) ->
         # The trainer's own processes, by the PIDs each rank left on its node, checked to be the venv's
         # Python before the kill: a finished rank's PID may have been reused.
         ranks = shlex.quote(f"{output_dir}/{progress.RANKS_DIR}")
-        python = shlex.quote(cluster.python)
-        return (
-            f"want=$(readlink -f {python}); killed=; for file in {ranks}/*.pid; do "
-            '[ -f "$file" ] || continue; pid=$(cat "$file"); '
-            '[ "$(readlink -f /proc/$pid/exe 2>/dev/null)" = "$want" ] && kill -9 "$pid" '
-            '&& killed="$killed $pid"; '
-            'done; [ -n "$killed" ] || { echo "no live trainer process"; exit 3; }; '
-            'echo "kill -9 of trainer PID(s)$killed"'
-        )
+        return (remote.kill_by_pid_files(cluster.python, f"{ranks}/*.pid")
+                + '; [ -n "$killed" ] || { echo "no live trainer process"; exit 3; }; '
+                'echo "kill -9 of trainer PID(s)$killed"')
     if plan.kind == "restart":  # a transient unit, a second from now: this SSH session ends cleanly first
         return (f"systemd-run --quiet --collect --on-active=1 --unit={shlex.quote(unit)} systemctl reboot "
                 "&& echo 'systemctl reboot in 1 s'")

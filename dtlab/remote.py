@@ -380,6 +380,16 @@ def stop_units(
     return run(node, command, timeout=timeout, sessions=sessions)
 
 
+def kill_by_pid_files(python: str, pid_files: str) -> str:
+    """Shell that SIGKILLs the processes whose PIDs lie in `pid_files` (a glob, expanded by the shell),
+    each checked first to be `python`'s executable: a finished process's PID may have been reused.
+    Leaves the killed PIDs in $killed."""
+    return (f"want=$(readlink -f {shlex.quote(python)}); killed=; for file in {pid_files}; do "
+            '[ -f "$file" ] || continue; pid=$(cat "$file"); '
+            '[ "$(readlink -f /proc/$pid/exe 2>/dev/null)" = "$want" ] && kill -9 "$pid" '
+            '&& killed="$killed $pid"; done')
+
+
 def running_units(node: Node, patterns: Sequence[str] = CELL_UNIT_PATTERNS) -> list[str]:
     quoted = " ".join(shlex.quote(p + ".service") for p in patterns)
     result = run(

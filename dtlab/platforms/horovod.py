@@ -71,10 +71,8 @@ def stop_ranks_command(cluster: Cluster, cell_dirs: str) -> str:
     """Kill the ranks of the cells under `cell_dirs` (a shell glob) on this node, by the PIDs they left
     in each attempt's output dir, each checked to be the venv's Python (a finished rank's PID may have
     been reused)."""
-    ranks = f"{cell_dirs}/attempt-*/out/{progress.RANKS_DIR}/*.pid"
-    return (f"want=$(readlink -f {shlex.quote(cluster.python)}); for file in {ranks}; do "
-            '[ -f "$file" ] || continue; pid=$(cat "$file"); '
-            '[ "$(readlink -f /proc/$pid/exe 2>/dev/null)" = "$want" ] && kill -9 "$pid"; done; true')
+    pid_files = f"{cell_dirs}/attempt-*/out/{progress.RANKS_DIR}/*.pid"
+    return remote.kill_by_pid_files(cluster.python, pid_files) + "; true"
 
 
 class Horovod(Platform):
