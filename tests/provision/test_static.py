@@ -228,3 +228,18 @@ def test_distribution_specific_values_live_in_vars_files():
 def test_generated_secrets_stay_out_of_git():
     ignored = run(["git", "check-ignore", "-q", ".dtlab/secrets/cluster/determined_db_password"])
     assert ignored.returncode == 0, "the secrets directory must be git-ignored"
+
+
+def test_the_nodes_get_the_trainers_dependencies_and_each_launchers_extra():
+    # The trainer role's package list is a second copy of pyproject's: a dependency added there and not
+    # here reaches the controller's tests but not the nodes (nvidia-ml-py did, once).
+    import tomllib
+
+    project = tomllib.loads((paths.REPO_ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    wanted = project["dependencies"] + extras["spark"] + extras["determined"] + extras["ray"]
+    # A requirement's name with its extras, without the version range: "ray[default,train]>=2.60" -> ray[...].
+    name = re.compile(r"[A-Za-z0-9_.\-]+(\[[^\]]*\])?")
+    names = {name.match(requirement).group(0).lower() for requirement in wanted}
+    defaults = yaml.safe_load((paths.REPO_ROOT / "roles/trainer/defaults/main.yml").read_text())
+    assert set(defaults["trainer_python_packages"]) == names
