@@ -120,20 +120,21 @@ def alive_workers_in(nodes_answer: Any) -> list[dict]:
 NODES_PATH = "/api/v0/nodes?limit=1000"
 
 
-def alive_workers(cluster: Cluster) -> list[dict]:
-    """The Ray nodes other than the head that are ALIVE, with their resources_total."""
-    return alive_workers_in(api(cluster, NODES_PATH))
+def alive_workers(cluster: Cluster, call: Callable[..., Any] = api) -> list[dict]:
+    """The Ray nodes other than the head that are ALIVE, with their resources_total. `call` makes the
+    API call: ray_api, over SSH on the master."""
+    return alive_workers_in(call(cluster, NODES_PATH))
 
 
 def wait_for_workers(cluster: Cluster, expected: int, timeout_s: float, *,
-                     head_restarted: bool = False) -> int:
+                     head_restarted: bool = False, call: Callable[..., Any] = api) -> int:
     """Alive Ray worker nodes once `expected` have joined, or after `timeout_s` (raylets rejoin for a while
     after a restart); stops early when the head does not answer, unless it was just restarted
     (`head_restarted`: its dashboard answers some seconds after its unit is active)."""
 
     def joined() -> int | None:
         try:
-            return len(alive_workers(cluster))
+            return len(alive_workers(cluster, call))
         except DtlabError:
             return None
 

@@ -4,6 +4,7 @@ token authentication: the command the harness runs on the master, run here, pars
 import json
 import subprocess
 import sys
+import time
 import urllib.request
 
 import pytest
@@ -87,16 +88,16 @@ def test_reset_stops_a_running_job_through_the_jobs_api_and_only_once(ray_head, 
     assert ray.stop_jobs(cluster, call=on_master) == []  # a stopped job is left alone
 
 
-def test_waiting_for_workers_counts_the_heads_answers_and_stops_when_it_does_not_answer(
-    monkeypatch, cpu_cluster
+def test_waiting_for_workers_returns_once_they_joined_waits_out_missing_ones_and_not_a_silent_head(
+    ray_head, tmp_path
 ):
-    cluster = cpu_cluster  # never contacted: the head's answers are given below
-    answers = iter([[{"node_id": "a"}], [{"node_id": "a"}, {"node_id": "b"}]])
-    monkeypatch.setattr(ray, "alive_workers", lambda _: next(answers))
-    assert ray.wait_for_workers(cluster, 2, timeout_s=30) == 2  # asked again until both joined
+    cluster = cluster_for(ray_head, tmp_path, ray_head.token_path)
+    assert ray.wait_for_workers(cluster, 1, timeout_s=30, call=on_master) == 1  # the one worker: at once
+    assert ray.wait_for_workers(cluster, 2, timeout_s=5, call=on_master) == 1  # a second never joins
 
-    def silent(_):
-        raise DtlabError("host node0: Ray dashboard gave no answer")
-
-    monkeypatch.setattr(ray, "alive_workers", silent)
-    assert ray.wait_for_workers(cluster, 2, timeout_s=30) == 0  # no head: no wait
+    silent = load_cluster(write_inventory(tmp_path / "silent", LOOPBACK_MASTER, group_vars={"all": (
+        f"dtlab_device: cpu\ndtlab_venv_dir: {sys.prefix}\nray_dashboard_port: 1\n"
+        f"ray_auth_token_file: {ray_head.token_path}\n")}))  # nothing listens on port 1
+    started = time.monotonic()
+    assert ray.wait_for_workers(silent, 2, timeout_s=30, call=on_master) == 0
+    assert time.monotonic() - started < 15  # no head: no wait
