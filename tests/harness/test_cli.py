@@ -17,7 +17,7 @@ from dtlab.results import Provenance
     ("args", "expected"),
     [
         (["--profile", "nope"], "no profile 'nope'; choose one of study, smoke"),
-        (["--only", "horovod"], "--only 'horovod': matches no cell of profile smoke"),
+        (["--only", "mpi"], "--only 'mpi': matches no cell of profile smoke"),
         (["--retries", "-1"], "--retries -1: must be >= 0"),
         (["--timeout", "soon"], "must be whole numbers"),
     ],

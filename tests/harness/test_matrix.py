@@ -3,7 +3,7 @@
 import pytest
 import yaml
 
-from dtlab import matrix
+from dtlab import matrix, platforms
 from dtlab.cell import config_hash, trainer_options
 from dtlab.errors import DtlabError
 from trainer.config import parse_args
@@ -31,18 +31,9 @@ def test_study_profile_is_the_reference_studys_matrix_plus_ray_and_slurm_beyond_
 
 def test_smoke_profile_runs_every_framework_on_one_and_two_workers_with_generated_data():
     smoke = matrix.load("smoke", max_gpus=2)
-    assert [c.key for c in smoke] == [
-        "ddp-g1-e2-s0",
-        "spark-g1-e2-s0",
-        "determined-g1-e2-s0",
-        "ray-g1-e2-s0",
-        "slurm-g1-e2-s0",
-        "ddp-g2-e2-s0",
-        "spark-g2-e2-s0",
-        "determined-g2-e2-s0",
-        "ray-g2-e2-s0",
-        "slurm-g2-e2-s0",
-    ]
+    # Every platform of the registry, in its order, at 1 worker, then at 2.
+    assert [c.key for c in smoke] == [f"{name}-g{gpus}-e2-s0" for gpus in (1, 2) for name in platforms.NAMES]
+    assert platforms.NAMES == ("ddp", "spark", "determined", "ray", "slurm", "horovod")
     options = smoke.cells[0].trainer_config
     assert options["dataset"] == "generated" and options["model"].startswith("generated:")
     assert all(1 <= c.epochs <= 2 for c in smoke)
@@ -223,14 +214,14 @@ def test_only_filters_by_framework_gpus_and_globs():
     smoke = matrix.load("smoke")
     assert [c.key for c in smoke.select("ddp")] == ["ddp-g1-e2-s0", "ddp-g2-e2-s0"]
     assert [c.key for c in smoke.select("g2")] == ["ddp-g2-e2-s0", "spark-g2-e2-s0", "determined-g2-e2-s0",
-                                                 "ray-g2-e2-s0", "slurm-g2-e2-s0"]
+                                                 "ray-g2-e2-s0", "slurm-g2-e2-s0", "horovod-g2-e2-s0"]
     assert [c.key for c in smoke.select("spark-g1,determined-g2")] == [
         "spark-g1-e2-s0",
         "determined-g2-e2-s0",
     ]
     assert [c.key for c in smoke.select("d*-g1")] == ["ddp-g1-e2-s0", "determined-g1-e2-s0"]
-    with pytest.raises(DtlabError, match="--only 'horovod': matches no cell of profile smoke"):
-        smoke.select("horovod")
+    with pytest.raises(DtlabError, match="--only 'mpi': matches no cell of profile smoke"):
+        smoke.select("mpi")
 
 
 def test_config_hash_is_stable_and_changes_with_what_changes_the_run():
@@ -258,7 +249,7 @@ def test_the_faults_profile_runs_each_platform_undisturbed_then_with_its_fault()
     faults = matrix.load("faults")
     keys = [cell.key for cell in faults]
     assert keys[:2] == ["ddp-g2-e2-s0", "ddp-g2-e2-s0-kill-after1"]
-    assert {cell.framework for cell in faults} == {"ddp", "spark", "determined", "ray", "slurm"}
+    assert {cell.framework for cell in faults} == set(platforms.NAMES)
     for undisturbed, faulted in zip(faults.cells[::2], faults.cells[1::2], strict=True):
         assert faulted.undisturbed == undisturbed and not undisturbed.fault
         assert faulted.fault_plan.kind == "kill" and faulted.fault_plan.after_epoch == 1

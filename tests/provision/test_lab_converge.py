@@ -62,7 +62,7 @@ def test_every_role_applies_on_every_node(provisioned_lab):
     assert first.ok, first.summary()
     assert sorted(set(first.hosts) - {"localhost"}) == sorted(lab.node_names)  # localhost: validation play
     for role in ("common", "ssh", "nvidia", "docker", "trainer", "postgresql", "spark", "ray",
-                 "slurm", "determined_master", "determined_agent",
+                 "slurm", "determined_master", "determined_agent", "horovod",
                  "systemd_units", "determined_common"):  # the last two: imported by the others
         assert f"TASK [{role} : " in first.output, f"role {role} did not run"
 
@@ -543,6 +543,8 @@ def test_trainer_environment_is_identical_on_every_node(provisioned_lab, cluster
     assert len(set(freezes.values())) == 1, {k: len(v) for k, v in freezes.items()}
     packages = next(iter(freezes.values()))
     assert all(f"{name}=={pinned(name)}" in packages for name in ("torch", "pyspark", "determined"))
+    # The lab installs Horovod (horovod_install: true in group_vars/lab.yml): dtlab's build for this torch.
+    assert f"horovod=={cluster.var('horovod_version')}+torch{pinned('torch')}" in packages, packages
 
 
 # --- restarts on change (roles/systemd_units) ---------------------------------------------------------

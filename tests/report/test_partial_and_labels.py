@@ -246,8 +246,8 @@ def test_header_lists_cells_whose_last_attempt_failed_and_cells_with_no_run(tmp_
     missing = [note for note in notes if note.startswith("Cells of profile smoke with no successful run yet")]
     assert missing == [
         "Cells of profile smoke with no successful run yet: ddp-g2-e2-s0, "
-        "determined-g1-e2-s0, determined-g2-e2-s0, ray-g1-e2-s0, ray-g2-e2-s0, slurm-g1-e2-s0, "
-        "slurm-g2-e2-s0, spark-g1-e2-s0."
+        "determined-g1-e2-s0, determined-g2-e2-s0, horovod-g1-e2-s0, horovod-g2-e2-s0, ray-g1-e2-s0, "
+        "ray-g2-e2-s0, slurm-g1-e2-s0, slurm-g2-e2-s0, spark-g1-e2-s0."
     ]
 
 
