@@ -78,7 +78,7 @@ def up(name: str | None = None, node_count: int | None = None, subnet: str | Non
                     nodes.seed_new_node(config, node, root)
                 to_start.append(node)
             nodes.refresh_node(config, root, public_key)  # also live: a running node's root is mounted here
-            host_keys[node] = nodes.host_public_key(root)
+            host_keys[node] = nodes.host_public_key(config, node, root)
         access.write_known_hosts(config, host_keys)
         for node in to_start:
             nodes.start(config, node, nodes.root_dir(config, node), node_binds, _shared_bind(config))

@@ -97,8 +97,14 @@ def refresh_node(config: LabConfig, root: Path, public_key: str) -> None:
         f'Acquire::http::Proxy "{config.apt_proxy_url}";\n')
 
 
-def host_public_key(root: Path) -> str:
-    return (root / "etc/ssh/ssh_host_ed25519_key.pub").read_text().split(" root@")[0].strip()
+def host_public_key(config: LabConfig, node: str, root: Path) -> str:
+    """The node's host key, made at its creation; a root that lost it cannot be trusted over SSH."""
+    key_file = root / "etc/ssh/ssh_host_ed25519_key.pub"
+    try:
+        return key_file.read_text().split(" root@")[0].strip()
+    except OSError:
+        raise DtlabError(f"lab {config.name}: {node} was created but its root has no host key ({key_file});"
+                         f" run `invoke lab.down --wipe --name {config.name}` and `lab.up` again") from None
 
 
 # --- the nspawn process -------------------------------------------------------

@@ -243,3 +243,19 @@ def test_a_node_process_started_here_is_running_until_it_exits_whatever_its_comm
     finally:
         child.kill()
         nodes._children.pop(child.pid, None)
+
+
+def test_a_created_node_whose_root_lost_its_host_key_is_one_line_saying_how_to_start_over(tmp_path):
+    from dtlab.lab import nodes
+
+    lab = config.load_config("dtlab")
+    root = tmp_path / "root"
+    (root / "etc/ssh").mkdir(parents=True)
+    with pytest.raises(DtlabError) as refused:
+        nodes.host_public_key(lab, "node1", root)
+    message = str(refused.value)
+    assert message.startswith("lab dtlab: node1 was created but its root has no host key")
+    assert "\n" not in message
+    assert "invoke lab.down --wipe --name dtlab" in message
+    (root / "etc/ssh/ssh_host_ed25519_key.pub").write_text("ssh-ed25519 AAAAkey root@node1\n")
+    assert nodes.host_public_key(lab, "node1", root) == "ssh-ed25519 AAAAkey"
