@@ -544,7 +544,9 @@ def test_trainer_environment_is_identical_on_every_node(provisioned_lab, cluster
     packages = next(iter(freezes.values()))
     assert all(f"{name}=={pinned(name)}" in packages for name in ("torch", "pyspark", "determined"))
     # The lab installs Horovod (horovod_install: true in group_vars/lab.yml): dtlab's build for this torch.
-    assert f"horovod=={cluster.var('horovod_version')}+torch{pinned('torch')}" in packages, packages
+    # pip freeze names it by the wheel it came from: horovod @ file:///.../horovod-0.28.1%2Btorch2.13.0.cpu-...whl
+    wheel = f"horovod-{cluster.var('horovod_version')}%2Btorch{pinned('torch')}"
+    assert re.search(rf"^horovod @ file://\S+/{re.escape(wheel)}\S*\.whl$", packages, re.M), packages
 
 
 # --- restarts on change (roles/systemd_units) ---------------------------------------------------------
