@@ -13,7 +13,7 @@
 # A Horovod wheel is bound to the exact torch it was compiled against, so the wheel's version carries
 # that torch as a local label: horovod-0.28.1+torch2.13.0.cpu-cp311-cp311-linux_x86_64.whl
 # (`pip install horovod==0.28.1` still matches it). When OUT_DIR already holds the wheel for this
-# Horovod, torch and Python, nothing is built.
+# Horovod, torch and Python, nothing is built; a second caller for the same OUT_DIR waits for the first.
 #
 #   scripts/build-horovod-wheel.sh --python VENV/bin/python --out OUT_DIR
 #       [--version V --sha256 H]   the sdist pin (default: horovod_version and horovod_sdist_sha256
@@ -77,6 +77,10 @@ wheel_version="$version+$torch_label"
 
 mkdir -p "$out_dir" || die "cannot create the output directory $out_dir"
 out_dir="$(cd "$out_dir" && pwd)"
+# One build per output directory at a time: a second caller (parallel test workers, the converge beside
+# a test) waits for the first and then finds its wheel, instead of compiling the same minutes again.
+exec 9>"$out_dir/.horovod-build.lock" || die "cannot open the lock $out_dir/.horovod-build.lock"
+flock --timeout "$timeout_s" 9 || die "another build held $out_dir/.horovod-build.lock for ${timeout_s}s"
 shopt -s nullglob
 present=("$out_dir/horovod-$wheel_version-$python_tag-$python_tag-"*.whl)
 shopt -u nullglob

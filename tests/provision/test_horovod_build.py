@@ -189,3 +189,18 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path):
                     "--sha256", "0" * 64], timeout=30)
     assert no_torch.returncode == 2
     assert no_torch.stderr.startswith("build-horovod-wheel: /usr/bin/true cannot import torch")
+
+
+def test_a_second_build_into_the_same_directory_waits_for_the_first(tmp_path):
+    import fcntl
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    with open(out_dir / ".horovod-build.lock", "w") as first_build:
+        fcntl.flock(first_build, fcntl.LOCK_EX)  # a build in progress
+        started = time.monotonic()
+        waited = run([SCRIPT, "--python", sys.executable, "--out", out_dir, "--timeout", "2"], timeout=60)
+        assert time.monotonic() - started >= 1.5
+    assert waited.returncode == 2
+    assert waited.stderr == f"build-horovod-wheel: another build held {out_dir}/.horovod-build.lock for 2s\n"
+    assert not list(out_dir.glob("*.whl"))
