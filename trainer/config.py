@@ -21,6 +21,7 @@ from pathlib import Path
 import jsonschema
 import yaml
 
+from trainer import strategies
 from trainer.schema import first_error
 
 GENERATED_MODEL_PREFIX = "generated:"
@@ -93,6 +94,8 @@ class TrainConfig:
     max_length: int = hashed(512, minimum=8, maximum=512,
                              message="must be between 8 and 512 (BERT's limit), got {value!r}")
     optimizer: str = hashed("adamw", enum=OPTIMIZERS)
+    # how the model, gradients and optimizer state are spread over the workers (trainer/strategies/)
+    strategy: str = hashed_if_set(strategies.DEFAULT, enum=strategies.NAMES)
     # None = the model's own; 0 makes runs comparable across world sizes
     dropout: float | None = hashed(None, minimum=0, exclusiveMaximum=1,
                                    message="must be in [0, 1) or null (the model's own), got {value!r}")
@@ -131,6 +134,9 @@ class TrainConfig:
         if self.device == "cpu" and self.compile == "reduce-overhead":
             raise ConfigError("compile: reduce-overhead captures CUDA graphs and is CUDA-only; "
                               "use default or no on cpu")
+        if self.sparse_embedding_sync and self.strategy != strategies.DEFAULT:
+            raise ConfigError(f"sparse_embedding_sync: an optimisation of strategy {strategies.DEFAULT}'s "
+                              f"gradient all-reduce, not of {self.strategy}; set it to false")
         if local:
             if not self.model.startswith(GENERATED_MODEL_PREFIX):
                 _check_source("model", self.model)
@@ -262,6 +268,8 @@ _HELP = {
     "warmup_steps": "linear warmup steps, then linear decay to 0 over the whole run",
     "max_length": "max tokens per review; longer ones are truncated",
     "optimizer": "adamw (the study) or sgd (only for the DDP-equivalence test)",
+    "strategy": f"{', '.join(strategies.NAMES)}: ddp, ZeRO stage 1 over ddp, FSDP2 resharding after "
+                "forward (ZeRO-3-like) or keeping parameters gathered (ZeRO-2-like)",
     "dropout": "override the model's dropout (null = the model's own)",
     "group_by_length": "batch reviews of similar length together (per rank, deterministic)",
     "threads": "CPU threads per worker (torch.set_num_threads)",

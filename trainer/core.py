@@ -4,9 +4,9 @@
 
 Protocol (study §4.2-4.3): BertForSequenceClassification (2 labels), AdamW, linear warmup then
 linear decay to 0 over the run, batch per worker, DistributedSampler with set_epoch, DDP
-gradient averaging, validation on the test split after every epoch with loss / correct / count
-all-reduced with SUM, and the run timed with time.perf_counter from the start of training to
-the end of the last validation.
+gradient averaging (or another parallelism strategy: trainer/strategies/), validation on the test
+split after every epoch with loss / correct / count all-reduced with SUM, and the run timed with
+time.perf_counter from the start of training to the end of the last validation.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint, progress, result
+from trainer import checkpoint, progress, result, strategies
 from trainer.config import ConfigError, TrainConfig, config_hash
 from trainer.data import LengthGroupedBatchSampler, PaddedBatches, tokenized_splits, validation_batches
 from trainer.distributed import all_reduce_sum, gather, process_group, resolve_device
@@ -156,23 +156,27 @@ class _Run:
         model = build_model(cfg).to(self.device)
         self.model = model
         self.word_embeddings = None
+        self.strategy = strategies.load(cfg.strategy, self.device, self.rank, self.world_size)
         ddp = torch.nn.parallel.DistributedDataParallel
+        if self.hooks.syncs_gradients and not self.strategy.runs_under_gradient_syncing_launcher:
+            raise ConfigError(f"strategy: {cfg.strategy} cannot run under {self.hooks.framework_label}, "
+                              "whose optimizer averages every gradient itself; "
+                              f"use strategy {strategies.DEFAULT}")
         if self.hooks.syncs_gradients and cfg.sparse_embedding_sync:
             raise ConfigError(f"sparse_embedding_sync: a DDP optimisation; {self.hooks.framework_label} "
                               "averages every gradient itself: set it to false")
         if cfg.sparse_embedding_sync and self.world_size > 1:
             # dtlab's opt-in optimisation, not stock DDP: the word-embedding gradient (90% of bert-tiny's)
             # is zero outside the batch's tokens, so we average only those rows ourselves
-            # (_average_word_embedding_rows) and DDP the rest. Needs a private torch API.
+            # (_average_word_embedding_rows) and DDP the rest. Needs a private torch API. Strategy ddp
+            # only (the config refuses the others).
             self.word_embeddings = model.get_input_embeddings().weight
             name = next(n for n, p in model.named_parameters() if p is self.word_embeddings)
             ddp._set_params_and_buffers_to_ignore_for_model(model, [name])
-        # Stock DDP at every world size, 1 included: the study's 1-GPU baseline ran DDP under torchrun.
-        self.parallel_model = (self.hooks.wrap_model(model) if self.hooks.syncs_gradients
-                               else ddp(model, device_ids=[self.device.index] if self.is_cuda else None))
-        self.eval_model = model  # validation needs no gradient sync
+        self.parallel_model = self.strategy.wrap_model(model, self.hooks)
+        self.eval_model = self.strategy.eval_model
         if cfg.compile != "no":
-            self.parallel_model, self.eval_model = self._compiled(self.parallel_model, model)
+            self.parallel_model, self.eval_model = self._compiled(self.parallel_model, self.eval_model)
 
         num_workers = cfg.num_workers if cfg.num_workers is not None else (2 if self.is_cuda else 0)
         # Loader workers draw their base seed from this generator, not the global RNG, so a resumed
@@ -194,6 +198,10 @@ class _Run:
             PaddedBatches(test_split, pad_to_multiple_of=pad_multiple),
             sampler=validation_batches(test_split.lengths, self.rank, self.world_size, cfg.batch_size),
             **loader_options)
+        # Forwards a rank runs after its own validation batches, to join the others' weight gathers.
+        self.joining_val_forwards = 0
+        if self.strategy.collective_evaluation:
+            self.joining_val_forwards = max(gather(len(self.val_loader))) - len(self.val_loader)
         self.train_size, self.test_size = len(train_split), len(test_split)
         self.data_fingerprint = train_split.fingerprint  # the tokens every rank trains on
 
@@ -207,8 +215,8 @@ class _Run:
         # CUDA-only: fp16 needs loss scaling; bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
 
-    def _compiled(self, parallel_model, model):
-        """torch.compile for training (the DDP module) and for validation (the bare model)."""
+    def _compiled(self, parallel_model, eval_model):
+        """torch.compile for training (the strategy's module) and for validation (its eval model)."""
         import torch._dynamo
 
         for limit in ("recompile_limit", "cache_size_limit"):  # the name changed across torch releases
@@ -216,7 +224,7 @@ class _Run:
                 current = getattr(torch._dynamo.config, limit)
                 setattr(torch._dynamo.config, limit, max(current, _RECOMPILE_LIMIT))
         mode = None if self.cfg.compile == "default" else self.cfg.compile
-        return torch.compile(parallel_model, mode=mode), torch.compile(model, mode=mode)
+        return torch.compile(parallel_model, mode=mode), torch.compile(eval_model, mode=mode)
 
     def _optimizer(self) -> torch.optim.Optimizer:
         # As in Hugging Face's examples: no weight decay on biases and LayerNorm weights.
@@ -225,12 +233,13 @@ class _Run:
             (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(parameter)
         groups = [{"params": decay, "weight_decay": self.cfg.weight_decay},
                   {"params": no_decay, "weight_decay": 0.0}]
+        build = self.strategy.build_optimizer
         if self.cfg.optimizer == "sgd":
-            return torch.optim.SGD(groups, lr=self.cfg.learning_rate)
+            return build(torch.optim.SGD, groups, lr=self.cfg.learning_rate)
         try:  # the fused kernel: one pass over the weights instead of many (16x faster on one CPU core)
-            return torch.optim.AdamW(groups, lr=self.cfg.learning_rate, fused=True)
+            return build(torch.optim.AdamW, groups, lr=self.cfg.learning_rate, fused=True)
         except (RuntimeError, ValueError):  # a device or dtype without a fused kernel
-            return torch.optim.AdamW(groups, lr=self.cfg.learning_rate)
+            return build(torch.optim.AdamW, groups, lr=self.cfg.learning_rate)
 
     def _autocast_dtype(self) -> torch.dtype | None:
         if not self.is_cuda:
@@ -277,8 +286,7 @@ class _Run:
         if state["world_size"] != self.world_size:
             raise ConfigError(f"checkpoint_dir: the checkpoint was written by {state['world_size']} workers, "
                               f"this run has {self.world_size}; resume with the same world size")
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        self.strategy.load_full_state(state["model"], state["optimizer"], self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
         checkpoint.restore_rng_states(state["rng"][self.rank])
@@ -295,8 +303,10 @@ class _Run:
 
     def _save_checkpoint(self, epoch: int, elapsed: float, epoch_metrics: list[dict]) -> None:
         rng = gather(checkpoint.rng_states())  # every rank's generators, for an exact resume
+        full_state = self.strategy.full_state(self.optimizer)  # collective where the state is sharded
         if self.rank != 0:
             return
+        model_state, optimizer_state = full_state
         with self.hooks.checkpoint_path(epoch) as directory:
             if directory is None:
                 return
@@ -304,8 +314,8 @@ class _Run:
                 "format": checkpoint.CHECKPOINT_FORMAT, "config_hash": self.config_hash,
                 "data_fingerprint": self.data_fingerprint,
                 "world_size": self.world_size, "epoch": epoch, "elapsed_s": elapsed,
-                "epoch_metrics": epoch_metrics, "rng": rng, "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "epoch_metrics": epoch_metrics, "rng": rng, "model": model_state,
+                "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(),
                 "scaler": self.scaler.state_dict(),
             }, directory)
         if self.cfg.output_dir:
@@ -393,6 +403,10 @@ class _Run:
             loss_sum += torch.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum").double()
             correct += (logits.argmax(dim=-1) == batch["labels"]).sum()
             count += batch["labels"].shape[0]
+        for _ in range(self.joining_val_forwards):  # a one-row dummy batch; its logits are not counted
+            joining = torch.ones((1, self.pad_multiple), dtype=torch.long, device=self.device)
+            with self._autocast():
+                self.eval_model(input_ids=joining, attention_mask=joining)
         total_loss, total_correct, total_count = all_reduce_sum(
             [loss_sum.item(), float(correct.item()), count], self.device)
         self._synchronize()

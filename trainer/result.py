@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from trainer import strategies
 from trainer.config import FRAMEWORKS
 
 if TYPE_CHECKING:
@@ -29,7 +30,8 @@ _STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
 
 def speed_options_label(cfg: TrainConfig) -> str:
     """The options beyond the study's protocol, as the report shows them beside the framework."""
-    label = " + sparse embedding sync (dtlab)" if cfg.sparse_embedding_sync else ""
+    label = f" + strategy {cfg.strategy}" if cfg.strategy != strategies.DEFAULT else ""
+    label += " + sparse embedding sync (dtlab)" if cfg.sparse_embedding_sync else ""
     return label + (f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else "")
 
 
@@ -75,6 +77,7 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
             "compile": cfg.compile,
             "pad_to_multiple_of": pad_multiple,
             "sparse_embedding_sync": cfg.sparse_embedding_sync,
+            "strategy": cfg.strategy,
         },
         "config_hash": config_hash,
         "data_fingerprint": data_fingerprint,
@@ -109,9 +112,11 @@ def _utc(unix_time: float | None = None) -> str:
 
 @functools.cache
 def load_schema() -> dict:
-    """The result schema, with the framework enum from its one home (trainer.config.FRAMEWORKS)."""
+    """The result schema, with the framework and strategy enums from their homes (trainer.config.FRAMEWORKS,
+    trainer.strategies.NAMES)."""
     schema = json.loads(SCHEMA_PATH.read_text())
     schema["properties"]["framework"]["enum"] = list(FRAMEWORKS)
+    schema["properties"]["hyperparameters"]["properties"]["strategy"]["enum"] = list(strategies.NAMES)
     return schema
 
 

@@ -1,0 +1,44 @@
+"""The one interface the training core calls for every strategy."""
+
+from __future__ import annotations
+
+import torch
+
+
+class Strategy:
+    """Wraps the model for training, builds the optimizer, names the model to evaluate, and turns the
+    training state into one full state on rank 0 (and back), so the one-file checkpoint serves all."""
+
+    # Whether a launcher whose own optimizer averages the gradients (TrainHooks.syncs_gradients,
+    # Horovod) may run it: only where the strategy leaves the gradients to the launcher.
+    runs_under_gradient_syncing_launcher = False
+    # True when evaluating gathers weights across ranks: then every rank runs as many validation
+    # forwards as the rank with the most batches (shares differ by one sample), or the others wait.
+    collective_evaluation = False
+
+    def __init__(self, name: str, device: torch.device, rank: int, world_size: int):
+        self.name, self.device, self.rank, self.world_size = name, device, rank, world_size
+        self.model: torch.nn.Module | None = None
+
+    def wrap_model(self, model: torch.nn.Module, hooks) -> torch.nn.Module:
+        """The module to train (its forward and backward synchronise as the strategy does)."""
+        raise NotImplementedError
+
+    @property
+    def eval_model(self) -> torch.nn.Module:
+        """The module validation runs (no gradient sync needed): the bare model by default."""
+        return self.model
+
+    def build_optimizer(self, optimizer_class: type[torch.optim.Optimizer], groups: list[dict],
+                        **options) -> torch.optim.Optimizer:
+        """The optimizer over the parameter groups the core chose (after wrap_model)."""
+        return optimizer_class(groups, **options)
+
+    def full_state(self, optimizer: torch.optim.Optimizer) -> tuple[dict, dict] | None:
+        """(model state, optimizer state), whole, on rank 0; None elsewhere. Every rank calls it."""
+        raise NotImplementedError
+
+    def load_full_state(self, model_state: dict, optimizer_state: dict,
+                        optimizer: torch.optim.Optimizer) -> None:
+        """Restore what full_state gave; every rank calls it with the whole state."""
+        raise NotImplementedError
