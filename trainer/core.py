@@ -303,13 +303,16 @@ class _Run:
 
     def _save_checkpoint(self, epoch: int, elapsed: float, epoch_metrics: list[dict]) -> None:
         rng = gather(checkpoint.rng_states())  # every rank's generators, for an exact resume
-        full_state = self.strategy.full_state(self.optimizer)  # collective where the state is sharded
-        if self.rank != 0:
-            return
-        model_state, optimizer_state = full_state
-        with self.hooks.checkpoint_path(epoch) as directory:
-            if directory is None:
+        # Rank 0's hooks say where to write, or not at all; every rank learns whether, since a sharded
+        # strategy gathers the whole state on all of them (and should not when nothing is written).
+        writing = self.hooks.checkpoint_path(epoch) if self.rank == 0 else contextlib.nullcontext(None)
+        with writing as directory:
+            if all_reduce_sum([float(directory is not None)], self.device)[0] == 0:
                 return
+            full_state = self.strategy.full_state(self.optimizer)
+            if self.rank != 0:
+                return
+            model_state, optimizer_state = full_state
             checkpoint.save({
                 "format": checkpoint.CHECKPOINT_FORMAT, "config_hash": self.config_hash,
                 "data_fingerprint": self.data_fingerprint,
