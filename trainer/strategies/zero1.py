@@ -19,5 +19,9 @@ class ZeroStage1(DataParallel):
         optimizer.consolidate_state_dict(to=0)  # a collective: every rank sends its share to rank 0
         return super().full_state(optimizer)
 
-    # load_full_state: ZeroRedundancyOptimizer.load_state_dict takes the whole state and keeps this
-    # rank's share, so DataParallel's serves.
+    def load_full_state(self, model_state, optimizer_state, optimizer):
+        super().load_full_state(model_state, optimizer_state, optimizer)  # ZeRO keeps this rank's share
+        # ZeroRedundancyOptimizer moves every 0-dim state (AdamW's step) to the CPU, which fused AdamW on
+        # CUDA refuses (seen on an H200, torch 2.11); the local optimizer's own load puts each where it
+        # belongs (a copy: the values stay bit for bit).
+        optimizer.optim.load_state_dict(optimizer.optim.state_dict())
