@@ -4,12 +4,15 @@ Every run here is real CPU torch with 1 thread per worker and tiny sizes (max_le
 The tokenized splits are cached once per session in a shared directory, as on a real node.
 """
 
+import contextlib
 import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
@@ -93,3 +96,25 @@ class StopAfter(TrainHooks):
 
     def should_stop(self):
         return bool(self.seen) and self.seen[-1] >= self.stop_epoch
+
+
+def kill_after_first_checkpoint(command: list[str], checkpoint_dir: Path) -> None:
+    """Start `command` and SIGKILL it and every process under it once epoch 1's checkpoint exists,
+    like a node losing power."""
+    process = subprocess.Popen(command, env=trainer_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+        while not (checkpoint_dir / "epoch-0001").exists():
+            assert process.poll() is None, "the run ended before its first checkpoint"
+            assert time.monotonic() < deadline, "no checkpoint within the timeout"
+            time.sleep(0.05)
+    finally:
+        # torchrun starts its workers in their own sessions: SIGKILL each by PID.
+        launched = psutil.Process(process.pid)
+        members = [*launched.children(recursive=True), launched]
+        for member in members:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                member.kill()
+        process.wait(timeout=60)
+        psutil.wait_procs(members, timeout=60)
