@@ -17,8 +17,10 @@ command -v apt-get >/dev/null || die "needs apt-get (Debian or Ubuntu)"
 # cmake and g++: scripts/build-horovod-wheel.sh compiles Horovod for its tests and the lab (roles/horovod).
 # openssh-server: only its sshd binary, for tests/provision/test_sshd_dropin.py (the ssh role's
 # drop-in checked by a real sshd); where setup.sh installs it, the controller's own sshd stays off.
+# nftables: only its nft binary, for tests/provision/test_firewall.py (the firewall role's rules loaded
+# by a real nft in a network namespace of the test's own; the host's own ruleset is never touched).
 APT_PACKAGES=(debootstrap systemd-container iproute2 openssh-client rsync ca-certificates cmake g++
-              openjdk-17-jre-headless python3 python3-venv python3-dev gcc openssh-server
+              openjdk-17-jre-headless python3 python3-venv python3-dev gcc openssh-server nftables
               python3-debian)  # python3-debian: deb822_repository in the GPU roles' check-mode tests
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
