@@ -235,11 +235,10 @@ def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, st
 # --- top level ---------------------------------------------------------------
 
 @task(help={"lint": "run ruff, lint-imports, yamllint and ansible-lint (default: yes)",
-            "fast": "the inner loop: skip the lab, the Spark cluster and every slow test, run the tests on "
-                    "every core and lint beside them (about 2.5 minutes)",
+            "fast": "the inner loop: skip the lab, the Spark cluster and every slow test (about 2.5 minutes)",
             "pytest_args": "extra pytest arguments, e.g. '-k report -x'"})
 def test(c, lint=True, fast=False, pytest_args=""):
-    """Lint, then run the whole test suite (this is what CI runs); --fast for the inner loop."""
+    """The whole test suite on every core, the linters beside it (what CI runs); --fast for the inner loop."""
     from dtlab import commands
 
     if not commands.run_tests(c, lint=lint, fast=fast, pytest_args=pytest_args):

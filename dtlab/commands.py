@@ -222,24 +222,22 @@ def demo(name: str | None, faults: bool = False) -> list[CellOutcome]:
 
 # lint-imports: the layer contracts in pyproject.toml ([tool.importlinter]), no import cycles.
 LINTERS = ("ruff check .", "lint-imports", "yamllint -s .", "ansible-lint --profile production --offline")
-# The inner loop: no lab, no Spark cluster, nothing marked slow, on every core (pytest-xdist); the full
-# suite stays in one process, where the lab and Spark fixtures are shared (README "Tests": durations).
+# Both runs spread the tests over every core (pytest-xdist) with the linters running beside them.
+# The inner loop leaves out the lab, the Spark cluster and everything marked slow. The whole suite keeps
+# the lab's tests together on one worker, in order, with one lab (tests/conftest.py, group "lab"), and
+# runs the rest beside them (README "How long the tests take").
 FAST_TESTS = "-m 'not lab and not slow' -n auto"
+FULL_TESTS = "-n auto --dist loadgroup"
 
 
 def run_tests(c, *, lint: bool, fast: bool, pytest_args: str) -> bool:
-    """The linters, then pytest (the whole suite, or --fast's inner loop with the linters running
-    beside the tests); True when everything passed. `c` is the invoke Context."""
-    linting = None
-    if lint and fast:  # the linters beside the tests instead of before them
-        linting = c.run(" && ".join(LINTERS), asynchronous=True, hide=True, warn=True)
-    elif lint:
-        for command in LINTERS:
-            c.run(command, echo=True)
-    tests = c.run(f"pytest {FAST_TESTS if fast else ''} {pytest_args}".strip(), echo=True, pty=False,
-                  warn=linting is not None)
+    """pytest (the whole suite, or --fast's inner loop) with the linters beside it; True when everything
+    passed. `c` is the invoke Context."""
+    linting = c.run(" && ".join(LINTERS), asynchronous=True, hide=True, warn=True) if lint else None
+    tests = c.run(f"pytest {FAST_TESTS if fast else FULL_TESTS} {pytest_args}".strip(), echo=True, pty=False,
+                  warn=True)
     if linting is None:
-        return True  # without --fast a failing step has already stopped invoke
+        return tests.ok
     linted = linting.join()
     print(f"lint ({' && '.join(LINTERS)}): {'passed' if linted.ok else 'FAILED'}")
     if not linted.ok:
