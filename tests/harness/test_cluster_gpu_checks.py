@@ -8,14 +8,17 @@ as the master's /json/ writes them (JsonProtocol.writeWorkerInfo, resources as {
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from determined.common.api import bindings
 
 from dtlab import cluster as cluster_module
+from dtlab import gpucompat
 from dtlab.platforms import determined as determined_platform
 from dtlab.platforms import spark
 
@@ -187,3 +190,28 @@ def test_the_socket_interface_row_reads_the_nodes_file(cpu_cluster):
     assert missing.detail == "no interface in /etc/dtlab/veth9.env; run ansible-playbook site.yml"
     gone = cluster_module.socket_interface_row(cpu_cluster, node, {"ifname": "enp9s0", "addresses": ""})
     assert not gone.ok and gone.detail == "enp9s0 (from /etc/dtlab/veth9.env) has no address on the node"
+
+
+# --- a real GPU's answer (tests/fixtures/gpu-h200: an H200 with torch 2.11.0+cu130, 2026-11-26) ---------
+
+REAL_H200_PROBE = json.loads(
+    (Path(__file__).resolve().parents[1] / "fixtures" / "gpu-h200" / "gpu-probe.json").read_text())
+
+
+def test_a_real_gpus_probe_answer_is_one_usable_row(gpu1):
+    one_gpu = dataclasses.replace(gpu1, gpu_indices=(0,))
+    [row] = cluster_module.gpu_usable_rows(one_gpu, REAL_H200_PROBE)
+    assert row.ok, row
+    assert "sm_90" in row.detail and "NVIDIA H200" in row.detail
+    assert cluster_module.arch_runs_on((9, 0), REAL_H200_PROBE["arch_list"]) == "sm_90"
+    # The same answer on a node whose inventory expects two GPUs is a failed row, not a pass.
+    assert not all(row.ok for row in cluster_module.gpu_usable_rows(gpu1, REAL_H200_PROBE))
+
+
+def test_the_cu130_builds_machine_code_is_what_a_real_cu130_build_lists():
+    """gpu_compat.yml's cu130 `sass` against torch.cuda.get_arch_list() of a real cu130 build. That build
+    (2.11.0+cu130) listed no compute_XY entry: the `ptx` line of 2.13's cu130 is not confirmed by it."""
+    cu130 = gpucompat.load().build("cu130")
+    real_sass = [entry for entry in REAL_H200_PROBE["arch_list"] if entry.startswith("sm_")]
+    assert [f"sm_{c.replace('.', '')}" for c in cu130.sass] == real_sass
+    assert gpucompat.load().choose([gpucompat.NodeGpus("h200", ("NVIDIA H200",), ("9.0",))], 580) == cu130

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import threading
+from pathlib import Path
 
 import pytest
 import yaml
@@ -179,8 +180,13 @@ PLAN_HOSTS = {  # host: (linux-image metapackages, host vars, Secure Boot state)
     "secure_boot": ({"linux-image-generic": KERNEL}, {}, "SecureBoot enabled"),
 }
 HOLD_HOSTS = {"ubuntu_node": UBUNTU_580_NODE, "debian_node": DEBIAN_535_NODE}
-GPU_HOSTS = {"gpu_580": "NVIDIA GeForce GTX 1060 3GB, 580.95.05, Enabled, 6.1",
-             "gpu_535": "NVIDIA GeForce GTX 1060 3GB, 535.247.01, Enabled, 6.1"}
+GTX_1060 = ("NVIDIA GeForce GTX 1060 3GB", "6.1")
+# host: (nvidia-smi's answer to check_gpus.yml's query, the GPU's name and compute capability). gpu_h200's
+# answer is a real machine's (tests/fixtures/gpu-h200); the GTX 1060 lines are written in its format.
+GPU_HOSTS = {"gpu_580": ("NVIDIA GeForce GTX 1060 3GB, 580.95.05, Enabled, 6.1", *GTX_1060),
+             "gpu_535": ("NVIDIA GeForce GTX 1060 3GB, 535.247.01, Enabled, 6.1", *GTX_1060),
+             "gpu_h200": ((Path(__file__).resolve().parents[1] / "fixtures" / "gpu-h200"
+                           / "nvidia-smi-query-gpus.csv").read_text().strip(), "NVIDIA H200", "9.0")}
 
 
 def local_host(name, host_vars):
@@ -206,11 +212,11 @@ def role_parts(tmp_path_factory):
     for host, packages in HOLD_HOSTS.items():
         admindir = dpkg_database(tmp / host / "dpkg", packages)
         groups["hold"] += local_host(host, {"dpkg_admindir": str(admindir)})
-    for host, answer in GPU_HOSTS.items():
+    for host, (answer, gpu_name, capability) in GPU_HOSTS.items():
         groups["gpus"] += local_host(host, {
             "stand_in_bin": str(stand_in(tmp / host / "bin", "nvidia-smi", answer)), "dtlab_gpu_count": 1,
-            "dtlab_gpu_facts": {"nvidia_count": 1}, "dtlab_gpu_names": ["NVIDIA GeForce GTX 1060 3GB"],
-            "dtlab_gpu_compute_capabilities": ["6.1"]})
+            "dtlab_gpu_facts": {"nvidia_count": 1}, "dtlab_gpu_names": [gpu_name],
+            "dtlab_gpu_compute_capabilities": [capability]})
     groups["pin"] += local_host("renderer", {"pin_dest": str(tmp / "pin")})
     lines = ["all:", "  children:"]
     for group, host_lines in groups.items():
@@ -307,6 +313,11 @@ def test_nvidia_smi_names_the_branch_it_found_and_the_one_expected(role_parts):
     # Pascal on 580 runs torch's CUDA 12.6 build (dtlab/data/gpu_compat.yml).
     assert by_task["Report the torch build this node's GPUs take"]["gpu_580"]["msg"].startswith(
         "nvidia: gpu_580: torch 2.13 cu126 (CUDA 12.6.3")
+    # A real H200's answer (tests/fixtures/gpu-h200): Hopper on 580 takes the CUDA 13.0 build.
+    assert branch_check["gpu_h200"]["msg"] == (
+        "nvidia: gpu_h200: driver 580.159.04 (branch 580) found, expected branch 580")
+    assert by_task["Report the torch build this node's GPUs take"]["gpu_h200"]["msg"].startswith(
+        "nvidia: gpu_h200: torch 2.13 cu130 (CUDA 13.0.2")
 
 
 # --- the cuda_repo pin, read by a real apt -------------------------------------------------------
