@@ -85,32 +85,19 @@ def lab_torch_python(lab):
     return f"{LAB_TEST_VENV_MOUNT}/bin/python"
 
 
-# --- parallel runs: the whole suite on every core, the lab's tests in one line -------------------------
+# --- lab tests: time for the session's lab in whichever test comes first ------------------------------
 
-# `invoke test` runs pytest-xdist with --dist loadgroup. xdist gives each group to one worker as a whole,
-# in collection order, so a group's tests share one lab and may build on an earlier one's state:
-# - "provisioned-lab": the tests that need the converged lab (site.yml once per session, minutes);
-# - "bare-lab": the other tests that use the lab (tests/lab/), on a second lab of their own
-#   (_claim_test_lab_name), which they restart and bring up beside without disturbing the first.
-# Every other test runs beside them on the other workers.
-PROVISIONED_LAB_GROUP, BARE_LAB_GROUP = "provisioned-lab", "bare-lab"
-# Whichever provisioned-lab test runs first pays for the session's converge in its setup, and on a fresh
-# machine that is the lab image, the wheelhouse, the Horovod build and three node venvs, with the other
-# workers' tests beside it: measured past pytest's 1200 s once (CI, 2026-11-26). Those tests get an hour.
-PROVISIONED_LAB_TIMEOUT_S = 3600
+# The first lab test pays in its setup for the session's lab (and, for most, its converge): on a fresh
+# machine the lab image, the wheelhouse, the Horovod build and three node venvs, while `invoke test` runs
+# the other tests beside it. That took the converge past pytest's 1200 s once (CI, 2026-11-26, with a
+# helper's tests running too). A lab test without its own limit gets an hour.
+LAB_TEST_TIMEOUT_S = 3600
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups into the node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        provisioned = "provisioned_lab" in item.fixturenames or (
-            "lab" not in item.fixturenames and item.get_closest_marker("lab"))  # reaches a lab some other way
-        if provisioned:
-            item.add_marker(pytest.mark.xdist_group(PROVISIONED_LAB_GROUP))
-            if item.get_closest_marker("timeout") is None:
-                item.add_marker(pytest.mark.timeout(PROVISIONED_LAB_TIMEOUT_S))
-        elif "lab" in item.fixturenames:
-            item.add_marker(pytest.mark.xdist_group(BARE_LAB_GROUP))
+        if item.get_closest_marker("lab") and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(LAB_TEST_TIMEOUT_S))
 
 
 # --- (next section) -----------------------------------------------------------------------------------

@@ -105,8 +105,7 @@ def _relative_difference(left: float, right: float) -> float:
 
 
 @pytest.mark.slow  # two 2-worker runs of 3 epochs: over a minute on 2 busy cores
-@pytest.mark.parametrize("strategy", [pytest.param(name, marks=pytest.mark.xdist_group(f"strategy-{name}"))
-                                      for name in SHARDING])
+@pytest.mark.parametrize("strategy", SHARDING)
 def test_a_strategy_trains_as_ddp_does(unbroken_runs, strategy):
     ddp_result, ddp_checkpoints, cfg = unbroken_runs(strategy="ddp")
     result, checkpoints, _ = unbroken_runs(strategy)
@@ -126,8 +125,7 @@ def test_a_strategy_trains_as_ddp_does(unbroken_runs, strategy):
 
 
 @pytest.mark.slow  # two 2-worker runs of 3 epochs: over a minute on 2 busy cores
-@pytest.mark.parametrize("strategy", [pytest.param(name, marks=pytest.mark.xdist_group(f"strategy-{name}"))
-                                      for name in SHARDING])
+@pytest.mark.parametrize("strategy", SHARDING)
 def test_a_strategy_killed_after_its_first_checkpoint_resumes_to_the_unbroken_result(
         unbroken_runs, strategy, tmp_path):
     unbroken, unbroken_checkpoints, cfg = unbroken_runs(strategy)
