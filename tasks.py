@@ -236,9 +236,9 @@ def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, st
 
 @task(help={"lint": "run ruff, lint-imports, yamllint and ansible-lint (default: yes)",
             "fast": "the inner loop: skip the lab, the Spark cluster and every slow test (about 2.5 minutes)",
-            "pytest_args": "extra pytest arguments, e.g. '-k report -x' (then one pytest runs everything)"})
+            "pytest_args": "extra pytest arguments, e.g. '-k report -x'"})
 def test(c, lint=True, fast=False, pytest_args=""):
-    """The whole suite (what CI runs): the lab's tests beside the others, the linters beside both."""
+    """The whole test suite, the linters beside it (this is what CI runs); --fast for the inner loop."""
     from dtlab import commands
 
     if not commands.run_tests(c, lint=lint, fast=fast, pytest_args=pytest_args):
