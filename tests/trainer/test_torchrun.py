@@ -1,19 +1,17 @@
 """The torchrun launcher for real: 2 CPU workers on loopback, DDP equivalence, and a SIGKILLed run resumed."""
 
-import contextlib
 import json
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from tests.trainer.conftest import (
     SUBPROCESS_TIMEOUT_S,
     final_weights,
+    kill_after_first_checkpoint,
     max_weight_difference,
     run,
     torchrun_command,
@@ -103,23 +101,7 @@ def test_killed_run_resumes_to_the_unbroken_result(two_worker_run, tmp_path):
     killed_cfg = type(cfg)(**{**cfg.as_dict(), "output_dir": str(tmp_path / "out"),
                               "checkpoint_dir": str(tmp_path / "ckpt")})
     command = torchrun_command(2, "--config", str(write_config(killed_cfg, tmp_path / "run.yml")))
-    process = subprocess.Popen(command, env=trainer_env(), stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
-        while not (tmp_path / "ckpt" / "epoch-0001").exists():
-            assert process.poll() is None, "the run ended before its first checkpoint"
-            assert time.monotonic() < deadline, "no checkpoint within the timeout"
-            time.sleep(0.05)
-    finally:
-        # torchrun starts its workers in their own sessions: SIGKILL each by PID, like a node losing power.
-        launched = psutil.Process(process.pid)
-        members = [*launched.children(recursive=True), launched]
-        for member in members:
-            with contextlib.suppress(psutil.NoSuchProcess):
-                member.kill()
-        process.wait(timeout=60)
-        psutil.wait_procs(members, timeout=60)
+    kill_after_first_checkpoint(command, tmp_path / "ckpt")
     assert not (tmp_path / "out" / "result.json").exists()
 
     completed = run(command)
