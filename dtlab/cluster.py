@@ -70,8 +70,19 @@ def _probe_script(cluster: Cluster, node: Node) -> str:
             'if [ -n "$(systemctl list-unit-files --plain --no-legend "$u.service")" ]; then '
             'echo "service.$u=$(systemctl is-active "$u.service")"; fi; done',
             *(line for platform in platforms.ALL for line in platform.probe_lines(cluster, node)),
+            "echo time_end=$(date +%s.%N)",  # with time=, takes the script's own time out of the skew
         ]
     )
+
+
+def clock_offset(sent: float, node_start: float, node_end: float, received: float) -> tuple[float, float]:
+    """(offset, delay) of the node's clock against the controller's, as NTP computes them: the
+    controller's send and receive times and the node's at the start and end of its script. The
+    script's own time (its systemctl calls take seconds on a loaded node) is taken out of the round
+    trip, so only the network's part of it, assumed symmetric, is uncertain."""
+    offset = ((node_start - sent) + (node_end - received)) / 2
+    delay = max(0.0, (received - sent) - (node_end - node_start))
+    return offset, delay
 
 
 def _parse_probe(text: str) -> dict[str, str]:
@@ -90,11 +101,14 @@ def check(cluster: Cluster) -> list[CheckRow]:
     node_states: NodeStates = {}  # per node: the probe script's key=value answers
 
     def probe(node: Node) -> tuple[float, remote.CommandResult, float]:
+        # The SSH handshake happens before the clock starts: it is one-sided and would bias the skew.
+        connection = sessions.connection(node)
         sent = time.time()
-        answer = remote.run(node, _probe_script(cluster, node), timeout=30)
+        answer = remote.run(node, _probe_script(cluster, node), timeout=30, connection=connection)
         return sent, answer, time.time()
 
-    answers = remote.fan_out(cluster.nodes, probe)
+    with remote.Sessions() as sessions:
+        answers = remote.fan_out(cluster.nodes, probe)
     for node in cluster.nodes:
         answer = answers[node.name]
         if isinstance(answer, BaseException):
@@ -104,16 +118,16 @@ def check(cluster: Cluster) -> list[CheckRow]:
         values = _parse_probe(result.stdout)
         node_states[node.name] = values
         rows.append(CheckRow("ssh", node.name, True, f"{node.ssh_user}@{node.address}"))
-        # Clock skew: the node's clock against the controller's at the middle of the round trip.
         try:
-            skew = float(values["time"]) - (sent + received) / 2
-            # The node read its clock somewhere inside the round trip: allow half of it as uncertainty.
+            skew, delay = clock_offset(sent, float(values["time"]), float(values["time_end"]), received)
+            # The node read its clock somewhere inside the network's part of the round trip: allow half
+            # of it as uncertainty.
             rows.append(
                 CheckRow(
                     "clock skew",
                     node.name,
-                    abs(skew) <= max_skew_s + (received - sent) / 2,
-                    f"{skew:+.2f} s (limit ±{max_skew_s:g} s, round trip {received - sent:.2f} s)",
+                    abs(skew) <= max_skew_s + delay / 2,
+                    f"{skew:+.2f} s (limit ±{max_skew_s:g} s, round trip {delay:.2f} s)",
                     value=skew,
                 )
             )

@@ -38,6 +38,19 @@ def test_the_probe_reports_an_installed_service_and_is_silent_about_a_missing_on
     values = cluster_module._parse_probe(answer.stdout)
     assert f"service.{INSTALLED_UNIT}" in values
     assert f"service.{MISSING_UNIT}" not in values
+    assert float(values["time_end"]) >= float(values["time"]) > 0  # the script's own time, for the skew
+
+
+def test_the_skew_leaves_out_the_nodes_own_script_time():
+    # A node 2 s ahead whose script runs 3 s (its systemctl calls on a loaded node), network 0.1 s each
+    # way: the midpoint of the round trip would say -0.4 s; NTP's four times say +2 s, within 0.1 s.
+    sent, received = 100.0, 103.2
+    node_start, node_end = 100.1 + 2.0, 103.1 + 2.0
+    offset, delay = cluster_module.clock_offset(sent, node_start, node_end, received)
+    assert abs(offset - 2.0) < 1e-9 and abs(delay - 0.2) < 1e-9
+    # Clocks in step, with the script as slow as in the CI run whose midpoint read -1.87 s.
+    offset, delay = cluster_module.clock_offset(10.0, 10.3, 14.0, 14.1)
+    assert abs(offset - 0.1) < 1e-9 and abs(delay - 0.4) < 1e-9
 
 
 def _platform_rows(cluster, states):
