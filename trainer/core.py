@@ -187,16 +187,23 @@ class _Run:
         self.pad_multiple = pad_multiple = cfg.pad_to_multiple_of or (
             _COMPILED_PAD_MULTIPLE if cfg.compile != "no" else 8 if self.is_cuda else 1)  # 8: tensor cores
         train_split, test_split = splits["train"], splits["test"]
+        # The data is cut into the strategy's data-parallel shares, not per rank: ranks that split the
+        # model between them (tensor parallelism) see the same batches. The global batch stays
+        # batch_size x world size whatever the strategy, so strategies compare at the same batch.
+        shares, share = self.strategy.data_parallel_size, self.strategy.data_parallel_rank
+        share_batch_size = cfg.batch_size * self.world_size // shares
+        # Each share's sums count once in the global metrics: on the lowest rank that sees it.
+        self.counts_its_share = gather(share).index(share) == self.rank
         sampler = torch.utils.data.DistributedSampler(
-            train_split, num_replicas=self.world_size, rank=self.rank, shuffle=True, seed=cfg.seed)
-        self.batch_sampler = LengthGroupedBatchSampler(sampler, train_split.lengths, cfg.batch_size, cfg.seed,
-                                                       group_by_length=cfg.group_by_length)
+            train_split, num_replicas=shares, rank=share, shuffle=True, seed=cfg.seed)
+        self.batch_sampler = LengthGroupedBatchSampler(sampler, train_split.lengths, share_batch_size,
+                                                       cfg.seed, group_by_length=cfg.group_by_length)
         self.train_loader = torch.utils.data.DataLoader(
             PaddedBatches(train_split, pad_to_multiple_of=pad_multiple),
             sampler=self.batch_sampler, **loader_options)
         self.val_loader = torch.utils.data.DataLoader(
             PaddedBatches(test_split, pad_to_multiple_of=pad_multiple),
-            sampler=validation_batches(test_split.lengths, self.rank, self.world_size, cfg.batch_size),
+            sampler=validation_batches(test_split.lengths, share, shares, share_batch_size),
             **loader_options)
         # Forwards a rank runs after its own validation batches, to join the others' weight gathers.
         self.joining_val_forwards = 0
@@ -364,6 +371,10 @@ class _Run:
         self.scheduler.step()
         self.optimizer.zero_grad()  # set_to_none, torch's default; Horovod's optimizer takes no argument
 
+    def _sum_over_shares(self, values: list[float]) -> list[float]:
+        """Each value summed over the data-parallel shares (a share several ranks see, once)."""
+        return all_reduce_sum(values if self.counts_its_share else [0.0] * len(values), self.device)
+
     def _train_epoch(self, epoch: int) -> dict:
         self.batch_sampler.set_epoch(epoch)
         self.parallel_model.train()
@@ -384,7 +395,7 @@ class _Run:
                 self._sample_gpu_utilization()
             if self.first_step_done_at is None:
                 self.first_step_done_at = time.time()
-        global_loss, global_samples = all_reduce_sum([loss_sum.item(), samples], self.device)
+        global_loss, global_samples = self._sum_over_shares([loss_sum.item(), samples])
         self._synchronize()
         return {"train_time_s": time.perf_counter() - started, "train_samples": int(global_samples),
                 "train_loss": global_loss / max(global_samples, 1),
@@ -410,8 +421,8 @@ class _Run:
             joining = torch.ones((1, self.pad_multiple), dtype=torch.long, device=self.device)
             with self._autocast():
                 self.eval_model(input_ids=joining, attention_mask=joining)
-        total_loss, total_correct, total_count = all_reduce_sum(
-            [loss_sum.item(), float(correct.item()), count], self.device)
+        total_loss, total_correct, total_count = self._sum_over_shares(
+            [loss_sum.item(), float(correct.item()), count])
         self._synchronize()
         return {"val_time_s": time.perf_counter() - started, "val_loss": total_loss / total_count,
                 "val_accuracy": total_correct / total_count}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 
 class Strategy:
@@ -19,6 +20,17 @@ class Strategy:
     def __init__(self, name: str, device: torch.device, rank: int, world_size: int):
         self.name, self.device, self.rank, self.world_size = name, device, rank, world_size
         self.model: torch.nn.Module | None = None
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many distinct shares of the data the ranks train and validate on: one per rank unless
+        ranks split the model and so see the same batches (tensor parallelism: 1)."""
+        return self.world_size
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """Which of those shares this rank sees (0 <= it < data_parallel_size)."""
+        return self.rank
 
     def wrap_model(self, model: torch.nn.Module, hooks) -> torch.nn.Module:
         """The module to train (its forward and backward synchronise as the strategy does)."""
@@ -42,3 +54,20 @@ class Strategy:
                         optimizer: torch.optim.Optimizer) -> None:
         """Restore what full_state gave; every rank calls it with the whole state."""
         raise NotImplementedError
+
+
+class DistributedTensorState(Strategy):
+    """For a strategy whose parameters are DTensors (sharded across ranks): the whole state gathered
+    and restored by torch.distributed.checkpoint.state_dict."""
+
+    def full_state(self, optimizer):
+        # cpu_offload: the whole state lands on rank 0 alone, in host memory (the others get {}).
+        model_state, optimizer_state = get_state_dict(
+            self.model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return (model_state, optimizer_state) if self.rank == 0 else None
+
+    def load_full_state(self, model_state, optimizer_state, optimizer):
+        # The core has already sent the one checkpoint to every rank (no shared disk), so each rank
+        # cuts its own shards from the whole state; broadcast_from_rank0 would send it a second time.
+        set_state_dict(self.model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
+                       options=StateDictOptions(full_state_dict=True))

@@ -13,14 +13,13 @@ embeddings, pooler and classifier.
 
 from __future__ import annotations
 
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from trainer.strategies.base import Strategy
+from trainer.strategies.base import DistributedTensorState
 
 
-class _FullyShardedData(Strategy):
+class _FullyShardedData(DistributedTensorState):
     reshard_after_forward: bool
     collective_evaluation = True  # the sharded model gathers its layers in every forward, validation too
 
@@ -35,18 +34,6 @@ class _FullyShardedData(Strategy):
     @property
     def eval_model(self):
         return self.model  # no unsharded copy: that would hold the whole model on every rank
-
-    def full_state(self, optimizer):
-        # cpu_offload: the whole state lands on rank 0 alone, in host memory (the others get {}).
-        model_state, optimizer_state = get_state_dict(
-            self.model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        return (model_state, optimizer_state) if self.rank == 0 else None
-
-    def load_full_state(self, model_state, optimizer_state, optimizer):
-        # The core has already sent the one checkpoint to every rank (no shared disk), so each rank
-        # cuts its own shards from the whole state; broadcast_from_rank0 would send it a second time.
-        set_state_dict(self.model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state,
-                       options=StateDictOptions(full_state_dict=True))
 
 
 class FullyShardedReshardAfterForward(_FullyShardedData):
