@@ -262,14 +262,15 @@ _HELP = {
     "generated_seed": "seed of the generated data (fixed while --seed varies, as IMDB is)",
     "epochs": "epochs to train",
     "seed": "seed for the initial weights, data order and dropout",
-    "batch_size": "batch size per worker",
+    "batch_size": "batch size per worker (the global batch is this x world size under every strategy)",
     "learning_rate": "AdamW peak learning rate",
     "weight_decay": "AdamW weight decay",
     "warmup_steps": "linear warmup steps, then linear decay to 0 over the whole run",
     "max_length": "max tokens per review; longer ones are truncated",
     "optimizer": "adamw (the study) or sgd (only for the DDP-equivalence test)",
     "strategy": f"{', '.join(strategies.NAMES)}: ddp, ZeRO stage 1 over ddp, FSDP2 resharding after "
-                "forward (ZeRO-3-like) or keeping parameters gathered (ZeRO-2-like)",
+                "forward (ZeRO-3-like) or keeping parameters gathered (ZeRO-2-like), or tensor parallelism "
+                "over all workers (heads and MLP split; every worker sees the same batches)",
     "dropout": "override the model's dropout (null = the model's own)",
     "group_by_length": "batch reviews of similar length together (per rank, deterministic)",
     "threads": "CPU threads per worker (torch.set_num_threads)",

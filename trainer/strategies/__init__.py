@@ -23,6 +23,7 @@ _REGISTRY = {
     "zero1": ("zero1", "ZeroStage1"),
     "fsdp": ("fsdp", "FullyShardedReshardAfterForward"),
     "fsdp_no_reshard": ("fsdp", "FullyShardedNoReshard"),
+    "tensor": ("tensor", "TensorParallel"),
 }
 NAMES = tuple(_REGISTRY)
 
