@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from dtlab import cluster as cluster_module
-from dtlab import doctor
+from dtlab import doctor, paths
 from dtlab.bench import Bench, BenchOptions, Display
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, load_cluster
@@ -230,14 +230,18 @@ FAST_TESTS = "-m 'not lab and not slow' -n auto"
 # the smoke matrix) while the other part was at 92 %. pytest-xdist's --dist loadgroup, the other way to
 # keep the lab's tests together, does not group under pytest 9.2 (it writes the group into the node id,
 # which pytest no longer reads).
+# The whole suite's temporary files (the lab's results, inventories) in a folder of its own: pytest keeps
+# the 3 newest session folders under /tmp and deletes older ones as each session starts, so a quick
+# `--fast` run beside a long full one used to delete the full one's files mid-run.
+FULL_SUITE_BASETEMP = paths.STATE_DIR / "pytest-full"
 
 
 def run_tests(c, *, lint: bool, fast: bool, pytest_args: str) -> bool:
     """pytest (the whole suite, or --fast's inner loop) with the linters beside it; True when everything
     passed. `c` is the invoke Context."""
     linting = c.run(" && ".join(LINTERS), asynchronous=True, hide=True, warn=True) if lint else None
-    passed = c.run(f"pytest {FAST_TESTS if fast else ''} {pytest_args}".strip(), echo=True, pty=False,
-                   warn=True).ok
+    selection = FAST_TESTS if fast else f"--basetemp={FULL_SUITE_BASETEMP}"
+    passed = c.run(f"pytest {selection} {pytest_args}".strip(), echo=True, pty=False, warn=True).ok
     if linting is not None:
         linted = linting.join()
         print(f"lint ({' && '.join(LINTERS)}): {'passed' if linted.ok else 'FAILED'}")

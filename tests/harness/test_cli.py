@@ -227,3 +227,23 @@ def test_cluster_reset_with_unreachable_nodes_goes_through_every_step_and_ends_w
     assert out[steps[1]:].count("ssh failed") == 3, "later steps skip the nodes already reported"
     assert "cluster.check: three" in out and out.count("│ FAIL") == 3, "the table closes the reset"
     assert answer.stderr.strip() == "error: cluster.reset: done, but 3 check(s) fail"
+
+
+def test_the_whole_suite_keeps_its_temporary_files_where_a_quick_run_beside_it_cannot_delete_them(
+    tmp_path, monkeypatch
+):
+    from invoke import Config, Context
+
+    from dtlab import commands
+
+    # A one-test suite standing in for the whole one: it writes where pytest put its tmp_path.
+    (tmp_path / "test_where.py").write_text(
+        "def test_where(tmp_path):\n"
+        f"    open({str(tmp_path / 'where.txt')!r}, 'w').write(str(tmp_path))\n")
+    full_suite_temp = tmp_path / "pytest-full"
+    monkeypatch.setattr(commands, "FULL_SUITE_BASETEMP", full_suite_temp)
+    quiet = Context(Config(overrides={"run": {"in_stream": False, "hide": True}}))
+    passed = commands.run_tests(quiet, lint=False, fast=False,
+                                pytest_args=f"-q -p no:cacheprovider {tmp_path / 'test_where.py'}")
+    assert passed
+    assert Path((tmp_path / "where.txt").read_text()).is_relative_to(full_suite_temp)
