@@ -3,26 +3,38 @@ accuracy curves, with matplotlib/Agg."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only; never a display
-
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.patches import Patch  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from dtlab import platforms  # noqa: E402
-from dtlab.report.study import DISPLAY_NAMES  # noqa: E402
+from dtlab import platforms
+from dtlab.report.study import DISPLAY_NAMES
 
 if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
     from dtlab.report.faults import FaultOutcome
+
+
+@functools.cache
+def _matplotlib() -> SimpleNamespace:
+    """matplotlib's pieces, imported on the first drawing: they take 0.8 s to import, which every
+    `invoke` task that draws nothing (bench.run, cluster.check) would pay at start-up."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; never a display
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+    from matplotlib.ticker import MaxNLocator
+
+    return SimpleNamespace(FigureCanvasAgg=FigureCanvasAgg, Figure=Figure, Line2D=Line2D, Patch=Patch,
+                           MaxNLocator=MaxNLocator)
+
 
 FIGURE_SIZE_IN = (8.0, 4.5)
 WIDE_FIGURE_SIZE_IN = (11.0, 4.5)  # Figure 5.1 with this cluster and the study side by side
@@ -33,8 +45,9 @@ _MISSING_COLOUR = "#999999"
 
 
 def _new_figure() -> Figure:
-    figure = Figure(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
-    FigureCanvasAgg(figure)
+    mpl = _matplotlib()
+    figure = mpl.Figure(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
+    mpl.FigureCanvasAgg(figure)
     return figure
 
 
@@ -71,8 +84,9 @@ def grouped_bars(
     a framework missing at a count gets a grey mark saying why, so a gap never reads as zero. A dashed
     line marks the baseline (1.0: as fast as DDP).
     """
-    figure = Figure(figsize=WIDE_FIGURE_SIZE_IN if len(panels) > 1 else FIGURE_SIZE_IN, dpi=FIGURE_DPI)
-    FigureCanvasAgg(figure)
+    mpl = _matplotlib()
+    figure = mpl.Figure(figsize=WIDE_FIGURE_SIZE_IN if len(panels) > 1 else FIGURE_SIZE_IN, dpi=FIGURE_DPI)
+    mpl.FigureCanvasAgg(figure)
     axes_row = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
     width = 0.8 / max(len(frameworks), 1)
     tallest = max(
@@ -120,7 +134,7 @@ def grouped_bars(
     axes_row[0].set_ylim(0, tallest * 1.35)  # room for the rotated value labels
     axes_row[0].set_ylabel(ylabel)
     axes_row[-1].legend(
-        handles=[Patch(color=FRAMEWORK_COLOURS.get(f, _OTHER_COLOUR), label=DISPLAY_NAMES.get(f, f))
+        handles=[mpl.Patch(color=FRAMEWORK_COLOURS.get(f, _OTHER_COLOUR), label=DISPLAY_NAMES.get(f, f))
                  for f in frameworks],
         loc="upper right",
         fontsize="small",
@@ -137,6 +151,7 @@ def accuracy_curves(
     title: str,
 ) -> Figure:
     """Validation accuracy per epoch (mean over seeds), one line per framework and count."""
+    mpl = _matplotlib()
     figure = _new_figure()
     axes = figure.add_subplot()
     styles = ["-", "--", ":", "-."]
@@ -151,7 +166,7 @@ def accuracy_curves(
             label=f"{DISPLAY_NAMES.get(framework, framework)}, {count_label(count)}",
         )
     axes.set_xlabel("Epoch")
-    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.xaxis.set_major_locator(mpl.MaxNLocator(integer=True))
     axes.set_ylabel("Validation accuracy")
     axes.set_title(title)
     axes.legend(fontsize="small")
@@ -181,9 +196,10 @@ def fault_timelines(outcomes: Sequence[FaultOutcome], *, title: str) -> Figure:
     """One row per faulted run: its undisturbed twin's bar (0 -> its total, pale) above the faulted
     run's (0 -> its total over every attempt), with the fault, its detection and training going on
     again marked on the faulted bar. A run that did not recover is hatched; a missing twin says so."""
+    mpl = _matplotlib()
     height = 1.3 + 0.75 * len(outcomes)
-    figure = Figure(figsize=(FIGURE_SIZE_IN[0], height), dpi=FIGURE_DPI)
-    FigureCanvasAgg(figure)
+    figure = mpl.Figure(figsize=(FIGURE_SIZE_IN[0], height), dpi=FIGURE_DPI)
+    mpl.FigureCanvasAgg(figure)
     axes = figure.add_subplot()
     longest = max((t for o in outcomes for t in (o.total_s, o.undisturbed_s) if t is not None), default=1.0)
     for row, outcome in enumerate(outcomes):
@@ -212,9 +228,9 @@ def fault_timelines(outcomes: Sequence[FaultOutcome], *, title: str) -> Figure:
     axes.grid(axis="x", alpha=0.3)
     figure.legend(
         handles=[
-            Patch(color=_OTHER_COLOUR, alpha=0.35, label="undisturbed run"),
-            Patch(color=_OTHER_COLOUR, label="faulted run, every attempt"),
-            *(Line2D([], [], label=label, **_moment_style(marker, face))
+            mpl.Patch(color=_OTHER_COLOUR, alpha=0.35, label="undisturbed run"),
+            mpl.Patch(color=_OTHER_COLOUR, label="faulted run, every attempt"),
+            *(mpl.Line2D([], [], label=label, **_moment_style(marker, face))
               for _name, marker, face, label in _FAULT_MOMENTS),
         ],
         loc="lower center", ncol=5, fontsize="small", frameon=False,
