@@ -547,6 +547,13 @@ def test_trainer_environment_is_identical_on_every_node(provisioned_lab, cluster
     # pip freeze names it by the wheel it came from: horovod @ file:///.../horovod-0.28.1%2Btorch2.13.0.cpu-...whl
     wheel = f"horovod-{cluster.var('horovod_version')}%2Btorch{pinned('torch')}"
     assert re.search(rf"^horovod @ file://\S+/{re.escape(wheel)}\S*\.whl$", packages, re.M), packages
+    # Installed with pip's --no-compile, then the launchers' imports compiled: torch's own bytecode is
+    # there, that of a test helper no run imports (torch.testing._internal.common_utils) is not.
+    probe = (f"{cluster.python} -c \"import os, torch, importlib.util as u; "
+             "d = os.path.dirname(torch.__file__); print(*(os.path.exists(u.cache_from_source(d + f)) "
+             "for f in ('/__init__.py', '/testing/_internal/common_utils.py')))\"")
+    for node in cluster.nodes:
+        assert on(lab, node.name, f"PYTHONDONTWRITEBYTECODE=1 {probe}").stdout.split() == ["True", "False"]
 
 
 # --- restarts on change (roles/systemd_units) ---------------------------------------------------------
