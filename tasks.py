@@ -235,7 +235,7 @@ def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, st
 # --- top level ---------------------------------------------------------------
 
 @task(help={"lint": "run ruff, lint-imports, yamllint and ansible-lint (default: yes)",
-            "fast": "the inner loop: skip the lab, the Spark cluster and every slow test (about 2.5 minutes)",
+            "fast": "the inner loop: skip the lab, the Spark cluster and every slow test (about 5 minutes)",
             "pytest_args": "extra pytest arguments, e.g. '-k report -x'"})
 def test(c, lint=True, fast=False, pytest_args=""):
     """The whole test suite, the linters beside it (this is what CI runs); --fast for the inner loop."""
