@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from collections.abc import Iterator
 
 import torch
@@ -51,9 +50,10 @@ def _join_or_form(device: torch.device) -> bool:
         return False
     backend = "nccl" if device.type == "cuda" else "gloo"
     device_id = device if device.type == "cuda" else None
-    if "RANK" not in os.environ:  # a plain process: a group of one on loopback (os.environ untouched)
-        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_loopback_port()}",
-                                rank=0, world_size=1, device_id=device_id)
+    if "RANK" not in os.environ:  # a plain process: a group of one (os.environ untouched)
+        # An in-memory store: no port to pick and bind, so no other process can take it in between.
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1,
+                                device_id=device_id)
         return True
     if device.type == "cpu":
         slots = len(os.sched_getaffinity(0))
@@ -63,12 +63,6 @@ def _join_or_form(device: torch.device) -> bool:
                               "start at most one process per CPU")
     dist.init_process_group(backend=backend, init_method="env://", device_id=device_id)
     return True
-
-
-def _free_loopback_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
