@@ -75,6 +75,18 @@ def run(command: list[str], check: bool = True) -> subprocess.CompletedProcess:
     return completed
 
 
+def stage_model_directory(model, wordpiece, directory: Path) -> Path:
+    """A Hugging Face model directory as a user stages one: the model's weights and config, and the
+    generated wordpiece tokenizer wrapped as the fast tokenizer AutoTokenizer loads."""
+    from transformers import PreTrainedTokenizerFast
+
+    model.save_pretrained(directory)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=wordpiece, pad_token="[PAD]", unk_token="[UNK]",
+                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
 def final_weights(checkpoint_dir: Path, epoch: int) -> dict[str, torch.Tensor]:
     state = torch.load(checkpoint_dir / f"epoch-{epoch:04d}" / "checkpoint.pt", weights_only=False)
     return state["model"]

@@ -4,9 +4,8 @@ import subprocess
 import sys
 
 import pytest
-from transformers import PreTrainedTokenizerFast
 
-from tests.trainer.conftest import trainer_env
+from tests.trainer.conftest import stage_model_directory, trainer_env
 from trainer.core import train
 from trainer.data import generate_imdb_like, load_tokenizer
 from trainer.model import build_model
@@ -21,11 +20,7 @@ def staged(tmp_path_factory):
     generated = TrainConfig(model="generated:bert-tiny", dataset="generated", generated_train_size=128,
                             generated_test_size=64, generated_median_words=40, max_length=64,
                             output_dir=str(root / "out"), cache_dir=str(root / "cache"))
-    build_model(generated).save_pretrained(root / "model")
-    wordpiece = load_tokenizer(generated)
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=wordpiece, pad_token="[PAD]", unk_token="[UNK]",
-                                        cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]")
-    tokenizer.save_pretrained(root / "model")
+    stage_model_directory(build_model(generated), load_tokenizer(generated), root / "model")
     imdb = generate_imdb_like(seed=3, train_size=128, test_size=64, median_words=40)
     imdb.save_to_disk(root / "saved-imdb")
     for split in ("train", "test"):  # the hub repository's own layout, downloaded

@@ -15,6 +15,7 @@ from tests.trainer.conftest import (
     kill_after_first_checkpoint,
     max_weight_difference,
     run,
+    stage_model_directory,
     torchrun_command,
     trainer_env,
     write_config,
@@ -85,15 +86,12 @@ def test_tensor_parallelism_over_workers_that_do_not_divide_the_heads_is_refused
         make_config, tmp_path):
     # A BERT with 3 heads, staged as a local model directory, over 2 workers (this machine refuses more
     # workers than CPUs): every worker refuses before its first step.
-    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+    from transformers import BertConfig, BertForSequenceClassification
 
     wordpiece = load_tokenizer(make_config())
     shape = BertConfig(vocab_size=wordpiece.get_vocab_size(), hidden_size=96, num_hidden_layers=1,
                        num_attention_heads=3, intermediate_size=384, num_labels=2)
-    BertForSequenceClassification(shape).save_pretrained(tmp_path / "model")
-    PreTrainedTokenizerFast(tokenizer_object=wordpiece, pad_token="[PAD]", unk_token="[UNK]",
-                            cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]",
-                            ).save_pretrained(tmp_path / "model")
+    stage_model_directory(BertForSequenceClassification(shape), wordpiece, tmp_path / "model")
     cfg = make_config(model=str(tmp_path / "model"), strategy="tensor", epochs=1)
     command = torchrun_command(2, "--config", str(write_config(cfg, tmp_path / "run.yml")))
     completed = run(command, check=False)
