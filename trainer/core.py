@@ -192,8 +192,10 @@ class _Run:
         # batch_size x world size whatever the strategy, so strategies compare at the same batch.
         shares, share = self.strategy.data_parallel_size, self.strategy.data_parallel_rank
         share_batch_size = cfg.batch_size * self.world_size // shares
-        # Each share's sums count once in the global metrics: on the lowest rank that sees it.
-        self.counts_its_share = gather(share).index(share) == self.rank
+        # Each share's sums count once in the global metrics: on the lowest rank that sees it and holds
+        # its loss and logits (a pipeline's last stage).
+        holders = gather(share if self.strategy.reports_metrics else None)
+        self.counts_its_share = holders.index(share) == self.rank
         sampler = torch.utils.data.DistributedSampler(
             train_split, num_replicas=shares, rank=share, shuffle=True, seed=cfg.seed)
         self.batch_sampler = LengthGroupedBatchSampler(sampler, train_split.lengths, share_batch_size,
@@ -221,6 +223,9 @@ class _Run:
         self.autocast_dtype = self._autocast_dtype()
         # CUDA-only: fp16 needs loss scaling; bf16 and fp32 do not.
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.autocast_dtype == torch.float16)
+        if self.scaler.is_enabled() and not self.strategy.supports_loss_scaling:
+            raise ConfigError(f"mixed_precision: fp16 needs loss scaling, which strategy {cfg.strategy} "
+                              "cannot do (its ranks would skip different steps); use bf16 or no")
 
     def _compiled(self, parallel_model, eval_model):
         """torch.compile for training (the strategy's module) and for validation (its eval model)."""
@@ -384,8 +389,7 @@ class _Run:
         for batch in self.train_loader:
             batch = self._to_device(batch)
             step_started = time.perf_counter()
-            loss = self.forward(batch)
-            self.backward(loss, batch)
+            loss = self.strategy.forward_backward(batch, self.forward, self.backward, self._autocast)
             self.optimizer_step()
             size = batch["labels"].shape[0]
             loss_sum += loss.detach().double() * size  # stays on the device: no sync per step
@@ -410,9 +414,9 @@ class _Run:
         count = 0
         for batch in self.val_loader:
             batch = self._to_device(batch)
-            with self._autocast():
-                logits = self.eval_model(input_ids=batch["input_ids"],
-                                         attention_mask=batch["attention_mask"]).logits
+            logits = self.strategy.logits(self.eval_model, batch, self._autocast)
+            if logits is None:  # a rank without the logits (a pipeline's earlier stage): nothing to count
+                continue
             logits = logits.float()
             loss_sum += torch.nn.functional.cross_entropy(logits, batch["labels"], reduction="sum").double()
             correct += (logits.argmax(dim=-1) == batch["labels"]).sum()

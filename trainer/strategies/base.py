@@ -16,6 +16,10 @@ class Strategy:
     # True when evaluating gathers weights across ranks: then every rank runs as many validation
     # forwards as the rank with the most batches (shares differ by one sample), or the others wait.
     collective_evaluation = False
+    # Whether fp16's GradScaler may scale the loss: its skipped steps must agree on every rank, which holds
+    # where every rank sees every gradient's inf (all-reduced or gathered), not where ranks hold disjoint
+    # parameters and check only their own (pipeline stages).
+    supports_loss_scaling = True
 
     def __init__(self, name: str, device: torch.device, rank: int, world_size: int):
         self.name, self.device, self.rank, self.world_size = name, device, rank, world_size
@@ -32,6 +36,12 @@ class Strategy:
         """Which of those shares this rank sees (0 <= it < data_parallel_size)."""
         return self.rank
 
+    @property
+    def reports_metrics(self) -> bool:
+        """Whether this rank computes the loss and logits it counts (pipeline: the last stage only). Of
+        the ranks that see a share and report, the lowest counts it in the global metrics."""
+        return True
+
     def wrap_model(self, model: torch.nn.Module, hooks) -> torch.nn.Module:
         """The module to train (its forward and backward synchronise as the strategy does)."""
         raise NotImplementedError
@@ -45,6 +55,18 @@ class Strategy:
                         **options) -> torch.optim.Optimizer:
         """The optimizer over the parameter groups the core chose (after wrap_model)."""
         return optimizer_class(groups, **options)
+
+    def forward_backward(self, batch: dict, forward, backward, autocast) -> torch.Tensor:
+        """One step's forward and backward on this rank's batch: the loss to report (the batch's mean).
+        forward(batch) and backward(loss, batch) are the core's; autocast() its precision context."""
+        loss = forward(batch)
+        backward(loss, batch)
+        return loss
+
+    def logits(self, model: torch.nn.Module, batch: dict, autocast) -> torch.Tensor | None:
+        """Validation's logits for this batch from the eval model; None on a rank that holds none."""
+        with autocast():
+            return model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
 
     def full_state(self, optimizer: torch.optim.Optimizer) -> tuple[dict, dict] | None:
         """(model state, optimizer state), whole, on rank 0; None elsewhere. Every rank calls it."""
