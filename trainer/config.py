@@ -36,6 +36,7 @@ COMPILE_MODES = ("no", "default", "reduce-overhead")
 OPTIMIZERS = ("adamw", "sgd")  # sgd exists only for the DDP-equivalence test: Adam hides gradient scale
 DEVICES = ("auto", "cpu", "cuda")
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
+PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # strategy pipeline's; the first is the default
 # The one list of platforms: the result schema, the matrix schema and dtlab's registry of platforms
 # (dtlab/platforms/, one module per name) all read it from here.
 FRAMEWORKS = ("ddp", "spark", "determined", "ray", "slurm", "horovod")
@@ -96,6 +97,9 @@ class TrainConfig:
     optimizer: str = hashed("adamw", enum=OPTIMIZERS)
     # how the model, gradients and optimizer state are spread over the workers (trainer/strategies/)
     strategy: str = hashed_if_set(strategies.DEFAULT, enum=strategies.NAMES)
+    # strategy pipeline only: its schedule, and microbatches per step (None = one per stage, the world size)
+    pipeline_schedule: str = hashed_if_set(PIPELINE_SCHEDULES[0], enum=PIPELINE_SCHEDULES)
+    microbatches: int | None = hashed_if_set(None, minimum=1)
     # None = the model's own; 0 makes runs comparable across world sizes
     dropout: float | None = hashed(None, minimum=0, exclusiveMaximum=1,
                                    message="must be in [0, 1) or null (the model's own), got {value!r}")
@@ -137,6 +141,17 @@ class TrainConfig:
         if self.sparse_embedding_sync and self.strategy != strategies.DEFAULT:
             raise ConfigError(f"sparse_embedding_sync: an optimisation of strategy {strategies.DEFAULT}'s "
                               f"gradient all-reduce, not of {self.strategy}; set it to false")
+        for key in ("pipeline_schedule", "microbatches"):
+            if self.strategy != "pipeline" and getattr(self, key) != _FIELDS[key].default:
+                raise ConfigError(f"{key}: an option of strategy pipeline, not of {self.strategy}; "
+                                  "leave it unset")
+        if self.strategy == "pipeline" and self.compile != "no":
+            raise ConfigError("compile: strategy pipeline runs its stages eagerly "
+                              "(torch.distributed.pipelining calls each stage per microbatch); "
+                              "use compile no")
+        if self.strategy == "pipeline" and self.mixed_precision == "fp16":
+            raise ConfigError("mixed_precision: fp16 needs loss scaling, which strategy pipeline cannot do "
+                              "(its stages would skip different steps); use bf16 or no")
         if local:
             if not self.model.startswith(GENERATED_MODEL_PREFIX):
                 _check_source("model", self.model)
@@ -270,7 +285,13 @@ _HELP = {
     "optimizer": "adamw (the study) or sgd (only for the DDP-equivalence test)",
     "strategy": f"{', '.join(strategies.NAMES)}: ddp, ZeRO stage 1 over ddp, FSDP2 resharding after "
                 "forward (ZeRO-3-like) or keeping parameters gathered (ZeRO-2-like), or tensor parallelism "
-                "over all workers (heads and MLP split; every worker sees the same batches)",
+                "over all workers (heads and MLP split; every worker sees the same batches), or pipeline "
+                "parallelism (the encoder's layers split into one stage per worker; every worker sees the "
+                "same batches)",
+    "pipeline_schedule": "strategy pipeline's schedule: 1f1b (one forward, one backward: fewer activations "
+                         "held) or gpipe (all forwards, then all backwards)",
+    "microbatches": "strategy pipeline's microbatches per step (default: one per stage, the world size); "
+                    "must divide the global batch (batch_size x world size); 1f1b needs >= the world size",
     "dropout": "override the model's dropout (null = the model's own)",
     "group_by_length": "batch reviews of similar length together (per rank, deterministic)",
     "threads": "CPU threads per worker (torch.set_num_threads)",
