@@ -24,6 +24,7 @@ _REGISTRY = {
     "fsdp": ("fsdp", "FullyShardedReshardAfterForward"),
     "fsdp_no_reshard": ("fsdp", "FullyShardedNoReshard"),
     "tensor": ("tensor", "TensorParallel"),
+    "pipeline": ("pipeline", "PipelineParallel"),
 }
 NAMES = tuple(_REGISTRY)
 
