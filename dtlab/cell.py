@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dtlab.errors import DtlabError
+from trainer import strategies
 
 # The faults a fault plan can inject (dtlab.faults injects them; docs/faults.md says what each does).
 FAULT_KINDS = ("kill", "netdrop", "restart")
@@ -56,11 +57,18 @@ class Cell:
     trainer_config: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
     # A fault plan's Fault.spec ("" for an undisturbed cell): part of the key, the identity and the hash.
     fault: str = ""
+    # The parallelism strategy (trainer.strategies.NAMES): part of the identity and the hash; in the key
+    # only when not the default, so every key recorded before strategies existed names the same cell.
+    strategy: str = strategies.DEFAULT
 
     @property
     def key(self) -> str:
-        base = f"{self.framework}-g{self.gpus}-e{self.epochs}-s{self.seed}"
-        return f"{base}-{self.fault}" if self.fault else base
+        """FRAMEWORK-gN-eE-sS[-STRATEGY][-FAULT]: ddp-g2-e2-s0, ddp-g2-e2-s0-fsdp,
+        ray-g2-e2-s0-zero1-kill-after1."""
+        key = f"{self.framework}-g{self.gpus}-e{self.epochs}-s{self.seed}"
+        if self.strategy != strategies.DEFAULT:
+            key += f"-{self.strategy}"
+        return f"{key}-{self.fault}" if self.fault else key
 
     @property
     def fault_plan(self) -> Fault | None:
@@ -69,7 +77,8 @@ class Cell:
     @property
     def undisturbed(self) -> Cell:
         """The same cell without its fault: the run a faulted one is measured against."""
-        return Cell(self.framework, self.gpus, self.epochs, self.seed, self.profile, self.trainer_config)
+        return Cell(self.framework, self.gpus, self.epochs, self.seed, self.profile, self.trainer_config,
+                    strategy=self.strategy)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -80,16 +89,35 @@ class Cell:
             "profile": self.profile,
             "trainer_config": dict(self.trainer_config),
             **({"fault": self.fault} if self.fault else {}),
+            **({"strategy": self.strategy} if self.strategy != strategies.DEFAULT else {}),
         }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Cell:
+        """What to_dict wrote (a failure.json's "cell"); one written before fault plans or strategies
+        existed is an undisturbed cell of the default strategy."""
+        return cls(
+            framework=data["framework"],
+            gpus=int(data["gpus"]),
+            epochs=int(data["epochs"]),
+            seed=int(data["seed"]),
+            profile=data.get("profile", "custom"),
+            trainer_config=dict(data.get("trainer_config") or {}),
+            fault=data.get("fault", ""),
+            strategy=data.get("strategy", strategies.DEFAULT),
+        )
 
 
 def trainer_options(cell: Cell) -> dict[str, Any]:
-    """The trainer options of one cell (TrainConfig keys), without the per-node paths bench adds."""
+    """The trainer options of one cell (TrainConfig keys), without the per-node paths bench adds. The
+    strategy is named only when not the default: the trainer hashes it only when set, and so does
+    config_hash, so a ddp cell's hash stays what it was before strategies existed."""
     return {
         **dict(cell.trainer_config),
         "epochs": cell.epochs,
         "seed": cell.seed,
         "framework": cell.framework,
+        **({"strategy": cell.strategy} if cell.strategy != strategies.DEFAULT else {}),
     }
 
 

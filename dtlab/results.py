@@ -60,19 +60,22 @@ from dtlab.errors import DtlabError
 from dtlab.files import atomic_copy, atomic_write_text
 from dtlab.paths import results_dir_for
 from trainer import result as trainer_result
+from trainer import strategies
 
 DB_FILENAME = "dtlab.sqlite"
 RUNS_DIRNAME = "runs"
 STATUSES = ("ok", "failed")
-_SCHEMA_VERSION = 2
-# 0: a new file, 1: read as is and upgraded by the first write.
-_READABLE_VERSIONS = (0, 1, _SCHEMA_VERSION)
+_SCHEMA_VERSION = 3
+# 0: a new file; 1 and 2: read as they are and upgraded by the first write.
+_READABLE_VERSIONS = (0, 1, 2, _SCHEMA_VERSION)
 _LOG_TAIL_LINES = 50
 _BUSY_TIMEOUT_S = 30.0
 _MAX_ATTEMPT_PROBES = 1000  # bounds the search for a free attempt directory
 _SQLITE_HEADER = b"SQLite format 3\x00"
 
+# Columns each version added, by the version that added them: an upgrade adds the ones after its own.
 _V2_COLUMNS = ("fault TEXT NOT NULL DEFAULT ''", "fault_record TEXT")
+_V3_COLUMNS = (f"strategy TEXT NOT NULL DEFAULT '{strategies.DEFAULT}'",)
 _DDL = (
     """CREATE TABLE IF NOT EXISTS runs (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -100,6 +103,7 @@ _DDL = (
     recorded_at     TEXT    NOT NULL,
     fault           TEXT    NOT NULL DEFAULT '',  -- the cell's fault plan (Fault.spec); '' undisturbed
     fault_record    TEXT,                      -- JSON: what the fault plan did in this attempt's run
+    strategy        TEXT    NOT NULL DEFAULT 'ddp',  -- the cell's parallelism strategy (version 3)
     UNIQUE (cell_key, attempt)
 )""",
     "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs (cell_key, config_hash, status)",
@@ -164,7 +168,7 @@ def _result_validator():
 
 
 def _column(row: Mapping[str, Any], name: str) -> Any:
-    """A column that a version-1 store (read before its first write upgrades it) does not have."""
+    """A column that an older store (read before its first write upgrades it) does not have."""
     return row[name] if name in row.keys() else None  # noqa: SIM118 (sqlite3.Row: `in` looks at values)
 
 
@@ -188,6 +192,11 @@ def newest_per_cell(runs: Iterable[Run], profile: str | None = None) -> list[Run
         if profile is None or run.cell.profile == profile:
             newest[run.cell_key] = run
     return sorted(newest.values(), key=lambda run: run.id)
+
+
+def result_strategy(result: Mapping[str, Any]) -> str:
+    """The strategy a trainer result says it trained with; results from before strategies: the default."""
+    return (result.get("hyperparameters") or {}).get("strategy", strategies.DEFAULT)
 
 
 def unreadable_reason(run: Run) -> str | None:
@@ -338,9 +347,11 @@ class ResultStore:
                 f"results store: schema version {version}, this dtlab reads versions 1 to "
                 f"{_SCHEMA_VERSION}; use the dtlab revision that wrote it"
             )
-        if version == 1:  # fault plans came with version 2: two columns added, every row kept
-            for column in _V2_COLUMNS:
-                conn.execute(f"ALTER TABLE runs ADD COLUMN {column}")
+        # Every row kept: fault plans came with version 2 (two columns), strategies with version 3 (one,
+        # whose default reads every earlier run as what it was: a ddp run).
+        added = {1: _V2_COLUMNS + _V3_COLUMNS, 2: _V3_COLUMNS}.get(version, ())
+        for column in added:
+            conn.execute(f"ALTER TABLE runs ADD COLUMN {column}")
         # Statement by statement: executescript would commit the open transaction first.
         for statement in _DDL:
             conn.execute(statement)
@@ -399,6 +410,12 @@ class ResultStore:
                     f"{where}: {name} is {result[name]!r} but the cell has "
                     f"{getattr(cell, name)!r}; record the result under its own cell"
                 )
+        trained = result_strategy(result)
+        if trained != cell.strategy:
+            raise DtlabError(
+                f"{where}: strategy is {trained!r} but the cell has {cell.strategy!r}; "
+                "record the result under its own cell"
+            )
         return self._record(cell, "ok", provenance, result=dict(result),
                             trainer_time_s=float(result["time_total_s"]))
 
@@ -489,6 +506,7 @@ class ResultStore:
             "recorded_at": recorded_at,
             "fault": cell.fault,
             "fault_record": json.dumps(dict(fault_record), sort_keys=True) if fault_record else None,
+            "strategy": cell.strategy,
         }
         columns = ", ".join(row)
         placeholders = ", ".join(f":{name}" for name in row)
@@ -571,6 +589,7 @@ class ResultStore:
             row["profile"],
             json.loads(row["trainer_config"]),
             _column(row, "fault") or "",
+            _column(row, "strategy") or strategies.DEFAULT,  # a store before version 3: ddp
         )
         return Run(
             id=row["id"],

@@ -9,7 +9,7 @@ from result_factory import made_up_result
 
 from dtlab.cell import Cell, Fault, config_hash
 from dtlab.errors import DtlabError
-from dtlab.results import _DDL, DB_FILENAME, Provenance, ResultStore
+from dtlab.results import _DDL, _SCHEMA_VERSION, DB_FILENAME, Provenance, ResultStore
 
 HASH = "0123456789abcdef"
 OTHER_HASH = "fedcba9876543210"
@@ -287,7 +287,8 @@ def test_a_version_1_store_is_read_as_is_and_upgraded_by_its_next_write_with_eve
     # A store as dtlab wrote it before fault plans: version 1, without the two fault columns.
     old = ResultStore(tmp_path / "old")
     old.root.mkdir(parents=True)
-    v1_ddl = "\n".join(line for line in _DDL[0].splitlines() if not line.lstrip().startswith("fault"))
+    v1_ddl = "\n".join(line for line in _DDL[0].splitlines()
+                       if not line.lstrip().startswith(("fault", "strategy")))
     with sqlite3.connect(old.db_path) as conn:
         conn.execute(v1_ddl)
         assert "fault" not in [row[1] for row in conn.execute("PRAGMA table_info(runs)")]
@@ -300,8 +301,84 @@ def test_a_version_1_store_is_read_as_is_and_upgraded_by_its_next_write_with_eve
     old.check(writable=False)
     [read] = old.runs(status=None)
     assert read.cell.fault == "" and read.fault_record is None and read.reason == "boom"
+    assert read.cell.strategy == "ddp"
     record_ok(old)  # the first write adds the columns; the old run stays, unchanged
     runs = old.runs(status=None)
     assert [(r.attempt, r.status, r.reason) for r in runs] == [(1, "failed", "boom"), (2, "ok", None)]
+    assert [r.cell.strategy for r in runs] == ["ddp", "ddp"]
     with sqlite3.connect(old.db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 3
+
+
+def _version_2_store(root) -> ResultStore:
+    """A store as dtlab wrote it before strategies: version 2, one faulted ok run, no strategy column."""
+    old = ResultStore(root)
+    old.root.mkdir(parents=True)
+    v2_ddl = "\n".join(line for line in _DDL[0].splitlines() if not line.lstrip().startswith("strategy"))
+    faulted = Cell("ray", 2, 3, 7, "faults", {"max_length": 64}, fault="kill-after1")
+    result = result_for(faulted)
+    with sqlite3.connect(old.db_path) as conn:
+        conn.execute(v2_ddl)
+        conn.execute("INSERT INTO runs (cell_key, attempt, framework, gpus, epochs, seed, profile, "
+                     "trainer_config, config_hash, node_versions, status, run_dir, recorded_at, result_json, "
+                     "fault, fault_record) VALUES (?, 1, 'ray', 2, 3, 7, 'faults', "
+                     "'{\"max_length\": 64}', ?, '{}', 'ok', ?, '2026-01-01T00:00:00Z', ?, 'kill-after1', "
+                     "'{\"node\": \"node2\"}')",
+                     (faulted.key, HASH, f"runs/{faulted.key}/attempt-1", json.dumps(result)))
+        conn.execute("PRAGMA user_version=2")
+    return old
+
+
+def test_a_version_2_store_reads_as_ddp_and_its_next_write_adds_the_strategy_keeping_every_run(tmp_path):
+    old = _version_2_store(tmp_path / "v2")
+    before = old.db_path.read_bytes()
+    old.check(writable=True)
+    assert old.db_path.read_bytes() == before  # checking never changes the file
+    [read] = old.runs("ok")
+    assert read.cell.strategy == "ddp" and read.cell.key == "ray-g2-e3-s7-kill-after1"
+    assert read.fault_record == {"node": "node2"} and read.result["final_accuracy"] == 0.75
+    assert old.is_done(read.cell, HASH)  # its key and hash still name it: bench.all skips it
+    zero1 = Cell("ray", 2, 3, 7, "faults", {"max_length": 64}, fault="kill-after1", strategy="zero1")
+    result = result_for(zero1)
+    result["hyperparameters"]["strategy"] = "zero1"
+    old.record_ok(zero1, result, Provenance(config_hash=config_hash(zero1), git_rev=None, inventory="lab"))
+    runs = old.runs("ok")
+    assert [(r.cell.key, r.cell.strategy, r.attempt) for r in runs] == [
+        ("ray-g2-e3-s7-kill-after1", "ddp", 1), ("ray-g2-e3-s7-zero1-kill-after1", "zero1", 1)]
+    assert runs[0] == read  # the old run, read back unchanged
+    with sqlite3.connect(old.db_path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert conn.execute("SELECT strategy FROM runs ORDER BY id").fetchall() == [("ddp",), ("zero1",)]
+
+
+def test_a_strategy_is_its_own_cell_key_and_hash_and_is_stored_per_run(tmp_path):
+    store = ResultStore(tmp_path / "store")
+    fsdp = Cell("ddp", 2, 3, 7, "smoke", {"max_length": 64}, strategy="fsdp")
+    assert CELL.key == "ddp-g2-e3-s7" and fsdp.key == "ddp-g2-e3-s7-fsdp"
+    assert fsdp != CELL and config_hash(fsdp) != config_hash(CELL)
+    # A ddp cell's hash is what it was before strategies: the strategy is hashed only when set.
+    assert config_hash(CELL) == config_hash(Cell("ddp", 2, 3, 7, "x", {"max_length": 64}, strategy="ddp"))
+    faulted = Cell("ddp", 2, 3, 7, "faults", {}, fault="kill-after1", strategy="tensor")
+    assert faulted.key == "ddp-g2-e3-s7-tensor-kill-after1"
+    assert faulted.undisturbed.strategy == "tensor" and faulted.undisturbed.key == "ddp-g2-e3-s7-tensor"
+    for cell in (fsdp, faulted, CELL):
+        assert Cell.from_dict(cell.to_dict()) == cell
+    assert "strategy" not in CELL.to_dict()  # a ddp cell's failure.json reads as before
+    result = result_for(fsdp)
+    result["hyperparameters"]["strategy"] = "fsdp"
+    store.record_ok(fsdp, result, Provenance(config_hash=config_hash(fsdp), git_rev=None, inventory="lab"))
+    record_failure(store, faulted, config_hash(faulted))
+    runs = {run.cell.key: run for run in store.runs(None)}
+    assert runs["ddp-g2-e3-s7-fsdp"].cell.strategy == "fsdp"
+    assert runs["ddp-g2-e3-s7-tensor-kill-after1"].cell == faulted
+    failure = json.loads((runs["ddp-g2-e3-s7-tensor-kill-after1"].run_dir / "failure.json").read_text())
+    assert Cell.from_dict(failure["cell"]) == faulted
+    assert store.is_done(fsdp, config_hash(fsdp)) and not store.is_done(CELL, config_hash(fsdp))
+
+
+def test_a_result_trained_with_another_strategy_is_refused(tmp_path):
+    store = ResultStore(tmp_path)
+    zero1 = Cell("ddp", 2, 3, 7, "smoke", {}, strategy="zero1")
+    with pytest.raises(DtlabError, match="strategy is 'ddp' but the cell has 'zero1'"):
+        store.record_ok(zero1, result_for(zero1), Provenance(config_hash=HASH, git_rev=None, inventory="lab"))
+    assert store.runs(None) == []
