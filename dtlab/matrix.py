@@ -1,6 +1,8 @@
 """experiments/matrix.yml -> validated matrix cells, in a stable order.
 
-A profile expands each `runs:` entry to frameworks x gpus x epochs x seeds. The file's shape (keys,
+A profile expands each `runs:` entry to frameworks x strategies x gpus x epochs x seeds (strategies:
+the trainer's parallelism strategies, default [ddp]; a run's `strategies:` is the one place a profile
+names them, so its `trainer:` may not). The file's shape (keys,
 types, ranges, frameworks) is SCHEMA below, whose profiles' `trainer:` sections are the trainer's own
 schema (trainer.config.SCHEMA, referred to by its $id, not copied); what a schema cannot say (more GPUs
 than the inventory has, duplicate cells, the trainer's rules for the inventory's device) is checked in
@@ -26,6 +28,7 @@ from dtlab import paths
 from dtlab.cell import FAULT_KINDS, Cell, Fault
 from dtlab.errors import DtlabError
 from trainer import config as trainer_config
+from trainer import strategies
 from trainer.schema import first_error
 
 MATRIX_FILE = paths.EXPERIMENTS_DIR / "matrix.yml"
@@ -43,6 +46,8 @@ HARNESS_OWNED_OPTIONS = (
     "threads",
 )
 RUN_KEYS = ("frameworks", "gpus", "epochs", "seeds")
+# A run entry's optional axis: the trainer's parallelism strategies (trainer.strategies.NAMES).
+STRATEGIES_KEY = "strategies"
 
 
 def _one_or_more(item: dict[str, Any]) -> dict[str, Any]:
@@ -85,6 +90,13 @@ SCHEMA = {
                             "or the inventory (device) instead",
                         }
                         for option in HARNESS_OWNED_OPTIONS
+                    }
+                    | {
+                        "strategy": {
+                            "not": {},
+                            "x-message": "set per run: list it under the run's strategies: (e.g. "
+                            "strategies: [ddp, zero1]), the one place a profile names strategies",
+                        },
                     },
                 },
                 "runs": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/run"}},
@@ -118,6 +130,11 @@ SCHEMA = {
             "additionalProperties": False,
             "properties": {
                 "frameworks": _one_or_more({"$ref": trainer_config.SCHEMA["$id"] + "#/properties/framework"}),
+                # Optional (default: ddp alone); each strategy once: a repeated one is the same cell twice.
+                STRATEGIES_KEY: {
+                    **_one_or_more({"$ref": trainer_config.SCHEMA["$id"] + "#/properties/strategy"}),
+                    "allOf": [{"uniqueItems": True, "x-message": "each strategy once, got {value!r}"}],
+                },
                 "gpus": _one_or_more(_POSITIVE_INTEGER),
                 "epochs": _one_or_more(_POSITIVE_INTEGER),
                 # N runs per cell are N seeds: a seed run twice is the same experiment (same config
@@ -215,7 +232,16 @@ def load(
     spec = available[profile]
     where = f"{path}: profiles.{profile}"
     trainer_options = dict(sorted((spec.get("trainer") or {}).items()))
-    _check_trainer_rules(where, trainer_options, device)
+    # The trainer's rules for the options under each strategy the runs use (some options are one
+    # strategy's: pipeline's microbatches), the first run naming a strategy named with it.
+    used: dict[str, str] = {}
+    for index, run in enumerate(spec["runs"]):
+        for strategy in _as_list(run.get(STRATEGIES_KEY, strategies.DEFAULT)):
+            used.setdefault(strategy, f"runs[{index}]")
+    for strategy, run_where in used.items():
+        # A profile of ddp runs only (every profile before strategies) is checked as it always was.
+        named = f"{run_where}'s strategy {strategy}" if set(used) != {strategies.DEFAULT} else None
+        _check_trainer_rules(where, {**trainer_options, "strategy": strategy}, device, named)
     fault = _fault(f"{where}.fault", spec.get("fault"))
     cells: list[Cell] = []
     first_seen: dict[Cell, str] = {}
@@ -279,14 +305,15 @@ def _typed(path: Path, document: Any) -> Any:
     return {**document, "profiles": profiles}
 
 
-def _check_trainer_rules(where: str, options: dict[str, Any], device: str | None) -> None:
-    """The trainer's own rules for the whole config, here on the controller with the inventory's device:
-    a bad value stops the matrix before any cell starts or any attempt is recorded. Paths are the nodes'
-    business (bench checks them there)."""
+def _check_trainer_rules(where: str, options: dict[str, Any], device: str | None, named: str | None) -> None:
+    """The trainer's own rules for the whole config, here on the controller with the inventory's device
+    (and a run's strategy, which `named` names: some options are one strategy's): a bad value stops the
+    matrix before any cell starts or any attempt is recorded. Paths are the nodes' business (bench
+    checks them there)."""
     try:
         trainer_config.from_dict({**options, **({"device": device} if device else {})}, local=False)
     except trainer_config.ConfigError as error:
-        raise DtlabError(f"{where}.trainer.{error}") from None
+        raise DtlabError(f"{where}.trainer.{error}" + (f" (under {named})" if named else "")) from None
 
 
 def _fault(where: str, spec: dict[str, Any] | None) -> Fault | None:
@@ -308,8 +335,12 @@ def _expand(
     run: dict[str, Any], profile: str, trainer_options: dict[str, Any], fault: Fault | None = None
 ) -> Iterator[Cell]:
     frameworks, gpus, epochs, seeds = (_as_list(run[key]) for key in RUN_KEYS)
-    # Stable order: epochs, then seeds, then GPUs, then framework, so frameworks interleave in time.
-    for epoch_count, seed, gpu_count, framework in itertools.product(epochs, seeds, gpus, frameworks):
+    strategy_names = _as_list(run.get(STRATEGIES_KEY, strategies.DEFAULT))
+    # Stable order: epochs, then seeds, then GPUs, then strategy, then framework, so frameworks
+    # interleave in time (and a run without strategies: keeps the order it had before they existed).
+    for epoch_count, seed, gpu_count, strategy, framework in itertools.product(
+        epochs, seeds, gpus, strategy_names, frameworks
+    ):
         cell = Cell(
             framework=framework,
             gpus=gpu_count,
@@ -317,6 +348,7 @@ def _expand(
             seed=seed,
             profile=profile,
             trainer_config=trainer_options,
+            strategy=strategy,
         )
         yield cell
         if fault is not None:  # the faulted run right after its undisturbed twin, on the same nodes

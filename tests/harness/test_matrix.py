@@ -122,7 +122,7 @@ def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
         ),
         (
             "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0, nodes: 2}]",
-            "p.runs[0].nodes: unknown key; allowed: frameworks, gpus, epochs, seeds",
+            "p.runs[0].nodes: unknown key; allowed: frameworks, strategies, gpus, epochs, seeds",
         ),
         (
             "timeout: 60\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
@@ -285,3 +285,104 @@ def test_a_fault_plan_with_a_node_and_a_netdrop_names_both_in_the_cell_key(matri
     assert faulted.key == "ray-g2-e3-s4-netdrop-after1-20s-node2"
     plan = faulted.fault_plan
     assert (plan.kind, plan.after_epoch, plan.seconds, plan.node) == ("netdrop", 1, 20, "node2")
+
+
+# --- the strategies axis ---------------------------------------------------------------------------------
+
+
+def test_a_run_without_strategies_is_ddp_and_its_keys_and_hashes_are_as_before(matrix_file):
+    [cell] = matrix.load("p", matrix_file(RUN)).cells
+    assert cell.strategy == "ddp" and cell.key == "ddp-g1-e1-s0"
+    assert "strategy" not in trainer_options(cell)  # hashed only when set, as the trainer hashes it
+    [explicit] = matrix.load("p", matrix_file(RUN.replace("seeds: 0", "seeds: 0, strategies: [ddp]"))).cells
+    assert explicit == cell and config_hash(explicit) == config_hash(cell)
+
+
+def test_strategies_are_an_axis_of_every_run_with_the_strategy_in_key_hash_and_trainer_config(matrix_file):
+    path = matrix_file("runs: [{frameworks: [ddp, ray], strategies: [ddp, zero1, fsdp_no_reshard], gpus: 2, "
+                       "epochs: 1, seeds: 0}]")
+    cells = matrix.load("p", path, max_gpus=2).cells
+    assert [c.key for c in cells] == ["ddp-g2-e1-s0", "ray-g2-e1-s0", "ddp-g2-e1-s0-zero1",
+                                      "ray-g2-e1-s0-zero1", "ddp-g2-e1-s0-fsdp_no_reshard",
+                                      "ray-g2-e1-s0-fsdp_no_reshard"]
+    assert len({config_hash(c) for c in cells}) == len(cells)
+    assert trainer_options(cells[2])["strategy"] == "zero1"
+    zero1 = matrix.load("p", path).select("zero1")
+    assert [c.key for c in zero1] == ["ddp-g2-e1-s0-zero1", "ray-g2-e1-s0-zero1"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            "runs: [{frameworks: ddp, strategies: [ddp, zero2], gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[0].strategies[1]: must be one of ddp, zero1, fsdp, fsdp_no_reshard, tensor, pipeline; "
+            "got 'zero2'",
+        ),
+        (
+            "runs: [{frameworks: ddp, strategies: megatron, gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[0].strategies: must be one of ddp, zero1, fsdp, fsdp_no_reshard, tensor, pipeline; "
+            "got 'megatron'",
+        ),
+        (
+            "runs: [{frameworks: ddp, strategies: [fsdp, fsdp], gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[0].strategies: each strategy once, got ['fsdp', 'fsdp']",
+        ),
+        (
+            "runs: [{frameworks: ddp, strategies: [], gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[0].strategies: must be a non-empty list, got []",
+        ),
+        (
+            "runs: [{frameworks: ddp, strategy: zero1, gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[0].strategy: unknown key; did you mean strategies?",
+        ),
+        (
+            # One place for the fact: the run's axis, never the profile's trainer section.
+            f"trainer: {{strategy: zero1}}\n{RUN}",
+            "p.trainer.strategy: set per run: list it under the run's strategies:",
+        ),
+        (
+            "trainer: {microbatches: 4}\n"
+            "runs: [{frameworks: ddp, strategies: [pipeline, zero1], gpus: 2, epochs: 1, seeds: 0}]",
+            "p.trainer.microbatches: an option of strategy pipeline, not of zero1; leave it unset "
+            "(under runs[0]'s strategy zero1)",
+        ),
+        (
+            "runs: [{frameworks: ddp, strategies: fsdp, gpus: 1, epochs: 1, seeds: 0}, "
+            "{frameworks: ddp, strategies: [ddp, fsdp], gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[1]: duplicate cell ddp-g1-e1-s0-fsdp (already in",
+        ),
+    ],
+)
+def test_a_bad_strategies_axis_fails_with_one_line_naming_the_file_and_key(matrix_file, body, message):
+    path = matrix_file(body)
+    with pytest.raises(DtlabError) as failure:
+        matrix.load("p", path, max_gpus=2, device="cpu")
+    text = str(failure.value)
+    assert text.startswith(f"{path}: profiles.") and message in text and "\n" not in text
+
+
+def test_a_strategy_only_option_is_fine_where_every_run_uses_that_strategy(matrix_file):
+    path = matrix_file("trainer: {microbatches: 4, pipeline_schedule: gpipe}\n"
+                       "runs: [{frameworks: [ddp, slurm], strategies: pipeline, gpus: 2, epochs: 1, "
+                       "seeds: 0}]")
+    cells = matrix.load("p", path, max_gpus=2, device="cpu").cells
+    assert [c.key for c in cells] == ["ddp-g2-e1-s0-pipeline", "slurm-g2-e1-s0-pipeline"]
+    assert trainer_options(cells[0])["microbatches"] == 4
+
+
+def test_the_strategies_profile_runs_every_strategy_on_two_workers_and_horovod_ddp_only():
+    from trainer import strategies
+
+    profile = matrix.load("strategies", max_gpus=2, device="cpu")
+    cells = list(profile)
+    assert {(c.gpus, c.epochs, c.seed) for c in cells} == {(2, 2, 0)}
+    by_strategy = {name: {c.framework for c in cells if c.strategy == name} for name in strategies.NAMES}
+    others = set(platforms.NAMES) - {"horovod"}
+    expected = {name: others | ({"horovod"} if name == "ddp" else set()) for name in strategies.NAMES}
+    assert by_strategy == expected
+    # Its ddp cells are the smoke profile's 2-worker cells (same keys, same hashes): recorded once, skipped.
+    smoke = {c.key: config_hash(c) for c in matrix.load("smoke") if c.gpus == 2}
+    assert {c.key: config_hash(c) for c in cells if c.strategy == "ddp"} == smoke
+    # No cell a platform refuses: the profile runs whole.
+    assert [c.key for c in cells if platforms.get(c.framework).strategy_refusal(c.strategy)] == []
