@@ -222,17 +222,23 @@ class Bench:
             raise DtlabError(f"--timeout {self.options.timeout_s}: must be a positive number of seconds")
         return selected
 
-    def check_fault_plans(self, selected: matrix_module.Matrix) -> None:
-        """Each fault plan's node is one its cell runs on (the controller alone decides)."""
+    def check_cells(self, selected: matrix_module.Matrix) -> None:
+        """What the controller alone decides about the cells: each cell's platform can run its strategy
+        (Platform.strategy_refusal), and each fault plan's node is one its cell runs on."""
+        for cell in selected.cells:
+            refusal = platforms.get(cell.framework).strategy_refusal(cell.strategy)
+            if refusal is not None:
+                where = f"{selected.source}: profiles.{selected.profile}"
+                raise DtlabError(f"{where}: cell {cell.key}: {refusal}")
         for cell in selected.cells:
             if cell.fault:
                 faults.target(self.cluster, cell, launching.place(self.cluster, cell).nodes)
 
     def check_before_start(self, selected: matrix_module.Matrix) -> None:
         """What can stop the whole matrix, checked before any cell starts or any attempt is reserved:
-        a results store that cannot take runs, a fault plan's node the cell does not run on, and local
-        model or dataset paths the workers lack."""
-        self.check_fault_plans(selected)
+        a strategy a cell's platform cannot run, a fault plan's node the cell does not run on, a results
+        store that cannot take runs, and local model or dataset paths the workers lack."""
+        self.check_cells(selected)
         self.store.check(writable=True)
         from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX, is_local_path
 
@@ -265,7 +271,7 @@ class Bench:
     def run_matrix(self, selected: matrix_module.Matrix) -> list[CellOutcome]:
         """The health gate, then every selected cell in the matrix's stable order; recorded ones skipped
         unless --force, and those that need a node drained during the matrix."""
-        self.check_fault_plans(selected)
+        self.check_cells(selected)  # a strategy refused or a fault plan's node wrong: before the gate
         self.store.check(writable=False)  # a store that cannot be read is one line before the gate
         passed = None if self.options.skip_gate else self.run_gate()  # refused: nothing written yet
         self.check_before_start(selected)

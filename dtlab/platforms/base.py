@@ -8,8 +8,9 @@ What a platform owns:
 - who it is: `name` (the trainer's framework name), `label`, `colour`, `description`;
 - what a user adopts: `launcher_files` (the lines a user writes), `roles` (what site.yml installs for it),
   `variable_prefixes` (its group_vars names: ports, services), `service_variables` (its systemd units);
-- one cell's life: `build` (the Launch bench runs), `preflight` (is the platform ready for this cell?),
-  `stop` (what stopping its units leaves behind);
+- one cell's life: `strategy_refusal` (a parallelism strategy it cannot run, and why: bench refuses
+  such a cell before the matrix starts), `build` (the Launch bench runs), `preflight` (is the platform
+  ready for this cell?), `stop` (what stopping its units leaves behind);
 - the cluster: `probe_lines` (its part of cluster.check's one probe script per node), `check_rows`,
   `gpu_rows`, `reset` (its step of cluster.reset) and `wait_ready` (after the reset);
 - faults: `recovery` (what recovers a lost worker, as dtlab configures it).
@@ -73,6 +74,14 @@ class Platform:
     reset_title: ClassVar[str]  # its step's line in cluster.reset's log
 
     # --- one cell ---
+
+    def strategy_refusal(self, strategy: str) -> str | None:
+        """Why this platform cannot run the trainer's parallelism strategy `strategy` (one of
+        trainer.strategies.NAMES), or None when it can. Every strategy runs under a launcher that leaves
+        the gradients to the training core; one whose own optimizer averages them (Horovod) refuses the
+        strategies that share gradients or state themselves. Torch-free: bench asks before any cell starts
+        (tests/harness/test_platform_contract.py checks the answers against the trainer's own)."""
+        return None
 
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         """What bench runs for this attempt of this cell."""

@@ -19,12 +19,15 @@ from dtlab.checks import CheckRow, NodeStates
 from dtlab.inventory import Cluster, Node
 from dtlab.launch import CellPaths, Launch, Placement, driver_on_master, place, trainer_env
 from dtlab.platforms.base import DTLAB_RETRY, Platform, PreflightError, ResetSteps
-from trainer import progress
+from trainer import progress, strategies
 
 NAME = "horovod"
 LABEL = "horovod (horovodrun, Gloo)"
 TRAINER_MODULE = "trainer.launchers.horovod"
 START_TIMEOUT_S = 60  # horovodrun's wait for every rank to reach its rendezvous
+# The strategies that leave the gradients to the launcher (the trainer's own fact:
+# Strategy.runs_under_gradient_syncing_launcher; the contract test keeps the two equal).
+STRATEGIES = (strategies.DEFAULT,)
 # Printed by the probe on a node whose trainer venv has Horovod with PyTorch and Gloo built in.
 BUILT = "pytorch+gloo"
 PROBE = ("import horovod.torch as h, sys; "
@@ -85,6 +88,13 @@ class Horovod(Platform):
     variable_prefixes = ("horovod_",)
     check_names = ("horovod",)
     reset_title = "Horovod: end ranks left behind by a stopped horovodrun (by their PIDs)"
+
+    def strategy_refusal(self, strategy: str) -> str | None:
+        if strategy in STRATEGIES:
+            return None
+        return (f"strategy {strategy} cannot run under Horovod, whose optimizer averages every gradient "
+                f"itself; use strategy {' or '.join(STRATEGIES)} on horovod, "
+                f"or {strategy} on another platform")
 
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         return build(cluster, cell, attempt, timeout_s)

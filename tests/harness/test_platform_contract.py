@@ -4,6 +4,7 @@ in a user's run (dtlab/platforms/base.py says what each piece is)."""
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from result_factory import made_up_result
 from dtlab import matrix, paths, platforms
 from dtlab.cell import Cell
 from dtlab.checks import CheckRow
+from dtlab.errors import DtlabError
 from dtlab.inventory import load_cluster
 from dtlab.platforms.base import Platform, ResetSteps
 from dtlab.report import generate_report
@@ -131,6 +133,84 @@ def test_the_report_renders_a_run_of_it(platform: Platform, tmp_path):
     files = generate_report(store, tmp_path / "report", profile="smoke")
     markdown = Path(files.markdown).read_text()
     assert platform.label in markdown
+
+
+def _launcher_syncs_gradients(platform: Platform) -> bool:
+    """Whether the platform's trainer launcher sets TrainHooks.syncs_gradients (its optimizer averages
+    every gradient itself), read from the launcher's source: Horovod's imports horovod, absent here."""
+    for launcher in platform.launcher_files:
+        for node in ast.walk(ast.parse((paths.REPO_ROOT / launcher).read_text())):
+            if not isinstance(node, ast.Assign):
+                continue
+            for target in node.targets:
+                names = target.elts if isinstance(target, ast.Tuple) else [target]
+                values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
+                for name, value in zip(names, values, strict=False):
+                    if isinstance(name, ast.Name) and name.id == "syncs_gradients":
+                        return isinstance(value, ast.Constant) and value.value is True
+    return False
+
+
+def test_a_platforms_strategy_refusals_are_the_trainers_own_fact_for_every_strategy():
+    """Platform.strategy_refusal (torch-free, asked before any cell starts) against what the trainer's
+    core raises later: a launcher that syncs gradients runs only the strategies whose
+    runs_under_gradient_syncing_launcher is true. The two cannot drift apart."""
+    import torch
+
+    from trainer import strategies
+
+    cpu = torch.device("cpu")
+    runs_under_syncing = {name: strategies.load(name, cpu, 0, 1).runs_under_gradient_syncing_launcher
+                          for name in strategies.NAMES}
+    assert runs_under_syncing[strategies.DEFAULT], "the default strategy runs everywhere"
+    syncing = [p.name for p in platforms.ALL if _launcher_syncs_gradients(p)]
+    assert syncing == ["horovod"], "the one launcher whose optimizer averages the gradients, found"
+    for platform in platforms.ALL:
+        for name in strategies.NAMES:
+            refusal = platform.strategy_refusal(name)
+            runs = runs_under_syncing[name] or platform.name not in syncing
+            assert (refusal is None) == runs, (platform.name, name, refusal)
+            if refusal is not None:  # one line: what, where, why, and what to do
+                assert "\n" not in refusal and name in refusal and platform.label in refusal
+                assert "averages every gradient itself" in refusal
+                assert f"use strategy {strategies.DEFAULT}" in refusal
+
+
+def test_a_refused_strategy_stops_the_matrix_before_the_gate_and_writes_nothing(tmp_path, loopback_inventory):
+    """bench.all and bench.run: the platform's refusal, one line, before the health gate (whose nodes here
+    refuse every connection) and before the store is touched: the results folder stays byte for byte."""
+    from dtlab.bench import Bench, BenchOptions
+
+    store = ResultStore(tmp_path / "results")
+    cell = Cell("horovod", gpus=1, epochs=2, seed=0, profile="p")
+    store.record_ok(cell, made_up_result("horovod", 1, 2, 0, time_total_s=20.0, final_accuracy=0.6,
+                                         device="cpu"),
+                    Provenance(config_hash="0123456789abcdef", git_rev=None, inventory="lab"))
+
+    def snapshot() -> dict[str, bytes]:
+        return {str(f.relative_to(store.root)): f.read_bytes() for f in sorted(store.root.rglob("*"))
+                if f.is_file()}
+
+    before = snapshot()
+    path = tmp_path / "matrix.yml"
+    path.write_text(yaml.safe_dump({"profiles": {"p": {"runs": [
+        {"frameworks": ["ddp", "horovod"], "strategies": ["ddp", "zero1"], "gpus": [2], "epochs": [2],
+         "seeds": [0]}]}}}))
+    bench = Bench(load_cluster(loopback_inventory), BenchOptions(profile="p", matrix_path=path), store=store)
+    selected = bench.load_matrix()
+    assert [c.key for c in selected] == ["ddp-g2-e2-s0", "horovod-g2-e2-s0", "ddp-g2-e2-s0-zero1",
+                                         "horovod-g2-e2-s0-zero1"]
+    expected = (f"{path}: profiles.p: cell horovod-g2-e2-s0-zero1: strategy zero1 cannot run under Horovod, "
+                "whose optimizer averages every gradient itself; use strategy ddp on horovod, or zero1 on "
+                "another platform")
+    for start in (bench.run_matrix, bench.check_before_start):
+        with pytest.raises(DtlabError) as refused:
+            start(selected)
+        assert str(refused.value) == expected
+    assert snapshot() == before
+    assert not (store.root / paths.GATE_DIRNAME).exists()
+    # The cells it can run pass the same check: only the refused one stops the matrix.
+    bench.check_cells(dataclasses.replace(selected, cells=selected.cells[:3]))
 
 
 def test_outside_the_platform_modules_the_harness_names_no_platform():
