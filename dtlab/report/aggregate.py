@@ -1,6 +1,8 @@
 """From recorded runs to per-group statistics and the study's derived figures.
 
-A group is (framework, gpus, epochs); ``gpus`` is the matrix cell's count (GPUs, or CPU workers).
+A group is (framework, gpus, epochs) of one parallelism strategy; ``gpus`` is the matrix cell's count
+(GPUs, or CPU workers). The study's tables are about the platforms at strategy ddp (``group``'s default):
+no mean ever mixes strategies; the strategies section (report/strategies.py) sets them side by side.
 Derived figures are functions of group means only, so the same code checks the study's own tables.
 """
 
@@ -16,8 +18,9 @@ from dataclasses import dataclass, field
 from dtlab.platforms import BASELINE
 from dtlab.report.study import FRAMEWORKS, STUDY_LONG_EPOCHS, STUDY_SHORT_EPOCHS
 from dtlab.results import Run
+from trainer import strategies
 
-GroupKey = tuple[str, int, int]  # (framework, gpus, epochs)
+GroupKey = tuple[str, int, int]  # (framework, gpus, epochs), within one strategy (GroupStats.strategy)
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class Sample:
     # Seconds from submit to the end of each epoch of epoch_accuracy (epoch_ends_from_submit); empty when
     # the marks are missing.
     epoch_end_s: tuple[float, ...] = ()
+    strategy: str = strategies.DEFAULT  # the cell's parallelism strategy
+    step_time_s: float | None = None  # the trainer's steady-state (median) step time
+    # Peak memory of the busiest worker: max_memory_allocated on CUDA, RSS on CPU (None: not recorded).
+    peak_worker_mb: float | None = None
 
     @classmethod
     def from_run(cls, run: Run) -> Sample:
@@ -65,7 +72,18 @@ class Sample:
             epoch_accuracy=tuple(sorted(accuracy_by_epoch.items())),
             phases=whole_run_phases(result),
             epoch_end_s=epoch_ends_from_submit(result),
+            strategy=run.cell.strategy,
+            step_time_s=result.get("steady_step_time_s"),
+            peak_worker_mb=peak_worker_mb(result),
         )
+
+
+def peak_worker_mb(result: dict) -> float | None:
+    """The busiest worker's peak memory: CUDA's allocated peak on a GPU run, the process's RSS on CPU."""
+    memory = result.get("peak_memory_mb") or {}
+    if result.get("device") == "cuda" and memory.get("cuda") is not None:
+        return memory["cuda"]
+    return memory.get("rss")
 
 
 # The whole-run clock: (phase, from mark, to mark). Marks come from the controller (harness_timeline_unix)
@@ -162,6 +180,7 @@ class GroupStats:
     accuracies: tuple[float, ...] = ()
     end_to_end: tuple[float, ...] = ()  # the whole-run clock's "end to end", of the runs that have it
     clocks: tuple[RunClock, ...] = ()  # every run's accuracy and clock per epoch, in seed order
+    strategy: str = strategies.DEFAULT  # every run's (a group never mixes strategies)
 
     @property
     def time_range(self) -> tuple[float, float] | None:
@@ -204,6 +223,7 @@ class GroupStats:
                 RunClock(s.seed, s.epoch_accuracy, s.epoch_end_s)
                 for s in sorted(samples, key=lambda s: s.seed)
             ),
+            strategy=first.strategy,
         )
 
 
@@ -218,10 +238,12 @@ def _phase_means(timed: list[tuple[tuple[str, float], ...]]) -> tuple[tuple[str,
     return tuple(means)
 
 
-def group(samples: Iterable[Sample]) -> dict[GroupKey, GroupStats]:
+def group(samples: Iterable[Sample], strategy: str = strategies.DEFAULT) -> dict[GroupKey, GroupStats]:
+    """The groups of one strategy's samples (the others are left out: no mean mixes strategies)."""
     by_key: dict[GroupKey, list[Sample]] = defaultdict(list)
     for sample in samples:
-        by_key[(sample.framework, sample.gpus, sample.epochs)].append(sample)
+        if sample.strategy == strategy:
+            by_key[(sample.framework, sample.gpus, sample.epochs)].append(sample)
     return {
         key: GroupStats.of(members) for key, members in sorted(by_key.items(), key=lambda kv: _order(kv[0]))
     }

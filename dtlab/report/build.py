@@ -20,6 +20,7 @@ from dtlab.report.comparison import (
 from dtlab.report.faults import FaultSection, fault_section, is_faulted
 from dtlab.report.gate import GateSection, gate_section
 from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
+from dtlab.report.strategies import any_other_strategy, strategies_table
 from dtlab.report.study import (
     DISPLAY_NAMES,
     FRAMEWORKS,
@@ -42,6 +43,7 @@ from dtlab.report.tables import (
 from dtlab.results import ResultStore, Run, newest_per_cell, unreadable_reason
 from trainer import progress
 from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX
+from trainer.strategies import DEFAULT as DEFAULT_STRATEGY
 
 
 class EmptyStoreError(DtlabError):
@@ -339,7 +341,9 @@ def resumed_costs(resumed: list[Run], all_runs: list[Run], groups: dict[GroupKey
         redone = sum(begun) - resumed_from if None not in begun else None
         attempts = [*failed, run]
         whole = sum(a.harness_time_s for a in attempts) if all(a.harness_time_s for a in attempts) else None
+        # The groups are strategy ddp's: another strategy's run has no undisturbed mean among them.
         stats = groups.get((run.cell.framework, run.cell.gpus, run.cell.epochs))
+        stats = stats if stats is not None and stats.strategy == run.cell.strategy else None
         undisturbed = (stats.time_mean + stats.harness_extra_s_mean
                        if stats is not None and stats.harness_extra_s_mean is not None else None)
         costs.append(ResumedCost(
@@ -384,10 +388,14 @@ def build_report(
     resumed = [run for run in ok_runs if run.result.get("resumed_from_epoch")]
     undisturbed = [run for run in ok_runs if not run.result.get("resumed_from_epoch")]
     samples = [Sample.from_run(run) for run in undisturbed]
-    groups = group(samples)
+    # The study's tables compare the platforms at the default strategy (ddp), as the study ran them;
+    # the other strategies are set beside it in their own table (B.12), never in these means.
+    study_samples = [sample for sample in samples if sample.strategy == DEFAULT_STRATEGY]
+    study_undisturbed = [run for run in undisturbed if run.cell.strategy == DEFAULT_STRATEGY]
+    groups = group(study_samples)
     short = primary_epochs(k[2] for k in groups)
     long = long_epochs((k[2] for k in groups), short)
-    incomparable = incomparable_with_study(undisturbed)
+    incomparable = incomparable_with_study(study_undisturbed)
     builder = TableBuilder(groups, pub, short=short, long=long, incomparable=incomparable)
     tables = study_tables(builder)
     target_accuracy = profile_target_accuracy(chosen)
@@ -397,6 +405,8 @@ def build_report(
         builder.scored_table(target_accuracy),
         builder.time_to_target_table(target_accuracy, chosen),
     ]
+    if any_other_strategy(samples):
+        extra.append(strategies_table(samples))
     if failed:
         extra.append(failures_table(failed, ok_runs))
     if resumed:
@@ -445,9 +455,10 @@ def build_report(
         faults=faults,
         gate=gate_section(store.root, chosen),
         target_accuracy=target_accuracy,
-        disagreements=builder.disagreement_table(known_setup_differences(undisturbed, short, pub.device)),
+        disagreements=builder.disagreement_table(
+            known_setup_differences(study_undisturbed, short, pub.device)),
         comparison=with_recommendation(
-            build_comparison(groups, samples, faults, short, store.root), priorities
+            build_comparison(groups, study_samples, faults, short, store.root), priorities
         ),
     )
 

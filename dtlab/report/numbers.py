@@ -34,6 +34,7 @@ PLACES = {
     "loss": 4,  # beyond the study: the fault table's differences in validation loss
     "latency_ms": 2,  # beyond the study: the health gate's all-reduce (Table B.6)
     "bandwidth_mb_s": 0,
+    "step_ms": 1,  # beyond the study: a strategy's steady-state step time (Table B.12)
 }
 
 ROUNDING_RULE = (
