@@ -238,10 +238,7 @@ def load(
     for index, run in enumerate(spec["runs"]):
         for strategy in _as_list(run.get(STRATEGIES_KEY, strategies.DEFAULT)):
             used.setdefault(strategy, f"runs[{index}]")
-    for strategy, run_where in used.items():
-        # A profile of ddp runs only (every profile before strategies) is checked as it always was.
-        named = f"{run_where}'s strategy {strategy}" if set(used) != {strategies.DEFAULT} else None
-        _check_trainer_rules(where, {**trainer_options, "strategy": strategy}, device, named)
+    _check_trainer_rules(where, trainer_options, device, used)
     fault = _fault(f"{where}.fault", spec.get("fault"))
     cells: list[Cell] = []
     first_seen: dict[Cell, str] = {}
@@ -305,15 +302,28 @@ def _typed(path: Path, document: Any) -> Any:
     return {**document, "profiles": profiles}
 
 
-def _check_trainer_rules(where: str, options: dict[str, Any], device: str | None, named: str | None) -> None:
-    """The trainer's own rules for the whole config, here on the controller with the inventory's device
-    (and a run's strategy, which `named` names: some options are one strategy's): a bad value stops the
-    matrix before any cell starts or any attempt is recorded. Paths are the nodes' business (bench
+def _check_trainer_rules(
+    where: str, options: dict[str, Any], device: str | None, used: dict[str, str]
+) -> None:
+    """The trainer's own rules for the whole config, here on the controller with the inventory's device,
+    under each strategy the runs use (`used`: strategy -> the first run naming it; some options are one
+    strategy's): a bad value stops the matrix before any cell starts or any attempt is recorded. An error
+    that only some strategies meet names the run and strategy. Paths are the nodes' business (bench
     checks them there)."""
-    try:
-        trainer_config.from_dict({**options, **({"device": device} if device else {})}, local=False)
-    except trainer_config.ConfigError as error:
-        raise DtlabError(f"{where}.trainer.{error}" + (f" (under {named})" if named else "")) from None
+    errors: dict[str, str] = {}
+    for strategy in used:
+        try:
+            trainer_config.from_dict(
+                {**options, **({"device": device} if device else {}), "strategy": strategy}, local=False
+            )
+        except trainer_config.ConfigError as error:
+            errors[strategy] = str(error)
+    if not errors:
+        return
+    strategy, error = next(iter(errors.items()))
+    if len(errors) == len(used) and len(set(errors.values())) == 1:
+        raise DtlabError(f"{where}.trainer.{error}")
+    raise DtlabError(f"{where}.trainer.{error} (under {used[strategy]}'s strategy {strategy})")
 
 
 def _fault(where: str, spec: dict[str, Any] | None) -> Fault | None:

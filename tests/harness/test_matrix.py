@@ -348,6 +348,19 @@ def test_strategies_are_an_axis_of_every_run_with_the_strategy_in_key_hash_and_t
             "(under runs[0]'s strategy zero1)",
         ),
         (
+            "trainer: {compile: default}\n"
+            "runs: [{frameworks: ddp, gpus: 2, epochs: 1, seeds: 0}, "
+            "{frameworks: ray, strategies: [zero1, pipeline], gpus: 2, epochs: 1, seeds: 0}]",
+            "p.trainer.compile: strategy pipeline runs its stages eagerly (torch.distributed.pipelining "
+            "calls each stage per microbatch); use compile no (under runs[1]'s strategy pipeline)",
+        ),
+        (
+            # A value every strategy refuses is named as any bad value is, with no strategy.
+            "trainer: {batch_size: 0}\n"
+            "runs: [{frameworks: ddp, strategies: [ddp, tensor], gpus: 2, epochs: 1, seeds: 0}]",
+            "p.trainer.batch_size: must be an integer >= 1, got 0",
+        ),
+        (
             "runs: [{frameworks: ddp, strategies: fsdp, gpus: 1, epochs: 1, seeds: 0}, "
             "{frameworks: ddp, strategies: [ddp, fsdp], gpus: 1, epochs: 1, seeds: 0}]",
             "p.runs[1]: duplicate cell ddp-g1-e1-s0-fsdp (already in",
@@ -360,6 +373,8 @@ def test_a_bad_strategies_axis_fails_with_one_line_naming_the_file_and_key(matri
         matrix.load("p", path, max_gpus=2, device="cpu")
     text = str(failure.value)
     assert text.startswith(f"{path}: profiles.") and message in text and "\n" not in text
+    if "batch_size" in message:
+        assert text == f"{path}: profiles.{message}"
 
 
 def test_a_strategy_only_option_is_fine_where_every_run_uses_that_strategy(matrix_file):
