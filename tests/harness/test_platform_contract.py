@@ -113,6 +113,14 @@ def test_the_matrix_accepts_it_with_and_without_a_fault_plan(platform: Platform,
 
 
 @each_platform
+def test_a_cells_strategy_reaches_the_trainer_config_it_launches_with(platform: Platform, cluster):
+    fsdp = Cell(platform.name, gpus=2, epochs=2, seed=0, profile="p", strategy="fsdp")
+    assert platform.build(cluster, fsdp, 1, 600).trainer_config["strategy"] == "fsdp"
+    ddp = Cell(platform.name, gpus=2, epochs=2, seed=0, profile="p")
+    assert "strategy" not in platform.build(cluster, ddp, 1, 600).trainer_config  # the trainer's default
+
+
+@each_platform
 def test_the_report_renders_a_run_of_it(platform: Platform, tmp_path):
     store = ResultStore(tmp_path / "results")
     for seed in (1, 2, 3):
