@@ -185,6 +185,20 @@ def test_pipeline_microbatches_give_the_full_batch_gradient(make_config):
     assert max(parameter.grad.abs().max().item() for parameter in model.parameters()) > 1e-3
 
 
+def test_a_pipeline_step_runs_under_bf16_autocast(make_config):
+    # The core autocasts on CUDA only; CPU autocast takes the same dtype path: the classifier's bf16 logits
+    # once failed torch's stage output check (an H100 run of mixed_precision bf16, one stage).
+    from trainer.core import prepared
+
+    with prepared(make_config(strategy="pipeline", dropout=0.0)) as run:
+        batch = run._to_device(next(iter(run.train_loader)))
+        loss = run.strategy.forward_backward(batch, run.forward, run.backward,
+                                             lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+        logits = run.strategy.logits(run.eval_model, batch, lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    assert torch.isfinite(loss) and loss.item() > 0
+    assert logits.dtype == torch.float32 and logits.shape == (batch["labels"].shape[0], 2)
+
+
 class _GradientSyncingLauncher(TrainHooks):
     framework_label, syncs_gradients = "horovod (test)", True
 

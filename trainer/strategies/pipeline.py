@@ -69,7 +69,9 @@ class _Stage(torch.nn.Module):
             # LayerNorm's output is fp32 under autocast too; the cast (a no-op then) pins the dtype the
             # next stage's receive buffer was made with.
             return hidden.float()
-        return self.classifier(self.dropout(body.pooler(hidden)))
+        # fp32 logits: the stage's declared output is fp32, and under bf16 autocast the classifier's matmul
+        # gives bf16, which torch's stage refuses as a dtype mismatch (found on an H100 at one stage).
+        return self.classifier(self.dropout(body.pooler(hidden))).float()
 
 
 class PipelineParallel(Strategy):
