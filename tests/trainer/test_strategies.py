@@ -192,9 +192,11 @@ def test_a_pipeline_step_runs_under_bf16_autocast(make_config):
 
     with prepared(make_config(strategy="pipeline", dropout=0.0)) as run:
         batch = run._to_device(next(iter(run.train_loader)))
-        loss = run.strategy.forward_backward(batch, run.forward, run.backward,
-                                             lambda: torch.autocast("cpu", dtype=torch.bfloat16))
-        logits = run.strategy.logits(run.eval_model, batch, lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+        def bf16():
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+
+        loss = run.strategy.forward_backward(batch, run.forward, run.backward, bf16)
+        logits = run.strategy.logits(run.eval_model, batch, bf16)
     assert torch.isfinite(loss) and loss.item() > 0
     assert logits.dtype == torch.float32 and logits.shape == (batch["labels"].shape[0], 2)
 
