@@ -7,6 +7,7 @@ The wheel is kept in the controller's wheelhouse, where the horovod role builds 
 builds it (about 5 minutes on 2 cores), a warm one only checks it. Needs cmake and g++ for a cold build."""
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -81,10 +82,15 @@ def venv_with(directory, requirements):
     """A fresh venv of the controller's Python with the pinned torch and `requirements`."""
     assert run([sys.executable, "-m", "venv", directory], timeout=300).returncode == 0
     python = directory / "bin" / "python"
-    installed = run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--find-links",
-                     paths.WHEELHOUSE_DIR, "-c", paths.CONSTRAINTS_FILE, "torch", *requirements],
-                    timeout=1200)
+    # --no-compile, then one import of torch that writes its bytecode: as the roles do, since compiling all
+    # of torch's modules costs more than the few this test's processes import (roles/trainer/tasks/venv.yml).
+    installed = run([python, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-compile",
+                     "--find-links", paths.WHEELHOUSE_DIR, "-c", paths.CONSTRAINTS_FILE, "torch",
+                     *requirements], timeout=1200)
     assert installed.returncode == 0, installed.stdout[-2000:] + installed.stderr[-2000:]
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHONDONTWRITEBYTECODE"}
+    warmed = run([python, "-c", "import torch"], timeout=300, env=environment)
+    assert warmed.returncode == 0, warmed.stderr[-2000:]
     return python
 
 
