@@ -25,7 +25,15 @@ from trainer import strategies
 from trainer.schema import first_error
 
 GENERATED_MODEL_PREFIX = "generated:"
-GENERATED_MODEL_SHAPES = ("bert-tiny",)
+# "generated:<name>": a randomly initialised BERT of the published miniature sizes (Turc et al., 2019;
+# the hub ids prajjwal1/bert-tiny, -mini, -small and -medium on a cluster that reaches the hub), built from
+# these shapes alone: nothing downloaded. Sharding strategies pay off only on the larger ones (#31).
+GENERATED_MODEL_SHAPES = {
+    name: dict(vocab_size=30522, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+               intermediate_size=4 * hidden, max_position_embeddings=512)
+    for name, layers, hidden, heads in (("bert-tiny", 2, 128, 2), ("bert-mini", 4, 256, 4),
+                                        ("bert-small", 4, 512, 8), ("bert-medium", 8, 512, 8))
+}
 GENERATED_DATASET = "generated"
 GENERATED_MAX_SPLIT_SIZE = 25_000  # IMDB's split size
 # Bump when the generator's output, or the generated tokenizer, changes: both enter the token cache key
@@ -269,7 +277,8 @@ def check(options: dict) -> dict:
 # --- YAML and CLI ----------------------------------------------------------------
 
 _HELP = {
-    "model": "hub id, local model directory, or generated:bert-tiny (built from config, nothing downloaded)",
+    "model": "hub id, local model directory, or generated:bert-tiny|bert-mini|bert-small|bert-medium "
+             "(the published miniature BERT shapes, built from config, nothing downloaded)",
     "dataset": "stanfordnlp/imdb, a local path or saved dataset, or 'generated' (IMDB-like, from the seed)",
     "generated_train_size": "reviews in the generated train split (<= 25000)",
     "generated_test_size": "reviews in the generated test split (<= 25000)",

@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from trainer.config import GENERATED_MODEL_PREFIX, ConfigError, TrainConfig
+from trainer.config import GENERATED_MODEL_PREFIX, GENERATED_MODEL_SHAPES, ConfigError, TrainConfig
 
 NUM_LABELS = 2
-# prajjwal1/bert-tiny's shape, so "generated:bert-tiny" costs what the study's model costs.
-GENERATED_SHAPES = {
-    "bert-tiny": dict(vocab_size=30522, hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                      intermediate_size=512, max_position_embeddings=512),
-}
 
 
 def build_model(cfg: TrainConfig):
@@ -21,7 +16,7 @@ def build_model(cfg: TrainConfig):
         overrides = dict(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout,
                          classifier_dropout=cfg.dropout)
     if cfg.model.startswith(GENERATED_MODEL_PREFIX):
-        shape = GENERATED_SHAPES[cfg.model.removeprefix(GENERATED_MODEL_PREFIX)]
+        shape = GENERATED_MODEL_SHAPES[cfg.model.removeprefix(GENERATED_MODEL_PREFIX)]
         model = BertForSequenceClassification(BertConfig(num_labels=NUM_LABELS, **shape, **overrides))
     else:
         try:

@@ -27,7 +27,8 @@ from trainer.core import auto_precision, train
     ({"dropout": 1.0}, "dropout: must be in [0, 1) or null (the model's own), got 1.0"),
     ({"learning_rate": 0.0}, "learning_rate: must be > 0, got 0.0"),
     ({"dataset": ""}, "dataset: is empty; give a hub id or a local path"),
-    ({"model": "generated:bert-huge"}, "model: must be one of generated:bert-tiny; got 'generated:bert-hu"),
+    ({"model": "generated:bert-huge"}, "model: must be one of generated:bert-tiny, generated:bert-mini, "
+                                       "generated:bert-small, generated:bert-medium; got 'generated:bert-hu"),
     ({"generated_median_words": 3}, "generated_median_words: must be an integer >= 4, got 3"),
     ({"framework": "mpi"},
      "framework: must be one of ddp, spark, determined, ray, slurm, horovod; got 'mpi'"),

@@ -201,6 +201,21 @@ def test_a_pipeline_step_runs_under_bf16_autocast(make_config):
     assert logits.dtype == torch.float32 and logits.shape == (batch["labels"].shape[0], 2)
 
 
+@pytest.mark.parametrize(("shape", "parameters"), [
+    # The shapes of prajjwal1/bert-tiny, -mini, -small, -medium (L2/H128, L4/H256, L4/H512, L8/H512), counted
+    # by hand from BERT's layout: embeddings 30522xH + 512xH + 2xH + LayerNorm, per layer 12H^2 + 13H,
+    # pooler H^2 + H, the 2-label head 2H + 2.
+    ("bert-tiny", 4_386_178), ("bert-mini", 11_171_074), ("bert-small", 28_764_674),
+    ("bert-medium", 41_374_210)])
+def test_each_generated_model_shape_builds_offline_at_its_published_size(make_config, shape, parameters):
+    model = build_model(make_config(model=f"generated:{shape}"))
+    assert sum(p.numel() for p in model.parameters()) == parameters
+    heads, layers = model.config.num_attention_heads, model.config.num_hidden_layers
+    assert model.config.hidden_size // heads == 64  # every miniature BERT has heads of 64
+    # Both model-splitting strategies fit 2 workers on every shape (a head each or more, a layer each).
+    assert heads % 2 == 0 and layers >= 2
+
+
 class _GradientSyncingLauncher(TrainHooks):
     framework_label, syncs_gradients = "horovod (test)", True
 
