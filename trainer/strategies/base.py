@@ -78,6 +78,19 @@ class Strategy:
         raise NotImplementedError
 
 
+class OneDataShare:
+    """For a strategy whose ranks split the model between them (tensor, pipeline): every rank sees the same
+    batches, one data-parallel share of the whole global batch. Mixed in before the Strategy base."""
+
+    @property
+    def data_parallel_size(self) -> int:
+        return 1
+
+    @property
+    def data_parallel_rank(self) -> int:
+        return 0
+
+
 class DistributedTensorState(Strategy):
     """For a strategy whose parameters are DTensors (sharded across ranks): the whole state gathered
     and restored by torch.distributed.checkpoint.state_dict."""

@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from trainer.config import ConfigError
-from trainer.strategies.base import Strategy
+from trainer.strategies.base import OneDataShare, Strategy
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
@@ -74,16 +74,8 @@ class _Stage(torch.nn.Module):
         return self.classifier(self.dropout(body.pooler(hidden))).float()
 
 
-class PipelineParallel(Strategy):
+class PipelineParallel(OneDataShare, Strategy):
     supports_loss_scaling = False  # fp16's GradScaler would skip the step on one stage and not another
-
-    @property
-    def data_parallel_size(self):
-        return 1
-
-    @property
-    def data_parallel_rank(self):
-        return 0
 
     @property
     def reports_metrics(self):
@@ -128,6 +120,9 @@ class PipelineParallel(Strategy):
         own = {id(parameter) for parameter in self.stage.parameters()}
         # ddp's optimizer numbers the parameters through the groups in order: the checkpoint keeps it.
         self.group_names = [[self.names[id(p)] for p in group["params"]] for group in groups]
+        # name -> ddp's optimizer index (the whole state's numbering): full_state writes it, load reads it.
+        every_name = itertools.chain.from_iterable(self.group_names)
+        self.global_index = {name: i for i, name in enumerate(every_name)}
         local = [{**group, "params": [p for p in group["params"] if id(p) in own]} for group in groups]
         self.local_group_names = [[self.names[id(p)] for p in group["params"]] for group in local]
         return optimizer_class(local, **options)
@@ -211,7 +206,7 @@ class PipelineParallel(Strategy):
         dist.gather_object(part, parts, dst=0)
         if self.rank != 0:
             return None
-        index = {name: i for i, name in enumerate(itertools.chain.from_iterable(self.group_names))}
+        index = self.global_index
         model_state = {}
         for stage_part in parts:
             model_state.update(stage_part["model"])
@@ -225,7 +220,7 @@ class PipelineParallel(Strategy):
 
     def load_full_state(self, model_state, optimizer_state, optimizer):
         self.stage.load_state_dict({key: model_state[key] for key in self.stage.state_dict()})
-        index = {name: i for i, name in enumerate(itertools.chain.from_iterable(self.group_names))}
+        index = self.global_index
         state, groups, local_index = {}, [], itertools.count()
         for group, names in zip(optimizer_state["param_groups"], self.local_group_names, strict=True):
             params = []

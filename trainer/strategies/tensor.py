@@ -15,7 +15,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from trainer.config import ConfigError
-from trainer.strategies.base import DistributedTensorState
+from trainer.strategies.base import DistributedTensorState, OneDataShare
 
 # Per encoder layer (HF BertLayer): module path -> how it is split.
 _LAYER_PLAN = {
@@ -28,16 +28,8 @@ _LAYER_PLAN = {
 }
 
 
-class TensorParallel(DistributedTensorState):
+class TensorParallel(OneDataShare, DistributedTensorState):
     collective_evaluation = True  # every forward all-reduces the row-wise layers' outputs, validation too
-
-    @property
-    def data_parallel_size(self):
-        return 1
-
-    @property
-    def data_parallel_rank(self):
-        return 0
 
     def wrap_model(self, model, hooks):
         config = model.config
