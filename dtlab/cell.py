@@ -92,21 +92,6 @@ class Cell:
             **({"strategy": self.strategy} if self.strategy != strategies.DEFAULT else {}),
         }
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Cell:
-        """What to_dict wrote (a failure.json's "cell"); one written before fault plans or strategies
-        existed is an undisturbed cell of the default strategy."""
-        return cls(
-            framework=data["framework"],
-            gpus=int(data["gpus"]),
-            epochs=int(data["epochs"]),
-            seed=int(data["seed"]),
-            profile=data.get("profile", "custom"),
-            trainer_config=dict(data.get("trainer_config") or {}),
-            fault=data.get("fault", ""),
-            strategy=data.get("strategy", strategies.DEFAULT),
-        )
-
 
 def trainer_options(cell: Cell) -> dict[str, Any]:
     """The trainer options of one cell (TrainConfig keys), without the per-node paths bench adds. The
