@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 
 import torch
@@ -32,6 +33,17 @@ def resolve_device(cfg: TrainConfig) -> torch.device:
     return torch.device("cuda", local_rank)
 
 
+# A gloo worker thread lets go of a finished collective's tensors after the caller has its result, and a
+# tensor Python no longer holds needs the GIL to go. The group's destructor joins those threads while it
+# holds the GIL (it runs when the last reference goes: the model's DDP reducer, as train() returns), so a
+# worker still waiting for the GIL then deadlocks the process. That hung tests/trainer/test_train.py
+# twice on 2026-11-26 (CI's run and a full run here, both in the in-process stop-and-resume test), with
+# the trace: main thread in ~ProcessGroupGloo -> thread::join, a pt_gloo_runloop thread in
+# ~AsyncAllreduceWork -> decref_pyobject -> take_gil. A moment without the GIL before the group goes lets
+# every such worker finish first; after it no collective runs, so none can start waiting again.
+GIL_FREE_BEFORE_TEARDOWN_S = 0.1
+
+
 @contextlib.contextmanager
 def process_group(device: torch.device) -> Iterator[None]:
     """Inside: the launcher's group (env://), or a 1-process group formed here. On leaving, a group
@@ -41,6 +53,7 @@ def process_group(device: torch.device) -> Iterator[None]:
         yield
     finally:
         if created and dist.is_initialized():
+            time.sleep(GIL_FREE_BEFORE_TEARDOWN_S)  # see above: sleeping releases the GIL
             dist.destroy_process_group()
 
 
