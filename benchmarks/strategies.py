@@ -86,6 +86,7 @@ def run_once(config: dict, world_size: int, work: Path, tag: str) -> dict:
             "c10d_calls_per_step": probes[0]["c10d_calls_per_step"],
             "unknown_c10d_ops": sorted({op for p in probes for op in p["unknown_c10d_ops"]}),
             "idle_fraction": statistics.mean(idle) if idle else None,
+            "microbatches": result["hyperparameters"].get("microbatches"),  # pipeline's, as used
             "final_accuracy": result["final_accuracy"],
             "epoch_losses": [m["train_loss"] for m in result["epoch_metrics"]]}
 
@@ -177,7 +178,7 @@ def _report(size: str, runs: dict[str, list[dict]], contenders: list[str], world
         idle = [r["idle_fraction"] for r in mine if r["idle_fraction"] is not None]
         bubble = ""
         if idle:
-            microbatches = options_microbatches(contender, world_size)
+            microbatches = mine[0]["microbatches"]
             bubble = (f", idle {_spread([100 * i for i in idle], '%')} (formula "
                       f"{100 * (world_size - 1) / (microbatches + world_size - 1):.0f}%)")
         unknown = sorted({op for r in mine for op in r["unknown_c10d_ops"]})
@@ -188,9 +189,6 @@ def _report(size: str, runs: dict[str, list[dict]], contenders: list[str], world
               f"accuracy {statistics.median(r['final_accuracy'] for r in mine):.3f}"
               + (f"; uncounted c10d ops: {', '.join(unknown)}" if unknown else ""))
 
-
-def options_microbatches(contender: str, world_size: int) -> int:
-    return contender_options(contender).get("microbatches") or world_size  # the trainer's default
 
 
 if __name__ == "__main__":

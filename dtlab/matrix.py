@@ -238,7 +238,7 @@ def load(
     for index, run in enumerate(spec["runs"]):
         for strategy in _as_list(run.get(STRATEGIES_KEY, strategies.DEFAULT)):
             used.setdefault(strategy, f"runs[{index}]")
-    _check_trainer_rules(where, trainer_options, device, used)
+    configs = _check_trainer_rules(where, trainer_options, device, used)
     fault = _fault(f"{where}.fault", spec.get("fault"))
     cells: list[Cell] = []
     first_seen: dict[Cell, str] = {}
@@ -255,6 +255,9 @@ def load(
                     f"{run_where}.gpus: {cell.gpus} GPUs but the inventory offers {max_gpus}; "
                     "lower gpus or add workers/GPUs to the inventory"
                 )
+            refusal = _split_refusal(configs[cell.strategy], cell.gpus)
+            if refusal:
+                raise DtlabError(f"{run_where}: cell {cell.key}: {refusal}")
             if cell in first_seen:
                 raise DtlabError(
                     f"{run_where}: duplicate cell {cell.key} (already in {first_seen[cell]}); "
@@ -304,26 +307,34 @@ def _typed(path: Path, document: Any) -> Any:
 
 def _check_trainer_rules(
     where: str, options: dict[str, Any], device: str | None, used: dict[str, str]
-) -> None:
+) -> dict[str, trainer_config.TrainConfig]:
     """The trainer's own rules for the whole config, here on the controller with the inventory's device,
     under each strategy the runs use (`used`: strategy -> the first run naming it; some options are one
     strategy's): a bad value stops the matrix before any cell starts or any attempt is recorded. An error
     that only some strategies meet names the run and strategy. Paths are the nodes' business (bench
-    checks them there)."""
+    checks them there). Returns each strategy's config."""
     errors: dict[str, str] = {}
+    configs = {}
     for strategy in used:
         try:
-            trainer_config.from_dict(
+            configs[strategy] = trainer_config.from_dict(
                 {**options, **({"device": device} if device else {}), "strategy": strategy}, local=False
             )
         except trainer_config.ConfigError as error:
             errors[strategy] = str(error)
     if not errors:
-        return
+        return configs
     strategy, error = next(iter(errors.items()))
     if len(errors) == len(used) and len(set(errors.values())) == 1:
         raise DtlabError(f"{where}.trainer.{error}")
     raise DtlabError(f"{where}.trainer.{error} (under {used[strategy]}'s strategy {strategy})")
+
+
+def _split_refusal(cfg: trainer_config.TrainConfig, world_size: int) -> str | None:
+    """The trainer's refusal of this strategy's split of the model over the cell's workers (a head or layer
+    count, the pipeline's microbatches), found here for a model whose shape is known without loading it."""
+    shape = trainer_config.known_model_shape(cfg.model)
+    return strategies.split_refusal(cfg, shape, world_size) if shape is not None else None
 
 
 def _fault(where: str, spec: dict[str, Any] | None) -> Fault | None:

@@ -34,6 +34,9 @@ GENERATED_MODEL_SHAPES = {
     for name, layers, hidden, heads in (("bert-tiny", 2, 128, 2), ("bert-mini", 4, 256, 4),
                                         ("bert-small", 4, 512, 8), ("bert-medium", 8, 512, 8))
 }
+# The published miniatures' hub ids have the same shapes (their config.json), so the harness checks a
+# strategy's split of them before a matrix starts without downloading anything.
+PUBLISHED_MODEL_SHAPES = {f"prajjwal1/{name}": shape for name, shape in GENERATED_MODEL_SHAPES.items()}
 GENERATED_DATASET = "generated"
 GENERATED_MAX_SPLIT_SIZE = 25_000  # IMDB's split size
 # Bump when the generator's output, or the generated tokenizer, changes: both enter the token cache key
@@ -193,6 +196,14 @@ def config_hash(cfg: TrainConfig) -> str:
         if mark == HASH_ALWAYS or (mark == HASH_IF_SET and value != option.default):
             hashed_values[option.name] = value
     return hashlib.sha256(json.dumps(hashed_values, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def known_model_shape(model: str) -> dict[str, int] | None:
+    """A generated model's shape, or a published miniature's; None for any other model, whose shape is
+    known only once it loads."""
+    if model.startswith(GENERATED_MODEL_PREFIX):
+        return GENERATED_MODEL_SHAPES.get(model.removeprefix(GENERATED_MODEL_PREFIX))
+    return PUBLISHED_MODEL_SHAPES.get(model)
 
 
 def is_local_path(source: str) -> bool:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer import strategies
-from trainer.config import FRAMEWORKS
+from trainer.config import FRAMEWORKS, PIPELINE_SCHEDULES
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -78,6 +78,7 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
             "pad_to_multiple_of": pad_multiple,
             "sparse_embedding_sync": cfg.sparse_embedding_sync,
             "strategy": cfg.strategy,
+            **_pipeline_options(cfg, world_size),
         },
         "config_hash": config_hash,
         "data_fingerprint": data_fingerprint,
@@ -99,6 +100,15 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
     }
 
 
+def _pipeline_options(cfg: TrainConfig, world_size: int) -> dict:
+    """Strategy pipeline's schedule and microbatches per step as the run used them (the default: one
+    microbatch per stage); nothing for the other strategies."""
+    if cfg.strategy != "pipeline":
+        return {}
+    return {"pipeline_schedule": cfg.pipeline_schedule,
+            "microbatches": strategies.pipeline_microbatches(cfg, world_size)}
+
+
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
@@ -112,11 +122,13 @@ def _utc(unix_time: float | None = None) -> str:
 
 @functools.cache
 def load_schema() -> dict:
-    """The result schema, with the framework and strategy enums from their homes (trainer.config.FRAMEWORKS,
-    trainer.strategies.NAMES)."""
+    """The result schema, with the framework, strategy and pipeline schedule enums from their homes
+    (trainer.config.FRAMEWORKS and PIPELINE_SCHEDULES, trainer.strategies.NAMES)."""
     schema = json.loads(SCHEMA_PATH.read_text())
     schema["properties"]["framework"]["enum"] = list(FRAMEWORKS)
-    schema["properties"]["hyperparameters"]["properties"]["strategy"]["enum"] = list(strategies.NAMES)
+    hyperparameters = schema["properties"]["hyperparameters"]["properties"]
+    hyperparameters["strategy"]["enum"] = list(strategies.NAMES)
+    hyperparameters["pipeline_schedule"]["enum"] = list(PIPELINE_SCHEDULES)
     return schema
 
 

@@ -401,3 +401,41 @@ def test_the_strategies_profile_runs_every_strategy_on_two_workers_and_horovod_d
     assert {c.key: config_hash(c) for c in cells if c.strategy == "ddp"} == smoke
     # No cell a platform refuses: the profile runs whole.
     assert [c.key for c in cells if platforms.get(c.framework).strategy_refusal(c.strategy)] == []
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            # bert-tiny (the default model, prajjwal1/bert-tiny: 2 heads, 2 layers) over 3 workers.
+            "runs: [{frameworks: ddp, strategies: [ddp, tensor], gpus: [2, 3], epochs: 1, seeds: 0}]",
+            "p.runs[0]: cell ddp-g3-e1-s0-tensor: strategy: tensor splits the model's 2 attention heads over "
+            "the 3 workers, which does not divide them; use a world size that divides 2, or another strategy",
+        ),
+        (
+            "trainer: {model: 'generated:bert-mini'}\n"
+            "runs: [{frameworks: slurm, strategies: pipeline, gpus: [4, 5], epochs: 1, seeds: 0}]",
+            "p.runs[0]: cell slurm-g5-e1-s0-pipeline: strategy: pipeline puts at least one of the model's 4 "
+            "encoder layers on each of the 5 workers; use at most 4 workers, or another strategy",
+        ),
+        (
+            "trainer: {microbatches: 3, batch_size: 8}\n"
+            "runs: [{frameworks: ray, strategies: pipeline, gpus: 2, epochs: 1, seeds: 0}]",
+            "p.runs[0]: cell ray-g2-e1-s0-pipeline: microbatches: 3 does not divide the global batch of 16 "
+            "(batch_size x 2 workers); use a divisor of it",
+        ),
+    ],
+)
+def test_a_split_the_model_cannot_take_is_refused_before_the_matrix_starts(matrix_file, body, message):
+    """The trainer's own refusal (trainer.strategies.split_refusal), met here for a model whose shape is
+    known without loading it, instead of after the cell has started."""
+    path = matrix_file(body)
+    with pytest.raises(DtlabError) as failure:
+        matrix.load("p", path, device="cpu")
+    assert str(failure.value) == f"{path}: profiles.{message}"
+
+
+def test_a_model_of_unknown_shape_is_left_to_the_trainer(matrix_file):
+    path = matrix_file("trainer: {model: some-lab/bert-wide}\n"
+                       "runs: [{frameworks: ddp, strategies: tensor, gpus: 3, epochs: 1, seeds: 0}]")
+    assert [c.key for c in matrix.load("p", path, device="cpu").cells] == ["ddp-g3-e1-s0-tensor"]

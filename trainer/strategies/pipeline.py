@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from trainer.config import ConfigError
+from trainer.strategies import pipeline_microbatches, split_refusal
 from trainer.strategies.base import OneDataShare, Strategy
 
 _SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
@@ -82,21 +83,12 @@ class PipelineParallel(OneDataShare, Strategy):
         return self.rank == self.world_size - 1  # the last stage holds the loss and logits
 
     def wrap_model(self, model, hooks):
-        layers = model.config.num_hidden_layers
-        if layers < self.world_size:
-            raise ConfigError(f"strategy: pipeline puts at least one of the model's {layers} encoder layers "
-                              f"on each of the {self.world_size} workers; use at most {layers} workers, "
-                              "or another strategy")
-        cfg = hooks.cfg
+        refusal = split_refusal(hooks.cfg, model.config.to_dict(), self.world_size)
+        if refusal:
+            raise ConfigError(refusal)
+        cfg, layers = hooks.cfg, model.config.num_hidden_layers
         self.schedule_name = cfg.pipeline_schedule
-        self.microbatches = cfg.microbatches or self.world_size
-        global_batch = cfg.batch_size * self.world_size
-        if global_batch % self.microbatches:
-            raise ConfigError(f"microbatches: {self.microbatches} does not divide the global batch of "
-                              f"{global_batch} (batch_size x {self.world_size} workers); use a divisor of it")
-        if self.schedule_name == "1f1b" and self.microbatches < self.world_size:
-            raise ConfigError(f"microbatches: 1f1b needs at least one per stage ({self.world_size}), got "
-                              f"{self.microbatches}; raise it or use pipeline_schedule gpipe")
+        self.microbatches = pipeline_microbatches(cfg, self.world_size)
         first, last = self.rank == 0, self.rank == self.world_size - 1
         self.stage = _Stage(model, layer_ranges(layers, self.world_size)[self.rank], first, last)
         self.hidden_size = model.config.hidden_size

@@ -15,6 +15,7 @@ from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 from trainer.config import ConfigError
+from trainer.strategies import split_refusal
 from trainer.strategies.base import DistributedTensorState, OneDataShare
 
 # Per encoder layer (HF BertLayer): module path -> how it is split.
@@ -32,13 +33,9 @@ class TensorParallel(OneDataShare, DistributedTensorState):
     collective_evaluation = True  # every forward all-reduces the row-wise layers' outputs, validation too
 
     def wrap_model(self, model, hooks):
-        config = model.config
-        for count, what in ((config.num_attention_heads, "attention heads"),
-                            (config.intermediate_size, "MLP intermediate size")):
-            if count % self.world_size:
-                raise ConfigError(f"strategy: tensor splits the model's {count} {what} over the "
-                                  f"{self.world_size} workers, which does not divide them; use a world size "
-                                  f"that divides {count}, or another strategy")
+        refusal = split_refusal(hooks.cfg, model.config.to_dict(), self.world_size)
+        if refusal:
+            raise ConfigError(refusal)
         mesh = init_device_mesh(self.device.type, (self.world_size,))
         for layer in model.base_model.encoder.layer:
             parallelize_module(layer, mesh, _LAYER_PLAN)
