@@ -117,6 +117,12 @@ def prepared(cfg: TrainConfig, hooks: TrainHooks | None = None):
         # cuBLAS reads this when its first handle is made; set before any CUDA work in this process.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
+    # CUDA-only in effect: cuDNN's attention, torch's first choice for bf16 on Hopper GPUs, builds an
+    # execution plan per input shape, and dynamic padding gives most batches a new width. On an H100 a
+    # bert-medium bf16 step took 136.6 ms with it and 38.5 ms without (benchmarks/README.md, Strategies).
+    # Flash and memory-efficient attention take any width.
+    had_cudnn_attention = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(False)
     device = resolve_device(cfg)
     with process_group(device):
         try:
@@ -125,6 +131,7 @@ def prepared(cfg: TrainConfig, hooks: TrainHooks | None = None):
             yield run
         finally:
             torch.use_deterministic_algorithms(was_deterministic)
+            torch.backends.cuda.enable_cudnn_sdp(had_cudnn_attention)
 
 
 # --- one run ---------------------------------------------------------------------------------------

@@ -4,12 +4,13 @@ import json
 
 import jsonschema
 import pytest
+import torch
 import torch.distributed as dist
 
 from tests.trainer.conftest import StopAfter, final_weights, max_weight_difference
 from trainer.checkpoint import latest_checkpoint
 from trainer.config import ConfigError
-from trainer.core import train
+from trainer.core import prepared, train
 from trainer.result import load_schema, validate_result
 
 
@@ -32,6 +33,15 @@ def test_single_process_run_writes_a_valid_result(make_config, tmp_path):
     in_order = ("process_started", "training_started", "first_step_done", "training_ended")
     assert [marks[name] for name in in_order] == sorted(marks[name] for name in in_order)
     assert not dist.is_initialized()  # the core removes the group it created
+
+
+def test_training_runs_without_cudnn_attention_and_gives_the_setting_back(make_config):
+    """cuDNN's attention plans per input shape, and dynamic padding changes the width most batches (on
+    an H100, 3.5x the bf16 step): the core turns it off while it trains and restores the caller's choice."""
+    assert torch.backends.cuda.cudnn_sdp_enabled()  # torch's default
+    with prepared(make_config(generated_train_size=16, epochs=1)):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
 def test_schema_rejects_a_broken_result(make_config):
