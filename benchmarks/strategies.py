@@ -33,6 +33,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _strategy_probe import PROFILE_AFTER_STEPS, PROFILED_STEPS  # noqa: E402
 from _trainer_common import OUT_DIR, free_loopback_port, machine  # noqa: E402
 
 from trainer.config import GENERATED_MODEL_PREFIX, GENERATED_MODEL_SHAPES, ConfigError, TrainConfig  # noqa: E402
@@ -111,6 +112,10 @@ def main() -> None:
         if size not in GENERATED_MODEL_SHAPES:
             raise SystemExit(f"strategies.py: error: --sizes: {size!r} is not one of "
                              f"{', '.join(GENERATED_MODEL_SHAPES)}")
+    if args.steps < PROFILE_AFTER_STEPS + PROFILED_STEPS:
+        raise SystemExit(f"strategies.py: error: --steps {args.steps}: the probe profiles steps "
+                         f"{PROFILE_AFTER_STEPS + 1}-{PROFILE_AFTER_STEPS + PROFILED_STEPS}; use at least "
+                         f"{PROFILE_AFTER_STEPS + PROFILED_STEPS}")
     contenders = args.contenders.split(",")
     if BASELINE not in contenders:
         raise SystemExit(f"strategies.py: error: --contenders must include {BASELINE}, the ratios' baseline")
