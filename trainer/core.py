@@ -123,15 +123,15 @@ def prepared(cfg: TrainConfig, hooks: TrainHooks | None = None):
     # Flash and memory-efficient attention take any width.
     had_cudnn_attention = torch.backends.cuda.cudnn_sdp_enabled()
     torch.backends.cuda.enable_cudnn_sdp(False)
-    device = resolve_device(cfg)
-    with process_group(device):
-        try:
+    try:  # both settings are given back however the run ends, a refused device or world size included
+        device = resolve_device(cfg)
+        with process_group(device):
             run = _Run(cfg, hooks, device, process_started)
             run.build()
             yield run
-        finally:
-            torch.use_deterministic_algorithms(was_deterministic)
-            torch.backends.cuda.enable_cudnn_sdp(had_cudnn_attention)
+    finally:
+        torch.use_deterministic_algorithms(was_deterministic)
+        torch.backends.cuda.enable_cudnn_sdp(had_cudnn_attention)
 
 
 # --- one run ---------------------------------------------------------------------------------------

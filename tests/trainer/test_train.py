@@ -38,9 +38,13 @@ def test_single_process_run_writes_a_valid_result(make_config, tmp_path):
 def test_training_runs_without_cudnn_attention_and_gives_the_setting_back(make_config):
     """cuDNN's attention plans per input shape, and dynamic padding changes the width most batches (on
     an H100, 3.5x the bf16 step): the core turns it off while it trains and restores the caller's choice."""
-    assert torch.backends.cuda.cudnn_sdp_enabled()  # torch's default
+    torch.backends.cuda.enable_cudnn_sdp(True)  # torch's default
     with prepared(make_config(generated_train_size=16, epochs=1)):
         assert not torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    # Also when the run is refused before it starts (here: device cuda where torch sees no GPU).
+    with pytest.raises(ConfigError), prepared(make_config(device="cuda")):
+        pass
     assert torch.backends.cuda.cudnn_sdp_enabled()
 
 
