@@ -14,10 +14,12 @@ per-epoch figure, time_total / epochs). Ratios compare a dtlab contender with th
 same precision round by round; min/median/max over rounds.
 
   dtlab-<precision>[-compile|-cudagraphs]  trainer.core.train (torch.compile default / reduce-overhead)
-  hf-<precision>                           transformers.Trainer at its best for this task:
+  hf-<precision>[-cudnnattn]               transformers.Trainer at its best for this task:
                                            group_by_length with a length column, dynamic padding,
                                            no gradient clipping (max_grad_norm=0), fused AdamW,
-                                           2 loader processes with pinned memory, eval every epoch
+                                           2 loader processes with pinned memory, eval every epoch,
+                                           cuDNN's attention off as the trainer has it (-cudnnattn:
+                                           torch's default, which plans anew for each batch width)
 
 Part 2, the ceiling: one process per variant. After a warm-up epoch: the step time as the trainer
 runs it (unsynchronised), the same step split into data (next batch + copy to the GPU), forward,
@@ -44,6 +46,7 @@ from _trainer_common import OUT_DIR, hf_dataset, hf_tokenizer, machine  # noqa: 
 STUDY_GTX_1060_S_PER_EPOCH = 33.86  # Table 5.4, DDP on 1 GPU, 20 epochs (real IMDB, fp32)
 PRECISIONS = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 COMPILE_SUFFIXES = {"": "no", "-compile": "default", "-cudagraphs": "reduce-overhead"}
+CUDNN_ATTENTION_SUFFIX = "-cudnnattn"  # hf only: torch's default attention choice (the trainer's is off)
 DEFAULT_CONTENDERS = "dtlab-fp32,hf-fp32,dtlab-bf16,hf-bf16,dtlab-bf16-compile,dtlab-bf16-cudagraphs"
 # name: (precision, compile, loader processes, fused AdamW)
 CEILING_VARIANTS = {
@@ -57,7 +60,10 @@ CEILING_VARIANTS = {
 
 
 def parse_contender(name: str) -> tuple[str, str, str]:
-    """'dtlab-bf16-compile' -> ('dtlab', 'bf16', 'default'); SystemExit with one line if unknown."""
+    """'dtlab-bf16-compile' -> ('dtlab', 'bf16', 'default'); SystemExit with one line if unknown.
+    'hf-bf16-cudnnattn' -> ('hf', 'bf16', 'no'): see cudnn_attention()."""
+    if name.startswith("hf-") and name.endswith(CUDNN_ATTENTION_SUFFIX):
+        name = name.removesuffix(CUDNN_ATTENTION_SUFFIX)
     kind, _, rest = name.partition("-")
     precision, _, suffix = rest.partition("-")
     compile_mode = COMPILE_SUFFIXES.get(f"-{suffix}" if suffix else "")
@@ -69,6 +75,11 @@ def parse_contender(name: str) -> tuple[str, str, str]:
     ):
         raise SystemExit(f"gpu_trainer: unknown contender {name!r}; e.g. {DEFAULT_CONTENDERS}")
     return kind, precision, compile_mode
+
+
+def cudnn_attention(name: str) -> bool:
+    """Whether the contender leaves torch's cuDNN attention on (its default on Hopper with bf16)."""
+    return name.endswith(CUDNN_ATTENTION_SUFFIX)
 
 
 def benchmark_config(args, precision: str = "fp32", compile_mode: str = "no", num_workers=None):
@@ -122,7 +133,7 @@ def run_dtlab(args, precision: str, compile_mode: str) -> dict:
     }
 
 
-def run_hf(args, precision: str) -> dict:
+def run_hf(args, precision: str, cudnn_attention_on: bool = False) -> dict:
     import numpy as np
     import torch
     from transformers import DataCollatorWithPadding, Trainer, TrainerCallback, TrainingArguments
@@ -150,6 +161,8 @@ def run_hf(args, precision: str) -> dict:
 
     cfg = benchmark_config(args, precision)
     torch.set_num_threads(cfg.threads)
+    # The trainer turns cuDNN's attention off while it trains (trainer/README.md); HF at its best too
+    torch.backends.cuda.enable_cudnn_sdp(cudnn_attention_on)
     train_set, test_set = hf_splits(cfg)
     torch.manual_seed(cfg.seed)
     model = build_model(cfg)
@@ -467,7 +480,11 @@ def main() -> None:
     (OUT_DIR / "gpu_trainer").mkdir(parents=True, exist_ok=True)
     if args.contender:
         kind, precision, compile_mode = parse_contender(args.contender)
-        measured = run_dtlab(args, precision, compile_mode) if kind == "dtlab" else run_hf(args, precision)
+        measured = (
+            run_dtlab(args, precision, compile_mode)
+            if kind == "dtlab"
+            else run_hf(args, precision, cudnn_attention(args.contender))
+        )
         print(json.dumps(measured))
         return
     if args.ceiling:

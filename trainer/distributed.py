@@ -14,6 +14,12 @@ import torch.distributed as dist
 from trainer.config import ConfigError, TrainConfig
 
 
+def scheduler_gives_gpus(device: str, gpus_offered: float) -> bool:
+    """Whether the workers a scheduler places (Ray's) each ask it for a GPU: for cuda, and for auto when
+    the cluster offers any (Ray's cluster_resources()["GPU"]); otherwise every worker runs on CPU."""
+    return device == "cuda" or (device == "auto" and gpus_offered >= 1)
+
+
 def resolve_device(cfg: TrainConfig) -> torch.device:
     """This rank's device: its LOCAL_RANK's GPU, or the CPU; refuses what this node cannot run."""
     if cfg.device == "cuda" and not torch.cuda.is_available():

@@ -19,6 +19,7 @@ from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAM
 from tests.raycluster import RayCluster
 from tests.trainer.conftest import TINY, free_loopback_port, run, torchrun_command, trainer_env, write_config
 from trainer.config import TrainConfig
+from trainer.distributed import scheduler_gives_gpus
 from trainer.launchers.ray import LABEL, PROG
 from trainer.result import validate_result
 
@@ -188,3 +189,22 @@ def test_bad_flags_fail_with_one_line_before_ray_starts(argv, line, tmp_path):
 def test_every_launcher_is_thin(launcher):
     """The training core lives once, in trainer.core; a launcher only starts it (ARCHITECTURE.md)."""
     assert len((LAUNCHERS / launcher).read_text().splitlines()) <= 80
+
+
+RAY_ON_H100 = REPO / "tests" / "fixtures" / "gpu-h100" / "ray-cluster-resources.json"
+
+
+def test_device_auto_asks_ray_for_gpus_where_a_real_gpu_head_offers_them():
+    """Ray 2.60's answers on a real H100 (tests/fixtures/gpu-h100/README.md): the GPU it found by itself,
+    and the one offered as the ray role starts a node (CUDA_VISIBLE_DEVICES, --num-gpus). The launcher's
+    rule then gives every worker a GPU under auto and cuda; a CPU-only cluster, as the lab's, none."""
+    answers = json.loads(RAY_ON_H100.read_text())
+    autodetected, as_the_role_starts_it = answers["autodetected"], answers["as_the_role_starts_it"]
+    assert autodetected["GPU"] == 1 and autodetected["accelerator_type:H100"] == 1
+    offered = as_the_role_starts_it["cluster"]
+    assert [node["GPU"] for node in as_the_role_starts_it["nodes"]] == [1.0]  # its one gpu_index
+    assert scheduler_gives_gpus("auto", offered.get("GPU", 0))
+    assert scheduler_gives_gpus("cuda", offered.get("GPU", 0))
+    assert not scheduler_gives_gpus("cpu", offered.get("GPU", 0))
+    cpu_only = {key: value for key, value in offered.items() if key not in ("GPU", "accelerator_type:H100")}
+    assert not scheduler_gives_gpus("auto", cpu_only.get("GPU", 0))

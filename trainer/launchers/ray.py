@@ -10,6 +10,7 @@ from ray.train.torch import TorchConfig, TorchTrainer
 from trainer import progress
 from trainer.config import from_dict
 from trainer.core import TrainHooks, train
+from trainer.distributed import scheduler_gives_gpus
 from trainer.launchers import _cli
 from trainer.result import write_result
 
@@ -50,8 +51,7 @@ class RayHooks(TrainHooks):
 def launch(cfg, args) -> None:
     env = {key: os.environ[key] for key in FORWARDED if key in os.environ} | PLAIN_PRINT
     ray.init(_cli.reachable(args.address, "Ray's GCS"), runtime_env={"env_vars": env})
-    # auto: GPUs when the cluster offers any (every worker then asks Ray for one), else CPU everywhere
-    gpus = cfg.device == "cuda" or (cfg.device == "auto" and ray.cluster_resources().get("GPU", 0) >= 1)
+    gpus = scheduler_gives_gpus(cfg.device, ray.cluster_resources().get("GPU", 0))
     absolute = {key: str(Path(value).resolve()) for key in ("output_dir", "checkpoint_dir", "cache_dir")
                 if (value := getattr(cfg, key))}  # Ray picks the workers' cwd
     cfg = from_dict({**cfg.as_dict(), **absolute, "framework": "ray", "device": "cuda" if gpus else "cpu"})
