@@ -60,14 +60,19 @@ class Cell:
     # The parallelism strategy (trainer.strategies.NAMES): part of the identity and the hash; in the key
     # only when not the default, so every key recorded before strategies existed names the same cell.
     strategy: str = strategies.DEFAULT
+    # A model other than the profile's (a run's `models:`): part of the identity, the key (model_label)
+    # and the hash; "" for the profile's own `trainer: model`, so those cells keep their keys and hashes.
+    model: str = ""
 
     @property
     def key(self) -> str:
-        """FRAMEWORK-gN-eE-sS[-STRATEGY][-FAULT]: ddp-g2-e2-s0, ddp-g2-e2-s0-fsdp,
-        ray-g2-e2-s0-zero1-kill-after1."""
+        """FRAMEWORK-gN-eE-sS[-STRATEGY][-MODEL][-FAULT]: ddp-g2-e2-s0, ddp-g2-e2-s0-fsdp,
+        ddp-g2-e2-s0-fsdp-bert-mini, ray-g2-e2-s0-zero1-kill-after1."""
         key = f"{self.framework}-g{self.gpus}-e{self.epochs}-s{self.seed}"
         if self.strategy != strategies.DEFAULT:
             key += f"-{self.strategy}"
+        if self.model:
+            key += f"-{model_label(self.model)}"
         return f"{key}-{self.fault}" if self.fault else key
 
     @property
@@ -78,7 +83,7 @@ class Cell:
     def undisturbed(self) -> Cell:
         """The same cell without its fault: the run a faulted one is measured against."""
         return Cell(self.framework, self.gpus, self.epochs, self.seed, self.profile, self.trainer_config,
-                    strategy=self.strategy)
+                    strategy=self.strategy, model=self.model)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -90,7 +95,16 @@ class Cell:
             "trainer_config": dict(self.trainer_config),
             **({"fault": self.fault} if self.fault else {}),
             **({"strategy": self.strategy} if self.strategy != strategies.DEFAULT else {}),
+            **({"model": self.model} if self.model else {}),
         }
+
+
+def model_label(model: str) -> str:
+    """A model's name in cell keys and the report: generated:bert-mini and prajjwal1/bert-mini ->
+    bert-mini (matrix.load refuses two models of one label in a profile)."""
+    from trainer.config import GENERATED_MODEL_PREFIX
+
+    return model.removeprefix(GENERATED_MODEL_PREFIX).rstrip("/").rsplit("/", 1)[-1]
 
 
 def trainer_options(cell: Cell) -> dict[str, Any]:
@@ -103,6 +117,7 @@ def trainer_options(cell: Cell) -> dict[str, Any]:
         "seed": cell.seed,
         "framework": cell.framework,
         **({"strategy": cell.strategy} if cell.strategy != strategies.DEFAULT else {}),
+        **({"model": cell.model} if cell.model else {}),
     }
 
 

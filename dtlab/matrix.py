@@ -1,8 +1,9 @@
 """experiments/matrix.yml -> validated matrix cells, in a stable order.
 
-A profile expands each `runs:` entry to frameworks x strategies x gpus x epochs x seeds (strategies:
-the trainer's parallelism strategies, default [ddp]; a run's `strategies:` is the one place a profile
-names them, so its `trainer:` may not). The file's shape (keys,
+A profile expands each `runs:` entry to frameworks x strategies x models x gpus x epochs x seeds
+(strategies: the trainer's parallelism strategies, default [ddp]; a run's `strategies:` is the one place
+a profile names them, so its `trainer:` may not; models: default the profile's `trainer: model`, whose
+cells keep the keys and hashes they had before the axis existed). The file's shape (keys,
 types, ranges, frameworks) is SCHEMA below, whose profiles' `trainer:` sections are the trainer's own
 schema (trainer.config.SCHEMA, referred to by its $id, not copied); what a schema cannot say (more GPUs
 than the inventory has, duplicate cells, the trainer's rules for the inventory's device) is checked in
@@ -25,7 +26,7 @@ import yaml
 from referencing import Registry, Resource
 
 from dtlab import paths
-from dtlab.cell import FAULT_KINDS, Cell, Fault
+from dtlab.cell import FAULT_KINDS, Cell, Fault, model_label
 from dtlab.errors import DtlabError
 from trainer import config as trainer_config
 from trainer import strategies
@@ -46,8 +47,11 @@ HARNESS_OWNED_OPTIONS = (
     "threads",
 )
 RUN_KEYS = ("frameworks", "gpus", "epochs", "seeds")
-# A run entry's optional axis: the trainer's parallelism strategies (trainer.strategies.NAMES).
+# A run entry's optional axes: the trainer's parallelism strategies (trainer.strategies.NAMES), and
+# models other than the profile's (a model size each; the report sets them side by side).
 STRATEGIES_KEY = "strategies"
+MODELS_KEY = "models"
+_DEFAULT_MODEL = next(f.default for f in dataclasses.fields(trainer_config.TrainConfig) if f.name == "model")
 
 
 def _one_or_more(item: dict[str, Any]) -> dict[str, Any]:
@@ -134,6 +138,11 @@ SCHEMA = {
                 STRATEGIES_KEY: {
                     **_one_or_more({"$ref": trainer_config.SCHEMA["$id"] + "#/properties/strategy"}),
                     "allOf": [{"uniqueItems": True, "x-message": "each strategy once, got {value!r}"}],
+                },
+                # Optional (default: the profile's trainer: model); each model once.
+                MODELS_KEY: {
+                    **_one_or_more({"$ref": trainer_config.SCHEMA["$id"] + "#/properties/model"}),
+                    "allOf": [{"uniqueItems": True, "x-message": "each model once, got {value!r}"}],
                 },
                 "gpus": _one_or_more(_POSITIVE_INTEGER),
                 "epochs": _one_or_more(_POSITIVE_INTEGER),
@@ -232,19 +241,22 @@ def load(
     spec = available[profile]
     where = f"{path}: profiles.{profile}"
     trainer_options = dict(sorted((spec.get("trainer") or {}).items()))
-    # The trainer's rules for the options under each strategy the runs use (some options are one
-    # strategy's: pipeline's microbatches), the first run naming a strategy named with it.
-    used: dict[str, str] = {}
+    profile_model = trainer_options.get("model", _DEFAULT_MODEL)
+    _check_model_labels(where, profile_model, spec["runs"])
+    # The trainer's rules for the options under each strategy and model the runs use (some options are
+    # one strategy's: pipeline's microbatches), the first run naming a pair named with it.
+    used: dict[tuple[str, str], str] = {}
     for index, run in enumerate(spec["runs"]):
-        for strategy in _as_list(run.get(STRATEGIES_KEY, strategies.DEFAULT)):
-            used.setdefault(strategy, f"runs[{index}]")
+        for strategy, model in itertools.product(_as_list(run.get(STRATEGIES_KEY, strategies.DEFAULT)),
+                                                 _run_models(run, profile_model)):
+            used.setdefault((strategy, model), f"runs[{index}]")
     configs = _check_trainer_rules(where, trainer_options, device, used)
     fault = _fault(f"{where}.fault", spec.get("fault"))
     cells: list[Cell] = []
     first_seen: dict[Cell, str] = {}
     for index, run in enumerate(spec["runs"]):
         run_where = f"{where}.runs[{index}]"
-        for cell in _expand(run, profile, trainer_options, fault):
+        for cell in _expand(run, profile, trainer_options, fault, profile_model):
             if fault is not None and fault.after_epoch >= cell.epochs:
                 raise DtlabError(
                     f"{where}.fault.after_epoch: {fault.after_epoch}, but cell {cell.undisturbed.key} has "
@@ -255,7 +267,7 @@ def load(
                     f"{run_where}.gpus: {cell.gpus} GPUs but the inventory offers {max_gpus}; "
                     "lower gpus or add workers/GPUs to the inventory"
                 )
-            refusal = _split_refusal(configs[cell.strategy], cell.gpus)
+            refusal = _split_refusal(configs[(cell.strategy, cell.model)], cell.gpus)
             if refusal:
                 raise DtlabError(f"{run_where}: cell {cell.key}: {refusal}")
             if cell in first_seen:
@@ -305,29 +317,52 @@ def _typed(path: Path, document: Any) -> Any:
     return {**document, "profiles": profiles}
 
 
+def _run_models(run: dict[str, Any], profile_model: str | None) -> list[str]:
+    """A run's models as cells name them: "" for the profile's own (listed or not), else the model id."""
+    return [
+        "" if model == profile_model else model for model in _as_list(run.get(MODELS_KEY, profile_model))
+    ] or [""]
+
+
+def _check_model_labels(where: str, profile_model: str | None, runs: list[dict[str, Any]]) -> None:
+    """Two models of one profile may not share a label (cell.model_label): their cells' keys would."""
+    seen: dict[str, str] = {model_label(profile_model): profile_model} if profile_model else {}
+    for index, run in enumerate(runs):
+        for model in _as_list(run.get(MODELS_KEY, [])):
+            other = seen.setdefault(model_label(model), model)
+            if other != model:
+                raise DtlabError(
+                    f"{where}.runs[{index}].{MODELS_KEY}: {model} and {other} would both be "
+                    f"{model_label(model)!r} in cell keys; keep one of them in this profile"
+                )
+
+
 def _check_trainer_rules(
-    where: str, options: dict[str, Any], device: str | None, used: dict[str, str]
-) -> dict[str, trainer_config.TrainConfig]:
+    where: str, options: dict[str, Any], device: str | None, used: dict[tuple[str, str], str]
+) -> dict[tuple[str, str], trainer_config.TrainConfig]:
     """The trainer's own rules for the whole config, here on the controller with the inventory's device,
-    under each strategy the runs use (`used`: strategy -> the first run naming it; some options are one
-    strategy's): a bad value stops the matrix before any cell starts or any attempt is recorded. An error
-    that only some strategies meet names the run and strategy. Paths are the nodes' business (bench
-    checks them there). Returns each strategy's config."""
-    errors: dict[str, str] = {}
+    under each strategy and model the runs use (`used`: (strategy, model or "") -> the first run naming
+    it; some options are one strategy's): a bad value stops the matrix before any cell starts or any
+    attempt is recorded. An error that only some of them meet names the run, strategy and model. Paths are
+    the nodes' business (bench checks them there). Returns each pair's config."""
+    errors: dict[tuple[str, str], str] = {}
     configs = {}
-    for strategy in used:
+    for strategy, model in used:
         try:
-            configs[strategy] = trainer_config.from_dict(
-                {**options, **({"device": device} if device else {}), "strategy": strategy}, local=False
+            configs[(strategy, model)] = trainer_config.from_dict(
+                {**options, **({"model": model} if model else {}), **({"device": device} if device else {}),
+                 "strategy": strategy},
+                local=False,
             )
         except trainer_config.ConfigError as error:
-            errors[strategy] = str(error)
+            errors[(strategy, model)] = str(error)
     if not errors:
         return configs
-    strategy, error = next(iter(errors.items()))
-    if len(errors) == len(used) and len(set(errors.values())) == 1:
+    (strategy, model), error = next(iter(errors.items()))
+    if not model and len(errors) == len(used) and len(set(errors.values())) == 1:
         raise DtlabError(f"{where}.trainer.{error}")
-    raise DtlabError(f"{where}.trainer.{error} (under {used[strategy]}'s strategy {strategy})")
+    under = f"strategy {strategy}" + (f", model {model}" if model else "")
+    raise DtlabError(f"{where}.trainer.{error} (under {used[(strategy, model)]}'s {under})")
 
 
 def _split_refusal(cfg: trainer_config.TrainConfig, world_size: int) -> str | None:
@@ -353,14 +388,19 @@ def _as_list(value: Any) -> list[Any]:
 
 
 def _expand(
-    run: dict[str, Any], profile: str, trainer_options: dict[str, Any], fault: Fault | None = None
+    run: dict[str, Any],
+    profile: str,
+    trainer_options: dict[str, Any],
+    fault: Fault | None = None,
+    profile_model: str | None = None,
 ) -> Iterator[Cell]:
     frameworks, gpus, epochs, seeds = (_as_list(run[key]) for key in RUN_KEYS)
     strategy_names = _as_list(run.get(STRATEGIES_KEY, strategies.DEFAULT))
-    # Stable order: epochs, then seeds, then GPUs, then strategy, then framework, so frameworks
-    # interleave in time (and a run without strategies: keeps the order it had before they existed).
-    for epoch_count, seed, gpu_count, strategy, framework in itertools.product(
-        epochs, seeds, gpus, strategy_names, frameworks
+    # Stable order: epochs, then seeds, then GPUs, then model, then strategy, then framework, so
+    # frameworks interleave in time (and a run without strategies: or models: keeps the order it had
+    # before they existed).
+    for epoch_count, seed, gpu_count, model, strategy, framework in itertools.product(
+        epochs, seeds, gpus, _run_models(run, profile_model), strategy_names, frameworks
     ):
         cell = Cell(
             framework=framework,
@@ -368,8 +408,9 @@ def _expand(
             epochs=epoch_count,
             seed=seed,
             profile=profile,
-            trainer_config=trainer_options,
+            trainer_config={**trainer_options, "model": model} if model else trainer_options,
             strategy=strategy,
+            model=model,
         )
         yield cell
         if fault is not None:  # the faulted run right after its undisturbed twin, on the same nodes

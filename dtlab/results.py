@@ -65,9 +65,9 @@ from trainer import strategies
 DB_FILENAME = "dtlab.sqlite"
 RUNS_DIRNAME = "runs"
 STATUSES = ("ok", "failed")
-_SCHEMA_VERSION = 3
-# 0: a new file; 1 and 2: read as they are and upgraded by the first write.
-_READABLE_VERSIONS = (0, 1, 2, _SCHEMA_VERSION)
+_SCHEMA_VERSION = 4
+# 0: a new file; 1 to 3: read as they are and upgraded by the first write.
+_READABLE_VERSIONS = (0, 1, 2, 3, _SCHEMA_VERSION)
 _LOG_TAIL_LINES = 50
 _BUSY_TIMEOUT_S = 30.0
 _MAX_ATTEMPT_PROBES = 1000  # bounds the search for a free attempt directory
@@ -76,6 +76,7 @@ _SQLITE_HEADER = b"SQLite format 3\x00"
 # Columns each version added, by the version that added them: an upgrade adds the ones after its own.
 _V2_COLUMNS = ("fault TEXT NOT NULL DEFAULT ''", "fault_record TEXT")
 _V3_COLUMNS = (f"strategy TEXT NOT NULL DEFAULT '{strategies.DEFAULT}'",)
+_V4_COLUMNS = ("model TEXT NOT NULL DEFAULT ''",)
 _DDL = (
     """CREATE TABLE IF NOT EXISTS runs (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -104,6 +105,7 @@ _DDL = (
     fault           TEXT    NOT NULL DEFAULT '',  -- the cell's fault plan (Fault.spec); '' undisturbed
     fault_record    TEXT,                      -- JSON: what the fault plan did in this attempt's run
     strategy        TEXT    NOT NULL DEFAULT 'ddp',  -- the cell's parallelism strategy (version 3)
+    model           TEXT    NOT NULL DEFAULT '',  -- a run's models: entry; '' the profile's (version 4)
     UNIQUE (cell_key, attempt)
 )""",
     "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs (cell_key, config_hash, status)",
@@ -347,9 +349,11 @@ class ResultStore:
                 f"results store: schema version {version}, this dtlab reads versions 1 to "
                 f"{_SCHEMA_VERSION}; use the dtlab revision that wrote it"
             )
-        # Every row kept: fault plans came with version 2 (two columns), strategies with version 3 (one,
-        # whose default reads every earlier run as what it was: a ddp run).
-        added = {1: _V2_COLUMNS + _V3_COLUMNS, 2: _V3_COLUMNS}.get(version, ())
+        # Every row kept: fault plans came with version 2 (two columns), strategies with version 3 and the
+        # models axis with 4 (one each, whose defaults read every earlier run as what it was: a ddp run
+        # of its profile's model).
+        added = {1: _V2_COLUMNS + _V3_COLUMNS + _V4_COLUMNS, 2: _V3_COLUMNS + _V4_COLUMNS,
+                 3: _V4_COLUMNS}.get(version, ())
         for column in added:
             conn.execute(f"ALTER TABLE runs ADD COLUMN {column}")
         # Statement by statement: executescript would commit the open transaction first.
@@ -414,6 +418,12 @@ class ResultStore:
         if trained != cell.strategy:
             raise DtlabError(
                 f"{where}: strategy is {trained!r} but the cell has {cell.strategy!r}; "
+                "record the result under its own cell"
+            )
+        trained_model = (result.get("hyperparameters") or {}).get("model")
+        if cell.model and trained_model != cell.model:
+            raise DtlabError(
+                f"{where}: model is {trained_model!r} but the cell has {cell.model!r}; "
                 "record the result under its own cell"
             )
         return self._record(cell, "ok", provenance, result=dict(result),
@@ -507,6 +517,7 @@ class ResultStore:
             "fault": cell.fault,
             "fault_record": json.dumps(dict(fault_record), sort_keys=True) if fault_record else None,
             "strategy": cell.strategy,
+            "model": cell.model,
         }
         columns = ", ".join(row)
         placeholders = ", ".join(f":{name}" for name in row)
@@ -590,6 +601,7 @@ class ResultStore:
             json.loads(row["trainer_config"]),
             _column(row, "fault") or "",
             _column(row, "strategy") or strategies.DEFAULT,  # a store before version 3: ddp
+            _column(row, "model") or "",  # before version 4: the profile's model
         )
         return Run(
             id=row["id"],

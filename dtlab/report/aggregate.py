@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from dtlab.cell import model_label
 from dtlab.platforms import BASELINE
 from dtlab.report.study import FRAMEWORKS, STUDY_LONG_EPOCHS, STUDY_SHORT_EPOCHS
 from dtlab.results import Run
@@ -48,6 +49,9 @@ class Sample:
     step_time_s: float | None = None  # the trainer's steady-state (median) step time
     # Peak memory of the busiest worker: max_memory_allocated on CUDA, RSS on CPU (None: not recorded).
     peak_worker_mb: float | None = None
+    model: str = ""  # the trained model's label (cell.model_label): bert-tiny, bert-mini, ...
+    # Whether it trained the profile's own model; a run's models: entry goes to Table B.12 alone.
+    profile_model: bool = True
 
     @classmethod
     def from_run(cls, run: Run) -> Sample:
@@ -75,6 +79,8 @@ class Sample:
             strategy=run.cell.strategy,
             step_time_s=result.get("steady_step_time_s"),
             peak_worker_mb=peak_worker_mb(result),
+            model=model_label(str((result.get("hyperparameters") or {}).get("model", ""))),
+            profile_model=not run.cell.model,
         )
 
 

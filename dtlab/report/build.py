@@ -20,7 +20,7 @@ from dtlab.report.comparison import (
 from dtlab.report.faults import FaultSection, fault_section, is_faulted
 from dtlab.report.gate import GateSection, gate_section
 from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
-from dtlab.report.strategies import any_other_strategy, strategies_table
+from dtlab.report.strategies import SizePoint, any_other_strategy, size_lines, strategies_table
 from dtlab.report.study import (
     DISPLAY_NAMES,
     FRAMEWORKS,
@@ -79,6 +79,8 @@ class Report:
     # The study's qualitative comparison measured here (Table B.10; --study: Tables 5.10-5.11 too) and,
     # with --priorities, the recommendation (Table B.11).
     comparison: Comparison | None = None
+    # Figure B.4's lines: (strategy, platform, world size, epochs) -> its model sizes, smallest first.
+    size_lines: dict[tuple[str, str, int, int], list[SizePoint]] = field(default_factory=dict)
 
     def count_label(self, count: int) -> str:
         devices = {d for (_f, g, _e), s in self.groups.items() if g == count for d in s.devices}
@@ -341,9 +343,11 @@ def resumed_costs(resumed: list[Run], all_runs: list[Run], groups: dict[GroupKey
         redone = sum(begun) - resumed_from if None not in begun else None
         attempts = [*failed, run]
         whole = sum(a.harness_time_s for a in attempts) if all(a.harness_time_s for a in attempts) else None
-        # The groups are strategy ddp's: another strategy's run has no undisturbed mean among them.
+        # The groups are strategy ddp's on the profile's model: another strategy's or model's run has no
+        # undisturbed mean among them.
         stats = groups.get((run.cell.framework, run.cell.gpus, run.cell.epochs))
-        stats = stats if stats is not None and stats.strategy == run.cell.strategy else None
+        stats = stats if stats is not None and stats.strategy == run.cell.strategy and not run.cell.model \
+            else None
         undisturbed = (stats.time_mean + stats.harness_extra_s_mean
                        if stats is not None and stats.harness_extra_s_mean is not None else None)
         costs.append(ResumedCost(
@@ -388,10 +392,12 @@ def build_report(
     resumed = [run for run in ok_runs if run.result.get("resumed_from_epoch")]
     undisturbed = [run for run in ok_runs if not run.result.get("resumed_from_epoch")]
     samples = [Sample.from_run(run) for run in undisturbed]
-    # The study's tables compare the platforms at the default strategy (ddp), as the study ran them;
-    # the other strategies are set beside it in their own table (B.12), never in these means.
-    study_samples = [sample for sample in samples if sample.strategy == DEFAULT_STRATEGY]
-    study_undisturbed = [run for run in undisturbed if run.cell.strategy == DEFAULT_STRATEGY]
+    # The study's tables compare the platforms at the default strategy (ddp) on the profile's model, as
+    # the study ran them; other strategies and a run's models: are set beside it in their own table
+    # (B.12) and figure (B.4), never in these means.
+    study_samples = [s for s in samples if s.strategy == DEFAULT_STRATEGY and s.profile_model]
+    study_undisturbed = [run for run in undisturbed if run.cell.strategy == DEFAULT_STRATEGY
+                         and not run.cell.model]
     groups = group(study_samples)
     short = primary_epochs(k[2] for k in groups)
     long = long_epochs((k[2] for k in groups), short)
@@ -438,6 +444,7 @@ def build_report(
         )
     return Report(
         title=f"dtlab report: {_join(run.inventory for run in all_runs)}",
+        size_lines=size_lines(samples),
         store_root=str(store.root),
         generated_at=datetime.now(UTC).isoformat(timespec="seconds"),
         profile=chosen,

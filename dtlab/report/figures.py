@@ -1,5 +1,5 @@
-"""Figure 5.1 (grouped bars of overhead against DDP, this cluster beside the study) and the per-epoch
-accuracy curves, with matplotlib/Agg."""
+"""Figure 5.1 (grouped bars of overhead against DDP, this cluster beside the study), the per-epoch
+accuracy curves, the fault timelines and the strategies' lines over model size, with matplotlib/Agg."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from dtlab import platforms
+from dtlab.report.strategies import model_size_rank
 from dtlab.report.study import DISPLAY_NAMES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from dtlab.report.faults import FaultOutcome
+    from dtlab.report.strategies import SizePoint
 
 
 @functools.cache
@@ -171,6 +173,49 @@ def accuracy_curves(
     axes.set_title(title)
     axes.legend(fontsize="small")
     axes.grid(alpha=0.3)
+    figure.tight_layout()
+    return figure
+
+
+def size_lines(
+    lines: Mapping[tuple[str, str, int, int], Sequence[SizePoint]],
+    *,
+    count_label: Callable[[int], str],
+    title: str,
+) -> Figure:
+    """Figure B.4: step time and peak memory per worker as the model grows, one line per (strategy,
+    platform, world size, epochs): the mean over runs, with the min-max where a size has 2 or more, and
+    the runs behind each point written beside it (a single run has no spread)."""
+    mpl = _matplotlib()
+    figure = mpl.Figure(figsize=WIDE_FIGURE_SIZE_IN, dpi=FIGURE_DPI)
+    mpl.FigureCanvasAgg(figure)
+    step_axes, memory_axes = figure.subplots(1, 2)
+    models = sorted({point.model for points in lines.values() for point in points}, key=model_size_rank)
+    styles = ["-", "--", ":", "-."]
+    frameworks = sorted({framework for _s, framework, _g, _e in lines})
+    for (strategy, framework, gpus, epochs), points in lines.items():
+        label = f"{strategy}, {DISPLAY_NAMES.get(framework, framework)}, {count_label(gpus)}, {epochs} ep."
+        for axes, values_of in ((step_axes, lambda p: p.step_ms), (memory_axes, lambda p: p.memory_mb)):
+            drawn = [(models.index(p.model), values_of(p)) for p in points if values_of(p)]
+            if not drawn:
+                continue
+            xs = [x for x, _ in drawn]
+            means = [sum(v) / len(v) for _, v in drawn]
+            axes.errorbar(xs, means, yerr=[[m - min(v) for m, (_, v) in zip(means, drawn, strict=True)],
+                                           [max(v) - m for m, (_, v) in zip(means, drawn, strict=True)]],
+                          fmt=styles[frameworks.index(framework) % len(styles)], marker="o", capsize=3,
+                          label=label)
+            for x, mean, (_, values) in zip(xs, means, drawn, strict=True):
+                axes.annotate(f"n={len(values)}", (x, mean), textcoords="offset points", xytext=(5, 4),
+                              fontsize=7, color=_MISSING_COLOUR)
+    for axes, ylabel in ((step_axes, "Steady step time (ms)"), (memory_axes, "Peak memory per worker (MB)")):
+        axes.set_xticks(range(len(models)), models)
+        axes.set_xlim(-0.4, len(models) - 0.6)  # room for the run counts beside the end points
+        axes.set_xlabel("Model (smallest first)")
+        axes.set_ylabel(ylabel)
+        axes.grid(alpha=0.3)
+    memory_axes.legend(fontsize="x-small")
+    figure.suptitle(title)
     figure.tight_layout()
     return figure
 

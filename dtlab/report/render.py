@@ -188,6 +188,15 @@ def draw_figures(report: Report, figure_dir: Path) -> list[dict]:
     if to_target is not None:
         drawn.append({"title": "Figure B.3: time to target accuracy per framework (beyond the study)",
                       "figure": to_target, "stem": "figure-b.3-time-to-target"})
+    if report.size_lines:
+        drawn.append({
+            "title": "Figure B.4: step time and memory per worker as the model grows, per strategy "
+                     "(beyond the study)",
+            "figure": figures.size_lines(report.size_lines, count_label=report.count_label,
+                                         title="Step time and peak memory per worker by model size "
+                                               "(mean, min–max over runs)"),
+            "stem": "figure-b.4-model-sizes",
+        })
     if report.faults is not None:  # shown in its own section, saved with the others
         report.faults.figure = {
             "title": f"Figure B.2: {report.faults.figure_title} (beyond the study)",

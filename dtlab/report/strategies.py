@@ -1,10 +1,12 @@
-"""The strategies section (beyond the study): each parallelism strategy against ddp on the same platform,
-world size and epochs: step time, peak memory per worker, final accuracy, and the ratio to ddp with its
-spread and the runs behind it. Shown only when a strategy other than ddp is recorded.
+"""The strategies section (beyond the study): each parallelism strategy against ddp on the same model,
+platform, world size and epochs: step time, peak memory per worker, final accuracy, and the ratio to ddp
+with its spread and the runs behind it (Table B.12); and, where a run's models: sets model sizes side by
+side, the same as model size grows (Figure B.4). Shown only when a strategy other than ddp, or a model
+other than the profile's, is recorded.
 
-A row is one group of runs: (strategy, platform, world size, epochs); no mean mixes strategies or
-platforms. The ratio is taken against the ddp group of the same platform, world size and epochs (a
-platform runs the same core under every strategy, so the difference is the strategy's).
+A row is one group of runs: (strategy, model, platform, world size, epochs); no mean mixes strategies,
+models or platforms. The ratio is taken against the ddp group of the same model, platform, world size and
+epochs (a platform runs the same core under every strategy, so the difference is the strategy's).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 from dtlab.platforms import label as platform_label
 from dtlab.report.aggregate import Sample, Spread, ratio_spread
@@ -19,27 +22,64 @@ from dtlab.report.numbers import Value, fmt, missing, num, text
 from dtlab.report.study import FRAMEWORKS
 from dtlab.report.tables import Table, config_label
 from trainer import strategies
+from trainer.config import GENERATED_MODEL_SHAPES
 
-StrategyKey = tuple[str, str, int, int]  # (strategy, framework, gpus, epochs)
+StrategyKey = tuple[str, str, str, int, int]  # (strategy, model label, framework, gpus, epochs)
 
 
-def _order(key: StrategyKey) -> tuple[int, int, int, int, str]:
-    strategy, framework, gpus, epochs = key
+def model_size_rank(label: str) -> tuple[float, str]:
+    """Smaller models first: a known miniature by its layers x hidden width squared (its encoder's weights,
+    roughly); any other model after them, by name."""
+    shape = GENERATED_MODEL_SHAPES.get(label)
+    size = shape["num_hidden_layers"] * shape["hidden_size"] ** 2 if shape else float("inf")
+    return size, label
+
+
+def _order(key: StrategyKey) -> tuple:
+    strategy, model, framework, gpus, epochs = key
     names = strategies.NAMES
     strategy_rank = names.index(strategy) if strategy in names else len(names)
     framework_rank = FRAMEWORKS.index(framework) if framework in FRAMEWORKS else len(FRAMEWORKS)
-    return strategy_rank, gpus, epochs, framework_rank, framework
+    return model_size_rank(model), strategy_rank, gpus, epochs, framework_rank, framework
 
 
 def by_strategy(samples: Iterable[Sample]) -> dict[StrategyKey, list[Sample]]:
     groups: dict[StrategyKey, list[Sample]] = defaultdict(list)
     for sample in samples:
-        groups[(sample.strategy, sample.framework, sample.gpus, sample.epochs)].append(sample)
+        groups[(sample.strategy, sample.model, sample.framework, sample.gpus, sample.epochs)].append(sample)
     return {key: groups[key] for key in sorted(groups, key=_order)}
 
 
 def any_other_strategy(samples: Iterable[Sample]) -> bool:
-    return any(sample.strategy != strategies.DEFAULT for sample in samples)
+    """Whether the section has anything beyond the study's tables: another strategy, or another model."""
+    return any(sample.strategy != strategies.DEFAULT or not sample.profile_model for sample in samples)
+
+
+@dataclass(frozen=True)
+class SizePoint:
+    """One model size of a Figure B.4 line: its runs' step times (ms) and peak memory per worker (MB)."""
+
+    model: str
+    step_ms: tuple[float, ...]
+    memory_mb: tuple[float, ...]
+
+
+SizeLineKey = tuple[str, str, int, int]  # (strategy, framework, gpus, epochs)
+
+
+def size_lines(samples: Sequence[Sample]) -> dict[SizeLineKey, list[SizePoint]]:
+    """Figure B.4's lines: each (strategy, platform, world size, epochs) recorded at two or more model
+    sizes, its points smallest model first. Empty when no run set sizes side by side."""
+    lines: dict[SizeLineKey, list[SizePoint]] = defaultdict(list)
+    for (strategy, model, framework, gpus, epochs), members in by_strategy(samples).items():
+        lines[(strategy, framework, gpus, epochs)].append(SizePoint(
+            model,
+            tuple(s * 1000 for s in _known(m.step_time_s for m in members)),
+            tuple(_known(m.peak_worker_mb for m in members)),
+        ))
+    ordered = sorted(lines, key=lambda key: _order((key[0], "", *key[1:]))[1:])
+    return {key: sorted(lines[key], key=lambda point: model_size_rank(point.model))
+            for key in ordered if len(lines[key]) >= 2}
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -68,11 +108,12 @@ def _ratio_cell(these: list[float], baseline: list[float]) -> tuple[Value, Value
 
 
 def strategies_table(samples: Sequence[Sample]) -> Table:
-    """Table B.12: every (strategy, platform, world size, epochs) group beside the same platform's ddp."""
+    """Table B.12: every (strategy, model, platform, world size, epochs) group beside the same model's and
+    platform's ddp."""
     groups = by_strategy(samples)
     rows = []
-    for (strategy, framework, gpus, epochs), members in groups.items():
-        baseline = groups.get((strategies.DEFAULT, framework, gpus, epochs), [])
+    for (strategy, model, framework, gpus, epochs), members in groups.items():
+        baseline = groups.get((strategies.DEFAULT, model, framework, gpus, epochs), [])
         steps = _known(s.step_time_s for s in members)
         memory = _known(s.peak_worker_mb for s in members)
         step_ratio, step_spread = _ratio_cell(steps, _known(s.step_time_s for s in baseline))
@@ -80,6 +121,7 @@ def strategies_table(samples: Sequence[Sample]) -> Table:
         devices = sorted({s.device for s in members})
         rows.append([
             text(strategy),
+            text(model),
             text(platform_label(framework)),
             text(config_label(gpus, devices[0]) if len(devices) == 1 else f"{gpus} ({'/'.join(devices)})"),
             text(str(epochs)),
@@ -96,9 +138,10 @@ def strategies_table(samples: Sequence[Sample]) -> Table:
     return Table(
         "B.12",
         "table-b.12-strategies",
-        "Parallelism strategies against ddp, per platform and world size (beyond the study)",
+        "Parallelism strategies against ddp, per model, platform and world size (beyond the study)",
         [
             "Strategy",
+            "Model",
             "Platform",
             "Configuration",
             "Epochs",
@@ -116,12 +159,13 @@ def strategies_table(samples: Sequence[Sample]) -> Table:
             "Step time: the trainer's steady-state (median) step, the first steps left out; peak memory: the "
             "busiest worker's, max_memory_allocated on a GPU, RSS on CPU; final accuracy: the last epoch's "
             "validation accuracy; each the mean over the group's runs (seeds).",
-            f"Ratios: this strategy's mean over {baseline_name}'s on the same platform, world size and "
-            f"epochs (— where that {baseline_name} group is not recorded). Min–max: fastest over slowest and "
-            "slowest over fastest run; then (n=…) the runs of this group and of the baseline's. "
+            f"Ratios: this strategy's mean over {baseline_name}'s on the same model, platform, world size "
+            f"and epochs (— where that {baseline_name} group is not recorded). Min–max: fastest over "
+            "slowest and slowest over fastest run; then (n=…) the runs of this group and of the baseline's. "
             "\"Within noise\": the two groups' runs overlap.",
         ],
     )
 
 
-__all__ = ["any_other_strategy", "by_strategy", "strategies_table"]
+__all__ = ["SizePoint", "any_other_strategy", "by_strategy", "model_size_rank", "size_lines",
+           "strategies_table"]

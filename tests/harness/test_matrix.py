@@ -121,8 +121,8 @@ def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
             "p.runs[0].gpu: unknown key; did you mean gpus?",
         ),
         (
-            "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0, nodes: 2}]",
-            "p.runs[0].nodes: unknown key; allowed: frameworks, strategies, gpus, epochs, seeds",
+            "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0, hosts: 2}]",
+            "p.runs[0].hosts: unknown key; allowed: frameworks, strategies, models, gpus, epochs, seeds",
         ),
         (
             "timeout: 60\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
@@ -390,8 +390,14 @@ def test_the_strategies_profile_runs_every_strategy_on_two_workers_and_horovod_d
     from trainer import strategies
 
     profile = matrix.load("strategies", max_gpus=2, device="cpu")
-    cells = list(profile)
-    assert {(c.gpus, c.epochs, c.seed) for c in cells} == {(2, 2, 0)}
+    every = list(profile)
+    assert {(c.gpus, c.epochs, c.seed) for c in every} == {(2, 2, 0)}
+    # One size up, under torchrun alone: every strategy again on bert-mini (Figure B.4's second point).
+    sized = [c for c in every if c.model]
+    assert {(c.framework, c.model) for c in sized} == {("ddp", "generated:bert-mini")}
+    assert [c.strategy for c in sized] == list(strategies.NAMES)
+    assert [c.key for c in sized][:2] == ["ddp-g2-e2-s0-bert-mini", "ddp-g2-e2-s0-zero1-bert-mini"]
+    cells = [c for c in every if not c.model]
     by_strategy = {name: {c.framework for c in cells if c.strategy == name} for name in strategies.NAMES}
     others = set(platforms.NAMES) - {"horovod"}
     expected = {name: others | ({"horovod"} if name == "ddp" else set()) for name in strategies.NAMES}
@@ -400,7 +406,7 @@ def test_the_strategies_profile_runs_every_strategy_on_two_workers_and_horovod_d
     smoke = {c.key: config_hash(c) for c in matrix.load("smoke") if c.gpus == 2}
     assert {c.key: config_hash(c) for c in cells if c.strategy == "ddp"} == smoke
     # No cell a platform refuses: the profile runs whole.
-    assert [c.key for c in cells if platforms.get(c.framework).strategy_refusal(c.strategy)] == []
+    assert [c.key for c in every if platforms.get(c.framework).strategy_refusal(c.strategy)] == []
 
 
 @pytest.mark.parametrize(
@@ -439,3 +445,74 @@ def test_a_model_of_unknown_shape_is_left_to_the_trainer(matrix_file):
     path = matrix_file("trainer: {model: some-lab/bert-wide}\n"
                        "runs: [{frameworks: ddp, strategies: tensor, gpus: 3, epochs: 1, seeds: 0}]")
     assert [c.key for c in matrix.load("p", path, device="cpu").cells] == ["ddp-g3-e1-s0-tensor"]
+
+
+# --- the models axis -----------------------------------------------------------------------------------
+
+
+def test_models_are_an_axis_whose_profile_model_cells_keep_their_keys_and_hashes(matrix_file):
+    """A run's models: beside the profile's trainer: model. The profile's own model's cells are the cells
+    without the axis (same key, same hash: recorded once); another model's key ends in its label, its
+    hash and trainer options name it, and each strategy's split is checked against its shape."""
+    trainer = "trainer: {model: 'generated:bert-tiny'}\n"
+    plain = matrix.load("p", matrix_file(trainer + "runs: [{frameworks: ddp, strategies: [ddp, tensor], "
+                                         "gpus: 2, epochs: 1, seeds: 0}]"), device="cpu").cells
+    path = matrix_file(trainer + "runs: [{frameworks: [ddp, ray], strategies: [ddp, tensor], models: "
+                       "['generated:bert-tiny', 'generated:bert-mini'], gpus: 2, epochs: 1, seeds: 0}]")
+    cells = matrix.load("p", path, device="cpu").cells
+    assert [c.key for c in cells] == [
+        "ddp-g2-e1-s0", "ray-g2-e1-s0", "ddp-g2-e1-s0-tensor", "ray-g2-e1-s0-tensor",
+        "ddp-g2-e1-s0-bert-mini", "ray-g2-e1-s0-bert-mini", "ddp-g2-e1-s0-tensor-bert-mini",
+        "ray-g2-e1-s0-tensor-bert-mini"]
+    tiny = {c.key: config_hash(c) for c in cells if not c.model}
+    assert {c.key: config_hash(c) for c in plain} == {k: v for k, v in tiny.items() if k.startswith("ddp")}
+    assert len({config_hash(c) for c in cells}) == len(cells)
+    mini = cells[-1]
+    assert mini.model == "generated:bert-mini" and trainer_options(mini)["model"] == "generated:bert-mini"
+    assert trainer_options(cells[0])["model"] == "generated:bert-tiny"
+    assert [c.key for c in matrix.load("p", path).select("ddp-bert-mini")] == [
+        "ddp-g2-e1-s0-bert-mini", "ddp-g2-e1-s0-tensor-bert-mini"]
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (
+            "runs: [{frameworks: ddp, models: ['generated:bert-mini', 'generated:bert-mini'], gpus: 1, "
+            "epochs: 1, seeds: 0}]",
+            "p.runs[0].models: each model once, got ['generated:bert-mini', 'generated:bert-mini']",
+        ),
+        (
+            "runs: [{frameworks: ddp, models: [], gpus: 1, epochs: 1, seeds: 0}]",
+            "p.runs[0].models: must be a non-empty list, got []",
+        ),
+        (
+            # Two models that one label would name: their cells' keys would collide.
+            "runs: [{frameworks: ddp, models: ['generated:bert-mini', 'prajjwal1/bert-mini'], gpus: 1, "
+            "epochs: 1, seeds: 0}]",
+            "p.runs[0].models: prajjwal1/bert-mini and generated:bert-mini would both be 'bert-mini' in cell "
+            "keys; keep one of them in this profile",
+        ),
+        (
+            "runs: [{frameworks: ddp, models: 'generated:bert-huge', gpus: 1, epochs: 1, seeds: 0}]",
+            "p.trainer.model: must be one of generated:bert-tiny, generated:bert-mini, generated:bert-small, "
+            "generated:bert-medium; got 'generated:bert-huge' (under runs[0]'s strategy ddp, model "
+            "generated:bert-huge)",
+        ),
+        (
+            # bert-tiny's 2 heads split over 2 workers; bert-mini's 4 layers do not go over 5 pipeline stages.
+            "trainer: {model: 'generated:bert-tiny'}\n"
+            "runs: [{frameworks: slurm, strategies: pipeline, models: ['generated:bert-tiny', "
+            "'generated:bert-mini'], gpus: [2, 5], epochs: 1, seeds: 0}]",
+            "p.runs[0]: cell slurm-g5-e1-s0-pipeline: strategy: pipeline puts at least one of the model's 2 "
+            "encoder layers on each of the 5 workers",
+        ),
+    ],
+)
+def test_a_bad_models_axis_fails_with_one_line_naming_the_file_and_key(matrix_file, body, message):
+    """Each refusal before anything starts; a model's own refusal names the run and the model."""
+    path = matrix_file(body)
+    with pytest.raises(DtlabError) as failure:
+        matrix.load("p", path, device="cpu")
+    text = str(failure.value)
+    assert text.startswith(f"{path}: profiles.") and message in text and "\n" not in text

@@ -23,11 +23,16 @@ RUNS = {
 }
 
 
-def _record(store: ResultStore, strategy: str, framework: str, seed: int, run: tuple) -> None:
+def _record(store: ResultStore, strategy: str, framework: str, seed: int, run: tuple,
+            model: str = "") -> None:
+    """One ok run; `model`: a run's models: entry ("" trains the profile's, prajjwal1/bert-tiny)."""
     time_s, step_s, rss_mb, accuracy = run
-    cell = Cell(framework, 2, 2, seed, "strategies", {"max_length": 64}, strategy=strategy)
+    options = {"max_length": 64} | ({"model": model} if model else {})
+    cell = Cell(framework, 2, 2, seed, "strategies", options, strategy=strategy, model=model)
     result = made_up_result(framework, 2, 2, seed, time_total_s=time_s, final_accuracy=accuracy, device="cpu")
     result["hyperparameters"]["strategy"] = strategy
+    if model:
+        result["hyperparameters"]["model"] = model
     result["steady_step_time_s"] = step_s
     result["peak_memory_mb"] = {"rss": rss_mb, "rss_per_rank": [rss_mb, rss_mb - 5], "cuda": None}
     store.record_ok(cell, result, Provenance(config_hash=f"{seed:016d}", git_rev=None, inventory="lab",
@@ -77,10 +82,11 @@ def test_table_b12_sets_each_strategy_beside_ddp_on_the_same_platform(stores, lo
     report = build_report(stores[1], profile="strategies")
     find = lookup(report)
     table = find.table("B.12")
-    assert [(row[0].text, row[1].text) for row in table.rows] == [
+    assert [(row[0].text, row[2].text) for row in table.rows] == [
         ("ddp", "PyTorch DDP"), ("ddp", "Ray Train"), ("zero1", "PyTorch DDP"), ("fsdp", "Ray Train")]
     zero1 = dict(zip(table.columns, [v.text for v in table.rows[2]], strict=True))
     assert zero1["Configuration"] == "2 workers (CPU)" and zero1["Runs"] == "3"
+    assert zero1["Model"] == "bert-tiny"
     assert zero1["Step time (ms)"] == "122.0" and zero1["Peak memory per worker (MB)"] == "810"
     assert zero1["Final accuracy"] == "0.8100"
     assert zero1["Step time ÷ ddp"] == "1.20×"  # 0.122 / 0.102
@@ -100,3 +106,55 @@ def test_the_strategies_section_renders_in_the_written_report(stores, tmp_path):
     assert list((tmp_path / "report").rglob("table-b.12-strategies.csv"))
     quiet = generate_report(stores[0], tmp_path / "ddp-report", profile="strategies")
     assert "Parallelism strategies against ddp" not in Path(quiet.markdown).read_text()
+
+
+# --- the models axis: Table B.12 per model, Figure B.4 ------------------------------------------------------
+
+# (strategy) -> per seed at generated:bert-mini, a run's models: entry beside the profile's bert-tiny
+MINI_RUNS = {
+    "ddp": [(80.0, 0.300, 2000.0, 0.85), (81.0, 0.310, 2010.0, 0.86)],
+    "zero1": [(90.0, 0.330, 1500.0, 0.85), (91.0, 0.336, 1510.0, 0.86)],
+}
+
+
+@pytest.fixture(scope="module")
+def sized_store(tmp_path_factory):
+    store = _store(tmp_path_factory.mktemp("sizes") / "store", {"ddp", "zero1"})
+    for strategy, runs in MINI_RUNS.items():
+        for seed, run in zip(SEEDS, runs, strict=False):
+            _record(store, strategy, "ddp", seed, run, model="generated:bert-mini")
+    return store
+
+
+def test_another_models_runs_stay_out_of_the_study_tables_and_are_their_own_b12_groups(stores, sized_store,
+                                                                                     lookup):
+    without = _store(Path(str(sized_store.root) + "-tiny-only"), {"ddp", "zero1"})
+    sized, tiny_only = (build_report(store, profile="strategies") for store in (sized_store, without))
+    assert _texts(sized.tables) == _texts(tiny_only.tables) and sized.groups == tiny_only.groups
+    table = lookup(sized).table("B.12")
+    rows = [dict(zip(table.columns, [v.text for v in row], strict=True)) for row in table.rows]
+    assert [(r["Strategy"], r["Model"], r["Platform"]) for r in rows] == [
+        ("ddp", "bert-tiny", "PyTorch DDP"), ("ddp", "bert-tiny", "Ray Train"),
+        ("zero1", "bert-tiny", "PyTorch DDP"), ("ddp", "bert-mini", "PyTorch DDP"),
+        ("zero1", "bert-mini", "PyTorch DDP")]
+    mini_zero1 = rows[-1]
+    assert mini_zero1["Runs"] == "2" and mini_zero1["Step time (ms)"] == "333.0"
+    assert mini_zero1["Step time ÷ ddp"] == "1.09×"  # 0.333 / 0.305: bert-mini's ddp, not bert-tiny's
+    assert mini_zero1["Memory ÷ ddp"] == "0.75×"  # 1505 / 2005
+    assert rows[2]["Step time ÷ ddp"] == "1.20×"  # bert-tiny's zero1 against bert-tiny's ddp, as before
+
+
+def test_figure_b4_draws_each_strategy_over_the_model_sizes_it_was_recorded_at(sized_store, tmp_path):
+    report = build_report(sized_store, profile="strategies")
+    assert list(report.size_lines) == [("ddp", "ddp", 2, 2), ("zero1", "ddp", 2, 2)]  # ray: one size only
+    ddp = report.size_lines[("ddp", "ddp", 2, 2)]
+    assert [p.model for p in ddp] == ["bert-tiny", "bert-mini"]
+    assert ddp[1].step_ms == pytest.approx((300.0, 310.0)) and ddp[1].memory_mb == (2000.0, 2010.0)
+    files = generate_report(sized_store, tmp_path / "report", profile="strategies")
+    markdown = Path(files.markdown).read_text()
+    assert "Figure B.4: step time and memory per worker as the model grows" in markdown
+    png = tmp_path / "report" / "figures" / "figure-b.4-model-sizes.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plain = generate_report(stores_without_sizes := _store(tmp_path / "plain", {"ddp", "zero1"}),
+                            tmp_path / "plain-report", profile="strategies")
+    assert stores_without_sizes.runs("ok") and "Figure B.4" not in Path(plain.markdown).read_text()

@@ -288,7 +288,7 @@ def test_a_version_1_store_is_read_as_is_and_upgraded_by_its_next_write_with_eve
     old = ResultStore(tmp_path / "old")
     old.root.mkdir(parents=True)
     v1_ddl = "\n".join(line for line in _DDL[0].splitlines()
-                       if not line.lstrip().startswith(("fault", "strategy")))
+                       if not line.lstrip().startswith(("fault", "strategy", "model")))
     with sqlite3.connect(old.db_path) as conn:
         conn.execute(v1_ddl)
         assert "fault" not in [row[1] for row in conn.execute("PRAGMA table_info(runs)")]
@@ -307,14 +307,15 @@ def test_a_version_1_store_is_read_as_is_and_upgraded_by_its_next_write_with_eve
     assert [(r.attempt, r.status, r.reason) for r in runs] == [(1, "failed", "boom"), (2, "ok", None)]
     assert [r.cell.strategy for r in runs] == ["ddp", "ddp"]
     with sqlite3.connect(old.db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 4
 
 
 def _version_2_store(root) -> ResultStore:
     """A store as dtlab wrote it before strategies: version 2, one faulted ok run, no strategy column."""
     old = ResultStore(root)
     old.root.mkdir(parents=True)
-    v2_ddl = "\n".join(line for line in _DDL[0].splitlines() if not line.lstrip().startswith("strategy"))
+    v2_ddl = "\n".join(line for line in _DDL[0].splitlines()
+                        if not line.lstrip().startswith(("strategy", "model")))
     faulted = Cell("ray", 2, 3, 7, "faults", {"max_length": 64}, fault="kill-after1")
     result = result_for(faulted)
     with sqlite3.connect(old.db_path) as conn:
@@ -347,8 +348,54 @@ def test_a_version_2_store_reads_as_ddp_and_its_next_write_adds_the_strategy_kee
         ("ray-g2-e3-s7-kill-after1", "ddp", 1), ("ray-g2-e3-s7-zero1-kill-after1", "zero1", 1)]
     assert runs[0] == read  # the old run, read back unchanged
     with sqlite3.connect(old.db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION
         assert conn.execute("SELECT strategy FROM runs ORDER BY id").fetchall() == [("ddp",), ("zero1",)]
+
+
+def test_a_version_3_store_reads_as_its_profiles_model_and_its_next_write_adds_the_model(tmp_path):
+    """Before the models axis (version 3): every run trained its profile's model; the first write adds
+    the column, and a cell of another model is its own key, hash and row."""
+    old = ResultStore(tmp_path / "v3")
+    old.root.mkdir(parents=True)
+    v3_ddl = "\n".join(line for line in _DDL[0].splitlines() if not line.lstrip().startswith("model"))
+    with sqlite3.connect(old.db_path) as conn:
+        conn.execute(v3_ddl)
+        conn.execute("INSERT INTO runs (cell_key, attempt, framework, gpus, epochs, seed, profile, "
+                     "trainer_config, config_hash, node_versions, status, reason, run_dir, recorded_at, "
+                     "strategy) VALUES ('ddp-g2-e3-s7-fsdp', 1, 'ddp', 2, 3, 7, 'smoke', '{}', ?, '{}', "
+                     "'failed', 'boom', 'runs/ddp-g2-e3-s7-fsdp/attempt-1', '2026-01-01T00:00:00Z', 'fsdp')",
+                     (HASH,))
+        conn.execute("PRAGMA user_version=3")
+    [read] = old.runs(status=None)
+    assert (read.cell.model, read.cell.strategy, read.cell.key) == ("", "fsdp", "ddp-g2-e3-s7-fsdp")
+    mini = Cell("ddp", 2, 3, 7, "smoke", {"max_length": 64, "model": "generated:bert-mini"}, strategy="fsdp",
+                model="generated:bert-mini")
+    result = result_for(mini)
+    result["hyperparameters"] |= {"strategy": "fsdp", "model": "generated:bert-mini"}
+    old.record_ok(mini, result, Provenance(config_hash=config_hash(mini), git_rev=None, inventory="lab"))
+    runs = old.runs(status=None)
+    assert [(r.cell.key, r.cell.model) for r in runs] == [
+        ("ddp-g2-e3-s7-fsdp", ""), ("ddp-g2-e3-s7-fsdp-bert-mini", "generated:bert-mini")]
+    assert runs[0] == read
+    with sqlite3.connect(old.db_path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 4
+        models = conn.execute("SELECT model FROM runs ORDER BY id").fetchall()
+        assert models == [("",), ("generated:bert-mini",)]
+
+
+def test_a_model_is_its_own_cell_key_and_hash_and_a_result_of_another_model_is_refused(tmp_path):
+    store = ResultStore(tmp_path / "store")
+    model = "prajjwal1/bert-mini"
+    mini = Cell("ddp", 2, 3, 7, "smoke", {"max_length": 64, "model": model}, model=model)
+    assert mini.key == "ddp-g2-e3-s7-bert-mini" and mini != CELL and config_hash(mini) != config_hash(CELL)
+    assert mini.undisturbed == mini and mini.to_dict()["model"] == "prajjwal1/bert-mini"
+    assert "model" not in CELL.to_dict()
+    result = result_for(mini)
+    result["hyperparameters"]["model"] = "prajjwal1/bert-tiny"
+    provenance = Provenance(config_hash=config_hash(mini), git_rev=None, inventory="lab")
+    with pytest.raises(DtlabError, match="model is 'prajjwal1/bert-tiny' but the cell has 'prajjwal1/"):
+        store.record_ok(mini, result, provenance)
+    assert not store.exists() or store.runs(status=None) == []
 
 
 def test_a_strategy_is_its_own_cell_key_and_hash_and_is_stored_per_run(tmp_path):
