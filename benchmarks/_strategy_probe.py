@@ -32,11 +32,11 @@ from torch.distributed.pipelining import stage as pipelining_stage  # noqa: E402
 
 from trainer.config import parse_args  # noqa: E402
 from trainer.core import TrainHooks, train  # noqa: E402
+from trainer.result import STEADY_STATE_SKIP_STEPS  # noqa: E402
 from trainer.strategies.pipeline import PipelineParallel  # noqa: E402
 
 PROFILE_AFTER_STEPS = 6  # past the first steps' allocations, inside the steady state result.json times
 PROFILED_STEPS = 3
-STEADY_AFTER_STEPS = 3  # as trainer.result's steady step time
 # Element sizes of the profiler's type names; a tensor list's type is not recorded (benchmarks run fp32).
 _ELEMENT_BYTES = {"float": 4, "double": 8, "long int": 8, "int": 4, "c10::BFloat16": 2, "c10::Half": 2,
                   "unsigned char": 1, "bool": 1, "signed char": 1}
@@ -124,7 +124,7 @@ class ProbeHooks(TrainHooks):
     def optimizer_step(self, scaler, optimizer):
         super().optimizer_step(scaler, optimizer)
         self.steps += 1
-        self.clock.counting = self.steps >= STEADY_AFTER_STEPS
+        self.clock.counting = self.steps >= STEADY_STATE_SKIP_STEPS  # as the result's steady step time
         self.profiler.step()
 
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 SCHEMA_PATH = Path(__file__).with_name("result_schema.json")
 RESULT_FILE_NAME = "result.json"
-_STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
+STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
 
 
 def speed_options_label(cfg: TrainConfig) -> str:
@@ -50,7 +50,7 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
     hostnames = list(dict.fromkeys(entry["host"] for entry in per_rank))
     train_time = sum(m["train_time_s"] for m in epoch_metrics)
     train_samples = sum(m["train_samples"] for m in epoch_metrics)
-    steady = step_times[_STEADY_STATE_SKIP_STEPS:] or step_times
+    steady = step_times[STEADY_STATE_SKIP_STEPS:] or step_times
     # The launcher's hooks name the framework unless the config names another one.
     framework = cfg.framework if cfg.framework != "ddp" else launcher_framework
     label = cfg.framework_label or (launcher_label if launcher_framework == framework else framework)
