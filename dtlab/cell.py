@@ -64,6 +64,11 @@ class Cell:
     # and the hash; "" for the profile's own `trainer: model`, so those cells keep their keys and hashes.
     model: str = ""
 
+    def __post_init__(self) -> None:
+        # One statement of the model: a models: cell trains it, whatever trainer_config was given.
+        if self.model and self.trainer_config.get("model") != self.model:
+            object.__setattr__(self, "trainer_config", {**self.trainer_config, "model": self.model})
+
     @property
     def key(self) -> str:
         """FRAMEWORK-gN-eE-sS[-STRATEGY][-MODEL][-FAULT]: ddp-g2-e2-s0, ddp-g2-e2-s0-fsdp,
@@ -117,7 +122,6 @@ def trainer_options(cell: Cell) -> dict[str, Any]:
         "seed": cell.seed,
         "framework": cell.framework,
         **({"strategy": cell.strategy} if cell.strategy != strategies.DEFAULT else {}),
-        **({"model": cell.model} if cell.model else {}),
     }
 
 

@@ -317,16 +317,14 @@ def _typed(path: Path, document: Any) -> Any:
     return {**document, "profiles": profiles}
 
 
-def _run_models(run: dict[str, Any], profile_model: str | None) -> list[str]:
+def _run_models(run: dict[str, Any], profile_model: str) -> list[str]:
     """A run's models as cells name them: "" for the profile's own (listed or not), else the model id."""
-    return [
-        "" if model == profile_model else model for model in _as_list(run.get(MODELS_KEY, profile_model))
-    ] or [""]
+    return ["" if model == profile_model else model for model in _as_list(run.get(MODELS_KEY, profile_model))]
 
 
-def _check_model_labels(where: str, profile_model: str | None, runs: list[dict[str, Any]]) -> None:
+def _check_model_labels(where: str, profile_model: str, runs: list[dict[str, Any]]) -> None:
     """Two models of one profile may not share a label (cell.model_label): their cells' keys would."""
-    seen: dict[str, str] = {model_label(profile_model): profile_model} if profile_model else {}
+    seen = {model_label(profile_model): profile_model}
     for index, run in enumerate(runs):
         for model in _as_list(run.get(MODELS_KEY, [])):
             other = seen.setdefault(model_label(model), model)
@@ -392,7 +390,7 @@ def _expand(
     profile: str,
     trainer_options: dict[str, Any],
     fault: Fault | None = None,
-    profile_model: str | None = None,
+    profile_model: str = _DEFAULT_MODEL,
 ) -> Iterator[Cell]:
     frameworks, gpus, epochs, seeds = (_as_list(run[key]) for key in RUN_KEYS)
     strategy_names = _as_list(run.get(STRATEGIES_KEY, strategies.DEFAULT))
@@ -408,7 +406,7 @@ def _expand(
             epochs=epoch_count,
             seed=seed,
             profile=profile,
-            trainer_config={**trainer_options, "model": model} if model else trainer_options,
+            trainer_config=trainer_options,  # Cell puts a models: entry's model in it
             strategy=strategy,
             model=model,
         )

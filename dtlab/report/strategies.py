@@ -71,15 +71,14 @@ def size_lines(samples: Sequence[Sample]) -> dict[SizeLineKey, list[SizePoint]]:
     """Figure B.4's lines: each (strategy, platform, world size, epochs) recorded at two or more model
     sizes, its points smallest model first. Empty when no run set sizes side by side."""
     lines: dict[SizeLineKey, list[SizePoint]] = defaultdict(list)
+    # by_strategy's order (smallest model first, then strategy) orders each line's points and the lines.
     for (strategy, model, framework, gpus, epochs), members in by_strategy(samples).items():
         lines[(strategy, framework, gpus, epochs)].append(SizePoint(
             model,
             tuple(s * 1000 for s in _known(m.step_time_s for m in members)),
             tuple(_known(m.peak_worker_mb for m in members)),
         ))
-    ordered = sorted(lines, key=lambda key: _order((key[0], "", *key[1:]))[1:])
-    return {key: sorted(lines[key], key=lambda point: model_size_rank(point.model))
-            for key in ordered if len(lines[key]) >= 2}
+    return {key: points for key, points in lines.items() if len(points) >= 2}
 
 
 def _mean(values: Sequence[float | None]) -> float | None:

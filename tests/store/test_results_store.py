@@ -389,6 +389,9 @@ def test_a_model_is_its_own_cell_key_and_hash_and_a_result_of_another_model_is_r
     mini = Cell("ddp", 2, 3, 7, "smoke", {"max_length": 64, "model": model}, model=model)
     assert mini.key == "ddp-g2-e3-s7-bert-mini" and mini != CELL and config_hash(mini) != config_hash(CELL)
     assert mini.undisturbed == mini and mini.to_dict()["model"] == "prajjwal1/bert-mini"
+    # The model is said once: a cell given it without the same trainer option trains and hashes it still.
+    bare = Cell("ddp", 2, 3, 7, "smoke", {"max_length": 64}, model=model)
+    assert bare.trainer_config["model"] == model and config_hash(bare) == config_hash(mini)
     assert "model" not in CELL.to_dict()
     result = result_for(mini)
     result["hyperparameters"]["model"] = "prajjwal1/bert-tiny"
