@@ -48,6 +48,7 @@ import json
 import os
 import shutil
 import sqlite3
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -323,7 +324,7 @@ class ResultStore:
         conn = sqlite3.connect(self.db_path, timeout=_BUSY_TIMEOUT_S, isolation_level=None)
         try:
             conn.row_factory = sqlite3.Row
-            conn.execute("PRAGMA journal_mode=WAL")
+            self._use_wal(conn)
             conn.execute("PRAGMA synchronous=FULL")
             if write:
                 conn.execute("BEGIN IMMEDIATE")
@@ -338,6 +339,23 @@ class ResultStore:
                 yield conn
         finally:
             conn.close()
+
+    @staticmethod
+    def _use_wal(conn: sqlite3.Connection) -> None:
+        """WAL is a property of the database file, switched on once. The switch needs the file alone and
+        fails at once, without SQLite's busy timeout, while another writer of a new store is mid-transaction
+        ("database is locked", seen with 4 writers at load 2): so it is retried until the busy timeout."""
+        deadline = time.monotonic() + _BUSY_TIMEOUT_S
+        while True:
+            try:
+                if conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal":
+                    return
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as error:
+                if "locked" not in str(error) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.05)
 
     @staticmethod
     def _ensure_schema(conn: sqlite3.Connection) -> None:
