@@ -221,7 +221,13 @@ def demo(name: str | None, faults: bool = False) -> list[CellOutcome]:
 # --- invoke test ---------------------------------------------------------------
 
 # lint-imports: the layer contracts in pyproject.toml ([tool.importlinter]), no import cycles.
-LINTERS = ("ruff check .", "lint-imports", "yamllint -s .", "ansible-lint --profile production --offline")
+ANSIBLE_LINT = "ansible-lint --profile production --offline"
+LINTERS = ("ruff check .", "lint-imports", "yamllint -s .", ANSIBLE_LINT)
+# ansible-lint takes a minute of CPU (a syntax check per playbook and role), most of --fast's lint on 2
+# cores, and the inner loop seldom touches Ansible. A pass is kept for the exact files it may read and its
+# version; --fast skips it until one of them changes. The whole suite (CI's command) always runs it.
+ANSIBLE_LINT_PASSED = paths.STATE_DIR / "ansible-lint.passed"
+ANSIBLE_LINT_CONFIG = paths.REPO_ROOT / ".ansible-lint"
 # The inner loop: no lab, no Spark cluster, nothing marked slow, the tests on every core (pytest-xdist).
 FAST_TESTS = "-m 'not lab and not slow' -n auto"
 # The whole suite is one pytest process: the lab's tests share one lab and its converge, in order. Tried
@@ -236,16 +242,54 @@ FAST_TESTS = "-m 'not lab and not slow' -n auto"
 FULL_SUITE_BASETEMP = paths.STATE_DIR / "pytest-full"
 
 
+def ansible_lint_inputs_digest() -> str | None:
+    """A digest of every file ansible-lint may read (git's tracked and untracked, not ignored, files outside
+    .ansible-lint's exclude_paths) and of its own and ansible-core's versions; None outside a git checkout."""
+    import fnmatch
+    import hashlib
+    import importlib.metadata
+    import subprocess
+
+    import yaml
+
+    try:
+        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                                cwd=paths.REPO_ROOT, capture_output=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    excluded = yaml.safe_load(ANSIBLE_LINT_CONFIG.read_text()).get("exclude_paths", [])
+    digest = hashlib.sha256()
+    for package in ("ansible-lint", "ansible-core"):
+        digest.update(f"{package}=={importlib.metadata.version(package)}\0".encode())
+    for name in sorted(set(listed.decode().split("\0")) - {""}):
+        if any(name.startswith(pattern) or fnmatch.fnmatch(name, pattern) for pattern in excluded):
+            continue
+        path = paths.REPO_ROOT / name
+        if path.is_file():  # a tracked file deleted in the work tree is not read
+            digest.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def run_tests(c, *, lint: bool, fast: bool, pytest_args: str) -> bool:
     """pytest (the whole suite, or --fast's inner loop) with the linters beside it; True when everything
     passed. `c` is the invoke Context."""
-    linting = c.run(" && ".join(LINTERS), asynchronous=True, hide=True, warn=True) if lint else None
+    linters = list(LINTERS)
+    lint_inputs = ansible_lint_inputs_digest() if lint else None
+    kept_pass = ANSIBLE_LINT_PASSED.read_text() if ANSIBLE_LINT_PASSED.is_file() else None
+    if fast and lint_inputs and kept_pass == lint_inputs:
+        linters.remove(ANSIBLE_LINT)
+        print("ansible-lint: not run, it passed on these same files before (--fast keeps a pass; "
+              "the whole suite always runs it)")
+    linting = c.run(" && ".join(linters), asynchronous=True, hide=True, warn=True) if lint else None
     selection = FAST_TESTS if fast else f"--basetemp={FULL_SUITE_BASETEMP}"
     passed = c.run(f"pytest {selection} {pytest_args}".strip(), echo=True, pty=False, warn=True).ok
     if linting is not None:
         linted = linting.join()
-        print(f"lint ({' && '.join(LINTERS)}): {'passed' if linted.ok else 'FAILED'}")
+        print(f"lint ({' && '.join(linters)}): {'passed' if linted.ok else 'FAILED'}")
         if not linted.ok:
             print(linted.stdout + linted.stderr, end="")
+        elif ANSIBLE_LINT in linters and lint_inputs:
+            ANSIBLE_LINT_PASSED.parent.mkdir(parents=True, exist_ok=True)
+            ANSIBLE_LINT_PASSED.write_text(lint_inputs)
         passed = passed and linted.ok
     return passed

@@ -102,6 +102,7 @@ def test_wait_names_the_empty_body_when_the_deadline_passes(waiting_cluster):
                                  " (Expecting value: line 1 column 1 (char 0))")
 
 
+@pytest.mark.slow
 def test_wait_names_missing_workers_and_a_refused_connection(waiting_cluster):
     cluster, answer = waiting_cluster
     answer(json.dumps({"workers": [{"state": "DEAD"}]}))

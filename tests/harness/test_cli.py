@@ -250,6 +250,52 @@ def test_the_whole_suite_keeps_its_temporary_files_where_a_quick_run_beside_it_c
     assert Path((tmp_path / "where.txt").read_text()).is_relative_to(full_suite_temp)
 
 
+def test_fast_skips_ansible_lint_only_while_the_files_it_passed_on_are_unchanged(tmp_path, monkeypatch):
+    from invoke import Config, Context
+
+    from dtlab import commands, paths
+
+    # A checkout of its own: a role ansible-lint reads, a test file it excludes, an ignored file.
+    repo = tmp_path / "repo"
+    (repo / "roles/r/tasks").mkdir(parents=True)
+    (repo / "tests").mkdir()
+    (repo / ".ansible-lint").write_text("exclude_paths:\n  - tests/\n")
+    (repo / ".gitignore").write_text("scratch/\n")
+    (repo / "roles/r/tasks/main.yml").write_text("---\n- name: One\n  ansible.builtin.debug:\n")
+    (repo / "tests/test_one.py").write_text("def test_one():\n    assert True\n")
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=60)
+    subprocess.run(["git", "-C", str(repo), "add", "."], check=True, timeout=60)
+    ran = tmp_path / "ansible-lint-ran"
+    monkeypatch.setattr(paths, "REPO_ROOT", repo)
+    monkeypatch.setattr(commands, "ANSIBLE_LINT_CONFIG", repo / ".ansible-lint")
+    monkeypatch.setattr(commands, "ANSIBLE_LINT_PASSED", tmp_path / "state" / "ansible-lint.passed")
+    monkeypatch.setattr(commands, "ANSIBLE_LINT", f"touch {ran}")  # stands in for the minute-long linter
+    monkeypatch.setattr(commands, "LINTERS", ("true", commands.ANSIBLE_LINT))
+    stand_in_bin = tmp_path / "bin"  # pytest itself is not what is tested: a stand-in that passes
+    stand_in_bin.mkdir()
+    (stand_in_bin / "pytest").write_text("#!/bin/sh\nexit 0\n")
+    (stand_in_bin / "pytest").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{stand_in_bin}:{os.environ['PATH']}")
+    quiet = Context(Config(overrides={"run": {"in_stream": False, "hide": True}}))
+
+    def fast_run_lints() -> bool:
+        ran.unlink(missing_ok=True)
+        assert commands.run_tests(quiet, lint=True, fast=True, pytest_args="")
+        return ran.exists()
+
+    assert fast_run_lints(), "no pass kept yet"
+    assert not fast_run_lints(), "the same files passed before"
+    (repo / "tests/test_one.py").write_text("def test_one():\n    assert 1\n")
+    (repo / "scratch").mkdir()
+    (repo / "scratch/notes.yml").write_text("x: 1\n")
+    assert not fast_run_lints(), "an excluded and an ignored file are not ansible-lint's"
+    (repo / "roles/r/tasks/extra.yml").write_text("---\n")
+    assert fast_run_lints(), "a new, untracked role file is read"
+    ran.unlink()
+    assert commands.run_tests(quiet, lint=True, fast=False, pytest_args="")
+    assert ran.exists(), "the whole suite always lints"
+
+
 def test_a_task_that_draws_nothing_does_not_import_matplotlib():
     # matplotlib takes most of an `invoke` task's start-up (0.8 of 1.3 s); only drawing a figure needs it.
     probe = "import sys, dtlab.commands; print('matplotlib' in sys.modules)"

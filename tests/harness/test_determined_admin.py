@@ -67,6 +67,7 @@ def render_master_yaml(tmp_path: Path, inventory: Path) -> dict:
     return yaml.safe_load(dest.read_text())
 
 
+@pytest.mark.slow
 def test_the_harness_password_is_the_one_rendered_into_master_yaml(tmp_path):
     inventory = write_cluster(tmp_path)
     master_yaml = render_master_yaml(tmp_path, inventory)
@@ -80,6 +81,7 @@ def test_the_harness_password_is_the_one_rendered_into_master_yaml(tmp_path):
     assert render_master_yaml(tmp_path, inventory)["security"]["initial_user_password"] == password
 
 
+@pytest.mark.slow
 def test_master_yaml_gives_hand_submitted_trials_the_inventorys_trial_image(tmp_path):
     inventory = write_cluster(tmp_path)
     (inventory.parent / "group_vars" / "all" / "site.yml").write_text(

@@ -334,6 +334,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_the_probe_measures_each_size_between_two_ranks_and_checks_the_sum():
     port = _free_port()
     ranks = [_probe(rank, port) for rank in (0, 1)]
@@ -348,6 +349,7 @@ def test_the_probe_measures_each_size_between_two_ranks_and_checks_the_sum():
         assert entry["algbw_bytes_per_s"] == pytest.approx(entry["bytes"] / entry["seconds"])
 
 
+@pytest.mark.slow
 def test_a_probe_whose_peer_never_comes_says_why_in_one_json_line_and_exits_3():
     alone = _probe(1, _free_port(), "--timeout", "1")
     output, _ = alone.communicate(timeout=120)

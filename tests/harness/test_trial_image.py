@@ -212,6 +212,7 @@ def test_the_controllers_venv_holds_every_pin_so_pip_has_nothing_to_fetch_offlin
     assert found.ok and "nothing to fetch" in found.detail, found.detail
 
 
+@pytest.mark.slow
 def test_a_bare_python_with_pip_would_install_the_pins_and_one_without_pip_is_refused(probe_dir, tmp_path):
     base = Path(sys.base_prefix) / "bin" / "python3"
     subprocess.run([str(base), "-m", "venv", str(tmp_path / "bare")], check=True, timeout=180)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from dtlab import paths, probes, remote
 
 VENV = paths.REPO_ROOT / ".venv"
@@ -42,6 +44,7 @@ def harness_fingerprint(venv: Path, cwd: Path) -> dict:
     return probes.parse_fingerprint(result)
 
 
+@pytest.mark.slow
 def test_the_role_and_the_harness_fingerprint_a_venv_alike(tmp_path):
     role = role_fingerprint(tmp_path, VENV)
     harness = harness_fingerprint(VENV, tmp_path)
@@ -52,6 +55,7 @@ def test_the_role_and_the_harness_fingerprint_a_venv_alike(tmp_path):
     assert len(harness["freeze_sha"]) == 16 and int(harness["freeze_sha"], 16) >= 0
 
 
+@pytest.mark.slow
 def test_the_fingerprint_is_the_venvs_not_the_callers(tmp_path):
     """Another venv answers differently; a package lying in the working directory counts for nothing."""
     bare = tmp_path / "bare"

@@ -48,6 +48,7 @@ def resolve(hosts_file, name):
     return answer.stdout.split()[0]
 
 
+@pytest.mark.slow
 def test_the_node_name_resolves_to_its_cluster_address_not_127_0_1_1(tmp_path):
     hosts_file = tmp_path / "hosts"
     hosts_file.write_text(UBUNTU_INSTALLER_HOSTS)

@@ -48,6 +48,7 @@ def playbook(tmp_path, inventory, name, *extra):
                           cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=300, env=env)
 
 
+@pytest.mark.slow
 def test_the_study_cluster_gets_the_cu126_extra_index(tmp_path):
     gtx = (["NVIDIA GeForce GTX 1060 3GB"], ["6.1"])
     result = playbook(tmp_path, inventory_with(tmp_path, {"node0": gtx, "node1": gtx}), "torch_build.yml")
@@ -236,6 +237,7 @@ def role_parts(tmp_path_factory):
     return by_task, tmp
 
 
+@pytest.mark.slow
 def test_the_running_kernels_metapackage_names_the_headers_ga_and_hwe(role_parts):
     by_task, _ = role_parts
     plans = {host: json.loads(result["msg"].removeprefix("PLAN "))

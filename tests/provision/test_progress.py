@@ -9,6 +9,7 @@ import pytest
 from dtlab import paths, provision
 
 
+@pytest.mark.slow
 def test_converge_reports_each_play_task_and_outcome_as_it_runs(tmp_path):
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(textwrap.dedent("""\
@@ -170,6 +171,7 @@ def test_the_record_holds_seconds_per_role_and_whether_anything_changed(tmp_path
     assert sorted(p.name for p in (tmp_path / "provision").iterdir()) == sorted([path.name, again.name])
 
 
+@pytest.mark.slow
 def test_a_real_run_times_its_roles_and_records_nothing_but_site_yml(tmp_path):
     inventory = tmp_path / "hosts.yml"
     inventory.write_text(textwrap.dedent("""\

@@ -167,6 +167,7 @@ def test_role_declares_every_variable_it_reads(role):
     assert not unread, f"{role}: meta/argument_specs.yml declares {sorted(unread)}, which it never reads"
 
 
+@pytest.mark.slow
 def test_a_tagged_run_validates_every_role_without_facts(tmp_path):
     """`--tags <stage>` still checks every role's arguments (the check is tagged always), in plays whose fact
     gathering it skips: every declared variable must render without facts (READ_FROM_FACTS is why one is

@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 import torch
 
 from trainer.config import TrainConfig
@@ -48,6 +49,7 @@ def test_wordpiece_tokenizer_knows_the_words(make_config):
     assert tokenizer.token_to_id("[PAD]") == 0  # BERT's pad_token_id
 
 
+@pytest.mark.slow
 def test_generated_tokenizer_is_the_same_bytes_in_every_process(make_config):
     # Trained WordPiece differed between processes (hash-map order); ranks on different nodes and reruns
     # must tokenize alike, so the generated tokenizer is built from the generator's sorted word list.
@@ -83,6 +85,7 @@ def _tokenize_in_child(cfg_values: dict) -> tuple[int, int]:
     return len(built), int(np.asarray(splits["train"].ids, dtype=np.int64).sum())
 
 
+@pytest.mark.slow
 def test_token_cache_is_safe_for_workers_starting_together(make_config, tmp_path):
     cfg = make_config(cache_dir=str(tmp_path / "cache"), generated_train_size=2000)
     with multiprocessing.get_context("spawn").Pool(2) as pool:

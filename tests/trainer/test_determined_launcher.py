@@ -56,6 +56,7 @@ def test_preempted_run_checkpoints_exits_cleanly_and_resumes(make_config, tmp_pa
     assert len(list(checkpoints.glob("*/metadata.json"))) == 2
 
 
+@pytest.mark.slow
 def test_label_cannot_claim_a_cluster_run(make_config, tmp_path, core_api_ports):
     """A plain process (no torchrun) off-cluster, even when the config asks for another label."""
     cfg = make_config(epochs=1, framework_label="determined (cluster)", **SMALL)

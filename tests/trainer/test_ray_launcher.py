@@ -152,6 +152,7 @@ def test_a_run_ray_gives_up_on_ends_with_one_line(ray_cluster, torchrun_referenc
     assert not (tmp_path / "out" / "result.json").exists()
 
 
+@pytest.mark.slow
 def test_cluster_processes_are_stopped_by_pid():
     """The fixture's cluster ends with nothing left behind, without `ray stop`."""
     cluster = RayCluster(workers=1)
@@ -162,6 +163,7 @@ def test_cluster_processes_are_stopped_by_pid():
     assert not cluster.scratch.exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("argv", "line"), [
     (["--num-workers", "0", "--address", "127.0.0.1:1"],
      "argument --num-workers: must be an integer >= 1, got 0 (--help lists the flags)"),

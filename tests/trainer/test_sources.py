@@ -40,6 +40,7 @@ def test_local_model_directory_and_staged_dataset(make_config, staged, dataset):
     assert 0 < accuracy <= 1 and (accuracy * 64) == pytest.approx(round(accuracy * 64))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("flags", "message"), [
     (["--model", "prajjwal1/bert-tiny", "--dataset", "generated"],
      "trainer: error: model: cannot load the tokenizer of prajjwal1/bert-tiny"),

@@ -92,6 +92,7 @@ def test_sparse_embedding_sync_is_refused_with_another_strategy(make_config, str
         make_config(strategy=strategy, sparse_embedding_sync=True)
 
 
+@pytest.mark.slow
 def test_tensor_parallelism_over_workers_that_do_not_divide_the_heads_is_refused_in_one_line(
         make_config, tmp_path):
     # A BERT with 3 heads, staged as a local model directory, over 2 workers (this machine refuses more

@@ -13,6 +13,8 @@ from trainer.config import GENERATED_MODEL_SHAPES, TrainConfig
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import strategies as strategies_benchmark  # noqa: E402
 
+pytestmark = pytest.mark.slow  # three 2-worker profiled runs (~50 s)
+
 WORKERS, BATCH, WIDTH = 2, 4, 32
 STEPS = 10  # the probe profiles steps 7 to 9
 

@@ -134,6 +134,7 @@ def test_a_rank_whose_node_holds_the_newest_checkpoint_is_the_one_every_rank_res
     assert sorted(p.name for p in (tmp_path / "out" / progress.RANKS_DIR).iterdir()) == ["0.pid", "1.pid"]
 
 
+@pytest.mark.slow
 def test_the_harness_agent_is_torchrun_with_its_output_and_exit_status(tmp_path):
     """dtlab starts torchrun as trainer.launchers.agent (no collection at exit): same output and status."""
     import sys
