@@ -44,6 +44,7 @@ def baseline_tree(rev: str, scratch: Path) -> Path:
 
 
 def timed_run(tree: Path, args: list[str]) -> tuple[float, bool, str]:
+    """(seconds, passed, pytest's summary line, or on a failure also the lines that say why)."""
     # PYTHONPATH first: the venv's editable install of dtlab points at this tree, not the worktree.
     env = {**os.environ, "PYTHONPATH": str(tree)}
     started = time.monotonic()
@@ -51,7 +52,12 @@ def timed_run(tree: Path, args: list[str]) -> tuple[float, bool, str]:
                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     summary = next((line for line in reversed(finished.stdout.splitlines()) if " in " in line and
                     ("passed" in line or "failed" in line)), "(no pytest summary)")
-    return time.monotonic() - started, finished.returncode == 0, summary.strip("= ")
+    summary = summary.strip("= ")
+    if finished.returncode != 0:  # the failing test or linter, so a failed round is never a silent one
+        lines = finished.stdout.splitlines()
+        why = [line for line in lines if line.startswith(("FAILED", "ERROR", "lint ("))]
+        summary += "\n    " + "\n    ".join(why[:5] + lines[-3:])
+    return time.monotonic() - started, finished.returncode == 0, summary
 
 
 def spread(values: list[float]) -> str:
@@ -62,7 +68,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--baseline", required=True, help="the commit to compare with (e.g. HEAD~3)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds, each runs every contender once (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="each runs every contender once (default 3)")
     parser.add_argument("--args", default="--fast", help="what follows `invoke test` (default: --fast)")
     arguments = parser.parse_args()
     if arguments.rounds < 1:
