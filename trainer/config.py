@@ -128,6 +128,8 @@ class TrainConfig:
     deterministic: bool = hashed_if_set(False)  # torch.use_deterministic_algorithms: bit-exact reruns on CUDA
     # dtlab's opt-in: all-reduce only the touched embedding rows
     sparse_embedding_sync: bool = hashed_if_set(False)
+    # DDP told that every step runs the same graph (static_graph): stock DDP set up at its best on CPU
+    ddp_static_graph: bool = hashed_if_set(False)
     # --- where things go ---
     output_dir: str = not_hashed("out")
     checkpoint_dir: str | None = not_hashed(None)  # None = no checkpoints
@@ -149,9 +151,13 @@ class TrainConfig:
         if self.device == "cpu" and self.compile == "reduce-overhead":
             raise ConfigError("compile: reduce-overhead captures CUDA graphs and is CUDA-only; "
                               "use default or no on cpu")
-        if self.sparse_embedding_sync and self.strategy != strategies.DEFAULT:
-            raise ConfigError(f"sparse_embedding_sync: an optimisation of strategy {strategies.DEFAULT}'s "
-                              f"gradient all-reduce, not of {self.strategy}; set it to false")
+        for key in ("sparse_embedding_sync", "ddp_static_graph"):
+            if getattr(self, key) and self.strategy != strategies.DEFAULT:
+                raise ConfigError(f"{key}: an optimisation of strategy {strategies.DEFAULT}'s gradient "
+                                  f"all-reduce, not of {self.strategy}; set it to false")
+        if self.sparse_embedding_sync and self.ddp_static_graph:
+            raise ConfigError("ddp_static_graph: not measured or tested together with sparse_embedding_sync "
+                              "(which takes the word embeddings out of DDP); set one of them to false")
         for key in ("pipeline_schedule", "microbatches"):
             if self.strategy != "pipeline" and getattr(self, key) != _FIELDS[key].default:
                 raise ConfigError(f"{key}: an option of strategy pipeline, not of {self.strategy}; "
@@ -326,6 +332,8 @@ _HELP = {
     "deterministic": "deterministic CUDA kernels (torch.use_deterministic_algorithms), for bit-exact reruns",
     "sparse_embedding_sync": "not stock DDP: all-reduce only the word-embedding rows the batches touched "
                              "(a dtlab optimisation, labelled in results)",
+    "ddp_static_graph": "stock DDP told the graph is the same every step (static_graph=True), which lets it "
+                        "plan its all-reduce once; the same numbers, labelled in results",
     "output_dir": "where rank 0 writes result.json",
     "checkpoint_dir": "per-epoch checkpoints and resume (null/none = off)",
     "cache_dir": "tokenized-split cache shared by runs (default: <output_dir>/../token-cache)",

@@ -169,9 +169,10 @@ class _Run:
             raise ConfigError(f"strategy: {cfg.strategy} cannot run under {self.hooks.framework_label}, "
                               "whose optimizer averages every gradient itself; "
                               f"use strategy {strategies.DEFAULT}")
-        if self.hooks.syncs_gradients and cfg.sparse_embedding_sync:
-            raise ConfigError(f"sparse_embedding_sync: a DDP optimisation; {self.hooks.framework_label} "
-                              "averages every gradient itself: set it to false")
+        for key in ("sparse_embedding_sync", "ddp_static_graph"):
+            if self.hooks.syncs_gradients and getattr(cfg, key):
+                raise ConfigError(f"{key}: a DDP optimisation; {self.hooks.framework_label} "
+                                  "averages every gradient itself: set it to false")
         if cfg.sparse_embedding_sync and self.world_size > 1:
             # dtlab's opt-in optimisation, not stock DDP: the word-embedding gradient (90% of bert-tiny's)
             # is zero outside the batch's tokens, so we average only those rows ourselves

@@ -32,6 +32,7 @@ def speed_options_label(cfg: TrainConfig) -> str:
     """The options beyond the study's protocol, as the report shows them beside the framework."""
     label = f" + strategy {cfg.strategy}" if cfg.strategy != strategies.DEFAULT else ""
     label += " + sparse embedding sync (dtlab)" if cfg.sparse_embedding_sync else ""
+    label += " + DDP static graph" if cfg.ddp_static_graph else ""
     return label + (f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else "")
 
 
@@ -77,6 +78,7 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
             "compile": cfg.compile,
             "pad_to_multiple_of": pad_multiple,
             "sparse_embedding_sync": cfg.sparse_embedding_sync,
+            **({"ddp_static_graph": True} if cfg.ddp_static_graph else {}),  # results before it had none
             "strategy": cfg.strategy,
             **_pipeline_options(cfg, world_size),
         },

@@ -73,11 +73,12 @@ def test_two_ranks_under_horovodrun_train_exactly_as_ddp_does(horovod_env, tmp_p
         assert [m[key] for m in horovod["epoch_metrics"]] == [m[key] for m in ddp["epoch_metrics"]], key
 
 
-def test_a_ddp_only_option_is_refused_in_one_line(horovod_env, make_config, tmp_path):
-    config = write_config(make_config(sparse_embedding_sync=True), tmp_path / "sparse.yml")
+@pytest.mark.parametrize("option", ["sparse_embedding_sync", "ddp_static_graph"])
+def test_a_ddp_only_option_is_refused_in_one_line(horovod_env, make_config, tmp_path, option):
+    config = write_config(make_config(**{option: True}), tmp_path / "ddp-option.yml")
     done = subprocess.run([sys.executable, "-m", "trainer.launchers.horovod", "--config", str(config)],
                           env=horovod_env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines()[-1] == (
-        "python -m trainer.launchers.horovod: error: sparse_embedding_sync: a DDP optimisation; horovod "
+        f"python -m trainer.launchers.horovod: error: {option}: a DDP optimisation; horovod "
         "(horovodrun, Gloo) averages every gradient itself: set it to false")

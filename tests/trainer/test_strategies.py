@@ -85,11 +85,18 @@ def test_an_unknown_strategy_is_refused_in_one_line(tmp_path):
         "got 'zero3'")
 
 
+@pytest.mark.parametrize("option", ["sparse_embedding_sync", "ddp_static_graph"])
 @pytest.mark.parametrize("strategy", SHARDING)
-def test_sparse_embedding_sync_is_refused_with_another_strategy(make_config, strategy):
-    with pytest.raises(ConfigError, match=f"^sparse_embedding_sync: an optimisation of strategy ddp's "
+def test_a_ddp_option_is_refused_with_another_strategy(make_config, strategy, option):
+    with pytest.raises(ConfigError, match=f"^{option}: an optimisation of strategy ddp's "
                                           f"gradient all-reduce, not of {strategy}; set it to false$"):
-        make_config(strategy=strategy, sparse_embedding_sync=True)
+        make_config(strategy=strategy, **{option: True})
+
+
+def test_the_two_ddp_options_are_refused_together(make_config):
+    with pytest.raises(ConfigError, match="^ddp_static_graph: not measured or tested together with "
+                                          "sparse_embedding_sync"):
+        make_config(sparse_embedding_sync=True, ddp_static_graph=True)
 
 
 @pytest.mark.slow

@@ -87,6 +87,26 @@ def test_sparse_embedding_sync_is_opt_in_labelled_and_matches_stock_ddp(make_con
     assert max_weight_difference(weights[True], weights[False]) < 1e-5
 
 
+@pytest.mark.slow  # two 2-worker runs
+def test_ddp_static_graph_is_labelled_and_trains_to_stock_ddps_weights(make_config, tmp_path):
+    # static_graph changes when DDP plans its buckets, not what it averages: the same weights.
+    shared = dict(optimizer="sgd", learning_rate=0.5, warmup_steps=0, dropout=0.0, epochs=1,
+                  generated_train_size=128)
+    weights, results = {}, {}
+    for static in (False, True):
+        out, ckpt = tmp_path / f"out-{static}", tmp_path / f"ckpt-{static}"
+        cfg = make_config(**shared, ddp_static_graph=static, output_dir=str(out), checkpoint_dir=str(ckpt))
+        run(torchrun_command(2, "--config", str(write_config(cfg, tmp_path / f"run-{static}.yml"))))
+        weights[static] = final_weights(ckpt, 1)
+        results[static] = json.loads((out / "result.json").read_text())
+    assert [r["framework_label"] for r in results.values()] == [
+        "ddp (torchrun)", "ddp (torchrun) + DDP static graph"]
+    assert "ddp_static_graph" not in results[False]["hyperparameters"]
+    assert results[True]["hyperparameters"]["ddp_static_graph"] is True
+    assert results[True]["config_hash"] != results[False]["config_hash"]
+    assert max_weight_difference(weights[True], weights[False]) < 1e-6
+
+
 def test_one_worker_runs_stock_ddp_as_torchrun_would(make_config):
     from trainer.core import prepared
 

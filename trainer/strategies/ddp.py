@@ -17,7 +17,8 @@ class DataParallel(Strategy):
             return hooks.wrap_model(model)
         # Stock DDP at every world size, 1 included: the study's 1-GPU baseline ran DDP under torchrun.
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids)
+        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
+                                                         static_graph=hooks.cfg.ddp_static_graph)
 
     def full_state(self, optimizer):
         if self.rank != 0:  # every rank holds the same state; rank 0's is the one written
