@@ -390,7 +390,8 @@ def build_report(
     # A resumed run's time misses what the interruption cost (the lost epochs, the restart): only
     # undisturbed runs go into the tables and the figure, and the notes name the ones left out.
     resumed = [run for run in ok_runs if run.result.get("resumed_from_epoch")]
-    undisturbed = [run for run in ok_runs if not run.result.get("resumed_from_epoch")]
+    undisturbed, other_setup = newest_setup_only(
+        [run for run in ok_runs if not run.result.get("resumed_from_epoch")])
     samples = [Sample.from_run(run) for run in undisturbed]
     # The study's tables compare the platforms at the default strategy (ddp) on the profile's model, as
     # the study ran them; other strategies and a run's models: are set beside it in their own table
@@ -437,6 +438,10 @@ def build_report(
         notes.append(f"Left out of the tables and the figure: runs resumed from a checkpoint, whose time "
                      f"misses what the interruption cost ({', '.join(sorted(r.cell_key for r in resumed))}); "
                      "Table B.4 shows their whole cost.")
+    if other_setup:
+        named = ", ".join(f"{run.cell_key} ({run.result['framework_label']})" for run in other_setup)
+        notes.append(f"Left out of every table: runs recorded with another setup than their group's newest "
+                      f"runs, so that no mean mixes a platform's default setup with another: {named}.")
     if short is not None and short != 20:
         notes.append(
             f"This cluster's short runs have {short} epochs, the study's 20: whole-run times are "
@@ -471,3 +476,16 @@ def build_report(
 
 
 __all__ = ["EmptyStoreError", "Report", "Value", "build_report", "build_study_report", "choose_profile"]
+
+
+def newest_setup_only(runs: list[Run]) -> tuple[list[Run], list[Run]]:
+    """(kept, left out): in each group of runs (framework, GPUs, epochs, strategy, model), the runs whose
+    framework_label is the newest run's. The label names the setup (the launcher, and options beyond the
+    study's protocol such as ' + DDP static graph'), so a profile's runs from before and after a change of
+    its trainer options never share a mean (a partly rerun matrix would otherwise mix them)."""
+    def group_of(run: Run) -> tuple:
+        return run.cell.framework, run.cell.gpus, run.cell.epochs, run.cell.strategy, run.cell.model
+
+    newest_label = {group_of(run): run.result["framework_label"] for run in sorted(runs, key=lambda r: r.id)}
+    kept = [run for run in runs if run.result["framework_label"] == newest_label[group_of(run)]]
+    return kept, [run for run in runs if run.result["framework_label"] != newest_label[group_of(run)]]

@@ -350,3 +350,28 @@ def test_a_stored_run_that_lacks_a_field_is_named_and_left_out_not_a_crash(tmp_p
     assert "ddp-g1-e20-s2 attempt 2" in note and "epoch_metrics" in note, note
     # Seed 2's newest readable attempt stands in the tables, beside seed 1.
     assert lookup(report).rows("5.1", "1 GPU", "20")[0][2:4] == ["2", "710.00"]
+
+
+def test_runs_of_another_setup_never_share_a_mean_with_their_groups_newest(tmp_path, lookup):
+    # A profile whose trainer options changed mid-matrix: seeds 1 and 2 were rerun with DDP's static graph,
+    # seed 3 was not. The group's mean is the newest setup's alone, and the note names the run left out.
+    store = ResultStore(tmp_path / "results")
+    for seed in (1, 2, 3):
+        record(store, Cell("ddp", 2, 20, seed), time_total_s=500.0, final_accuracy=0.80,
+               framework_label="ddp (torchrun)")
+    for seed in (1, 2):
+        record(store, Cell("ddp", 2, 20, seed), time_total_s=400.0, final_accuracy=0.81,
+               framework_label="ddp (torchrun) + DDP static graph")
+    report = build_report(store)
+    look = lookup(report)
+    assert look.rows("5.1", "2 GPUs", "20")[0][2:5] == ["2", "400.00", "0.00"]
+    [note] = [n for n in report.notes if n.startswith("Left out of every table: runs recorded with another")]
+    assert note.endswith(": ddp-g2-e20-s3 (ddp (torchrun)).")
+    assert [label for label, _, _ in report.run_labels] == ["ddp (torchrun) + DDP static graph"]
+    # Without the rerun, the three runs of one setup make the mean, and nothing is left out.
+    again = ResultStore(tmp_path / "again")
+    for seed in (1, 2, 3):
+        record(again, Cell("ddp", 2, 20, seed), time_total_s=500.0, final_accuracy=0.80,
+               framework_label="ddp (torchrun)")
+    assert lookup(build_report(again)).rows("5.1", "2 GPUs", "20")[0][2:4] == ["3", "500.00"]
+    assert not [n for n in build_report(again).notes if "another setup" in n]
