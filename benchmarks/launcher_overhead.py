@@ -14,6 +14,11 @@ Determined runs off-cluster (no master here): the Core API entry under torchrun,
 Ratios against torchrun are taken per round (each launcher against torchrun's launch of the same
 round) and printed as median [min-max] over the rounds.
 Targets (trainer issue): steady-state <= 1.03x torchrun; TorchDistributor launch <= 15 s.
+Where a steady step's time goes beyond the workers: during each launch a sampler reads the machine's
+busy CPU time (/proc/stat) and the training workers' own CPU time every 0.5 s; "beside the workers" is
+the CPU the rest of the machine used (launcher, agents, the idle Spark and Ray clusters, Ray's
+daemons) between rank 0's first step and the end of training, in cores. Spark's workers run a
+script TorchDistributor writes, which the sampler does not recognise: no figure for Spark.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
@@ -65,6 +72,48 @@ def command(launcher: str, processes: int, config: Path, out: Path, clusters) ->
             "--master_addr=127.0.0.1", f"--master_port={free_loopback_port()}", "-m", module, *trainer_args]
 
 
+class CpuSampler(threading.Thread):
+    """Every SAMPLE_S: (time, the machine's busy CPU seconds, {worker pid: its CPU seconds})."""
+
+    SAMPLE_S = 0.5
+
+    def __init__(self, driver_pid: int):
+        super().__init__(daemon=True)
+        self.driver_pid, self.samples, self.done = driver_pid, [], threading.Event()
+
+    @staticmethod
+    def busy_s() -> float:
+        fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+    def is_worker(self, process: psutil.Process) -> bool:
+        command = " ".join(process.info["cmdline"] or ())
+        return command.startswith("ray::RayTrainWorker") or (
+            "trainer.launchers." in command and "torch.distributed.run" not in command
+            and process.pid != self.driver_pid)
+
+    def run(self) -> None:
+        while not self.done.wait(self.SAMPLE_S):
+            workers = {}
+            for process in psutil.process_iter(["cmdline"]):
+                try:
+                    if self.is_worker(process):
+                        times = process.cpu_times()
+                        workers[process.pid] = times.user + times.system
+                except psutil.Error:  # ended between the listing and the read
+                    continue
+            self.samples.append((time.time(), self.busy_s(), workers))
+
+    def beside_workers_cores(self, start: float, end: float) -> float | None:
+        """Cores the machine used beside the training workers between start and end (unix seconds)."""
+        inside = [sample for sample in self.samples if start <= sample[0] <= end]
+        if len(inside) < 2 or not inside[0][2]:
+            return None
+        (t0, busy0, workers0), (t1, busy1, workers1) = inside[0], inside[-1]
+        worker_s = sum(workers1[pid] - workers0[pid] for pid in workers0 if pid in workers1)
+        return (busy1 - busy0 - worker_s) / (t1 - t0)
+
+
 def launch(launcher: str, processes: int, config: Path, out: Path, clusters, secret: str) -> dict:
     env = {**os.environ, **clusters[1].env, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(REPO),  # Ray's workers import the trainer from here (the driver forwards it)
@@ -75,11 +124,15 @@ def launch(launcher: str, processes: int, config: Path, out: Path, clusters, sec
     launched_at, distributor_started_at, tail = time.time(), None, []
     with subprocess.Popen(command(launcher, processes, config, out, clusters), env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as process:
+        sampler = CpuSampler(process.pid)
+        sampler.start()
         for line in process.stdout:  # timestamps TorchDistributor's "Started distributed training" line
             if distributor_started_at is None and line.startswith("Started distributed training"):
                 distributor_started_at = time.time()
             tail = [*tail[-40:], line]
         returncode = process.wait(timeout=1800)
+        sampler.done.set()
+        sampler.join(timeout=10)
     exited_at = time.time()
     if returncode != 0:
         raise SystemExit(f"{launcher} failed:\n{''.join(tail)}")
@@ -90,7 +143,9 @@ def launch(launcher: str, processes: int, config: Path, out: Path, clusters, sec
             "launch_to_train_process_s": timeline["process_started"] - launched_at,
             "launch_to_first_step_s": timeline["first_step_done"] - launched_at,
             "steady_step_s": result["steady_step_time_s"], "wall_s": exited_at - launched_at,
-            "steps": steps, "cpu_step_s": result["epoch_metrics"][0]["train_cpu_time_s"] / steps}
+            "steps": steps, "cpu_step_s": result["epoch_metrics"][0]["train_cpu_time_s"] / steps,
+            "beside_workers_cores": sampler.beside_workers_cores(timeline["first_step_done"],
+                                                                 timeline["training_ended"])}
 
 
 def main() -> None:
@@ -119,8 +174,10 @@ def main() -> None:
                         out = scratch / f"{launcher}-{repeat}"
                         run = launch(launcher, args.processes, config, out, clusters, secret)
                         runs.append(run | {"round": repeat})
+                        beside = run["beside_workers_cores"]
                         print(f"  {launcher:<10} first step after {run['launch_to_first_step_s']:6.2f} s, "
-                              f"steady step {run['steady_step_s'] * 1000:6.1f} ms", flush=True)
+                              f"steady step {run['steady_step_s'] * 1000:6.1f} ms, CPU beside the workers "
+                              f"{'n/a' if beside is None else f'{beside:.2f} cores'}", flush=True)
     report(args, runs, cluster_start_s, machine_before, machine())
 
 
@@ -162,6 +219,10 @@ def report(args, runs: list[dict], cluster_start_s: dict, machine_before: str, m
               f"{spread(of(launcher, 'steady_step_s'), ' ms', 1000, 1):>26}"
               f"{spread(ratios(launcher, 'steady_step_s'), digits=3):>22}"
               f"{spread(ratios(launcher, 'cpu_step_s'), digits=3):>22}")
+    print("CPU beside the training workers during training, in cores, median [min-max]: " + "; ".join(
+        f"{launcher} {spread(values)}" if (values := [v for v in of(launcher, 'beside_workers_cores')
+                                                       if v is not None]) else f"{launcher} n/a"
+        for launcher in LAUNCHERS))
     ray_first = ratios("ray", "launch_to_first_step_s")
     print(f"ray vs torchrun, launch -> first step: {spread(ray_first)}x; "
           f"steady step: {spread(ratios('ray', 'steady_step_s'), digits=3)}x")
