@@ -244,7 +244,8 @@ FULL_SUITE_BASETEMP = paths.STATE_DIR / "pytest-full"
 
 def ansible_lint_inputs_digest() -> str | None:
     """A digest of every file ansible-lint may read (git's tracked and untracked, not ignored, files outside
-    .ansible-lint's exclude_paths) and of its own and ansible-core's versions; None outside a git checkout."""
+    .ansible-lint's exclude_paths; not Markdown, a kind it recognises but has no rule for) and of its own
+    and ansible-core's versions; None outside a git checkout."""
     import fnmatch
     import hashlib
     import importlib.metadata
@@ -262,7 +263,8 @@ def ansible_lint_inputs_digest() -> str | None:
     for package in ("ansible-lint", "ansible-core"):
         digest.update(f"{package}=={importlib.metadata.version(package)}\0".encode())
     for name in sorted(set(listed.decode().split("\0")) - {""}):
-        if any(name.startswith(pattern) or fnmatch.fnmatch(name, pattern) for pattern in excluded):
+        if name.endswith(".md") or any(name.startswith(pattern) or fnmatch.fnmatch(name, pattern)
+                                       for pattern in excluded):
             continue
         path = paths.REPO_ROOT / name
         if path.is_file():  # a tracked file deleted in the work tree is not read

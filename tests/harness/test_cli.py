@@ -288,7 +288,8 @@ def test_fast_skips_ansible_lint_only_while_the_files_it_passed_on_are_unchanged
     (repo / "tests/test_one.py").write_text("def test_one():\n    assert 1\n")
     (repo / "scratch").mkdir()
     (repo / "scratch/notes.yml").write_text("x: 1\n")
-    assert not fast_run_lints(), "an excluded and an ignored file are not ansible-lint's"
+    (repo / "roles/r/README.md").write_text("# r\n")
+    assert not fast_run_lints(), "an excluded file, an ignored one and Markdown are not ansible-lint's"
     (repo / "roles/r/tasks/extra.yml").write_text("---\n")
     assert fast_run_lints(), "a new, untracked role file is read"
     ran.unlink()
