@@ -86,6 +86,11 @@ def _option(default, mark: str, rules: dict):
     return dataclasses.field(default=default, metadata={"hash": mark, "schema": rules})
 
 
+# Options of stock DDP's gradient all-reduce: strategy ddp only, and not under a launcher whose optimizer
+# averages the gradients itself (Horovod; trainer.core refuses them there).
+DDP_OPTIONS = ("sparse_embedding_sync", "ddp_static_graph")
+
+
 @dataclasses.dataclass
 class TrainConfig:
     # --- what to train on ---
@@ -151,7 +156,7 @@ class TrainConfig:
         if self.device == "cpu" and self.compile == "reduce-overhead":
             raise ConfigError("compile: reduce-overhead captures CUDA graphs and is CUDA-only; "
                               "use default or no on cpu")
-        for key in ("sparse_embedding_sync", "ddp_static_graph"):
+        for key in DDP_OPTIONS:
             if getattr(self, key) and self.strategy != strategies.DEFAULT:
                 raise ConfigError(f"{key}: an optimisation of strategy {strategies.DEFAULT}'s gradient "
                                   f"all-reduce, not of {self.strategy}; set it to false")

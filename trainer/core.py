@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from trainer import checkpoint, progress, result, strategies
-from trainer.config import ConfigError, TrainConfig, config_hash
+from trainer.config import DDP_OPTIONS, ConfigError, TrainConfig, config_hash
 from trainer.data import LengthGroupedBatchSampler, PaddedBatches, tokenized_splits, validation_batches
 from trainer.distributed import all_reduce_sum, gather, process_group, resolve_device
 from trainer.model import build_model
@@ -169,7 +169,7 @@ class _Run:
             raise ConfigError(f"strategy: {cfg.strategy} cannot run under {self.hooks.framework_label}, "
                               "whose optimizer averages every gradient itself; "
                               f"use strategy {strategies.DEFAULT}")
-        for key in ("sparse_embedding_sync", "ddp_static_graph"):
+        for key in DDP_OPTIONS:
             if self.hooks.syncs_gradients and getattr(cfg, key):
                 raise ConfigError(f"{key}: a DDP optimisation; {self.hooks.framework_label} "
                                   "averages every gradient itself: set it to false")

@@ -475,9 +475,6 @@ def build_report(
     )
 
 
-__all__ = ["EmptyStoreError", "Report", "Value", "build_report", "build_study_report", "choose_profile"]
-
-
 def newest_setup_only(runs: list[Run]) -> tuple[list[Run], list[Run]]:
     """(kept, left out): in each group of runs (framework, GPUs, epochs, strategy, model), the runs whose
     framework_label is the newest run's. The label names the setup (the launcher, and options beyond the
@@ -489,3 +486,7 @@ def newest_setup_only(runs: list[Run]) -> tuple[list[Run], list[Run]]:
     newest_label = {group_of(run): run.result["framework_label"] for run in sorted(runs, key=lambda r: r.id)}
     kept = [run for run in runs if run.result["framework_label"] == newest_label[group_of(run)]]
     return kept, [run for run in runs if run.result["framework_label"] != newest_label[group_of(run)]]
+
+
+__all__ = ["EmptyStoreError", "Report", "Value", "build_report", "build_study_report", "choose_profile"]
+
