@@ -70,41 +70,40 @@ def test_ddp_averages_gradients_like_one_worker_with_the_double_batch(make_confi
     assert max_weight_difference(two_workers, one_worker) < 1e-5
 
 
+def stock_and_opted_in(option, make_config, tmp_path) -> dict[bool, tuple[dict, dict]]:
+    """{False: stock DDP's, True: with `option` on}: (result.json, final weights) of one 2-worker epoch with
+    dropout off and plain SGD, so that any difference in what is averaged shows in the weights."""
+    shared = dict(optimizer="sgd", learning_rate=0.5, warmup_steps=0, dropout=0.0, epochs=1,
+                  generated_train_size=128)
+    runs = {}
+    for opted in (False, True):
+        out, ckpt = tmp_path / f"out-{opted}", tmp_path / f"ckpt-{opted}"
+        cfg = make_config(**shared, **{option: opted}, output_dir=str(out), checkpoint_dir=str(ckpt))
+        run(torchrun_command(2, "--config", str(write_config(cfg, tmp_path / f"run-{opted}.yml"))))
+        runs[opted] = json.loads((out / "result.json").read_text()), final_weights(ckpt, 1)
+    return runs
+
+
 @pytest.mark.slow  # over 10 s on 2 cores: not in `invoke test --fast`
 def test_sparse_embedding_sync_is_opt_in_labelled_and_matches_stock_ddp(make_config, tmp_path):
     # The opt-in all-reduces only the touched word-embedding rows; the averaged gradient must be stock DDP's.
-    shared = dict(optimizer="sgd", learning_rate=0.5, warmup_steps=0, dropout=0.0, epochs=1,
-                  generated_train_size=128)
-    weights, labels = {}, {}
-    for sparse in (False, True):
-        out, ckpt = tmp_path / f"out-{sparse}", tmp_path / f"ckpt-{sparse}"
-        cfg = make_config(**shared, sparse_embedding_sync=sparse, output_dir=str(out),
-                          checkpoint_dir=str(ckpt))
-        run(torchrun_command(2, "--config", str(write_config(cfg, tmp_path / f"run-{sparse}.yml"))))
-        weights[sparse] = final_weights(ckpt, 1)
-        labels[sparse] = json.loads((out / "result.json").read_text())["framework_label"]
+    runs = stock_and_opted_in("sparse_embedding_sync", make_config, tmp_path)
+    labels = {opted: result["framework_label"] for opted, (result, _) in runs.items()}
     assert labels == {False: "ddp (torchrun)", True: "ddp (torchrun) + sparse embedding sync (dtlab)"}
-    assert max_weight_difference(weights[True], weights[False]) < 1e-5
+    assert max_weight_difference(runs[True][1], runs[False][1]) < 1e-5
 
 
 @pytest.mark.slow  # two 2-worker runs
 def test_ddp_static_graph_is_labelled_and_trains_to_stock_ddps_weights(make_config, tmp_path):
     # static_graph changes when DDP plans its buckets, not what it averages: the same weights.
-    shared = dict(optimizer="sgd", learning_rate=0.5, warmup_steps=0, dropout=0.0, epochs=1,
-                  generated_train_size=128)
-    weights, results = {}, {}
-    for static in (False, True):
-        out, ckpt = tmp_path / f"out-{static}", tmp_path / f"ckpt-{static}"
-        cfg = make_config(**shared, ddp_static_graph=static, output_dir=str(out), checkpoint_dir=str(ckpt))
-        run(torchrun_command(2, "--config", str(write_config(cfg, tmp_path / f"run-{static}.yml"))))
-        weights[static] = final_weights(ckpt, 1)
-        results[static] = json.loads((out / "result.json").read_text())
-    assert [r["framework_label"] for r in results.values()] == [
+    runs = stock_and_opted_in("ddp_static_graph", make_config, tmp_path)
+    (stock, stock_weights), (static, static_weights) = runs[False], runs[True]
+    assert [stock["framework_label"], static["framework_label"]] == [
         "ddp (torchrun)", "ddp (torchrun) + DDP static graph"]
-    assert "ddp_static_graph" not in results[False]["hyperparameters"]
-    assert results[True]["hyperparameters"]["ddp_static_graph"] is True
-    assert results[True]["config_hash"] != results[False]["config_hash"]
-    assert max_weight_difference(weights[True], weights[False]) < 1e-6
+    assert "ddp_static_graph" not in stock["hyperparameters"]
+    assert static["hyperparameters"]["ddp_static_graph"] is True
+    assert static["config_hash"] != stock["config_hash"]
+    assert max_weight_difference(static_weights, stock_weights) < 1e-6
 
 
 def test_one_worker_runs_stock_ddp_as_torchrun_would(make_config):
