@@ -33,12 +33,15 @@ def _lab_call(function, *args, **kwargs):
 
 
 @task(name="up", help={"name": LAB_NAME_HELP, "nodes": "node count (default: lab_node_count)",
-                       "subnet": "the lab's /24 inside 10.213.0.0/16 (default: from the name)"})
-def lab_up(c, name=None, nodes=None, subnet=None):
+                       "subnet": "the lab's /24 inside 10.213.0.0/16 (default: from the name)",
+                       "bundle": "an offline lab: no apt proxy, the nodes install from this bundle alone"
+                                 " (invoke bundle.build; docs/offline.md)"})
+def lab_up(c, name=None, nodes=None, subnet=None, bundle=None):
     """Start the local lab (builds the node image once); idempotent. Needs root."""
     import dtlab.lab
 
-    config = _lab_call(dtlab.lab.up, name, node_count=int(nodes) if nodes else None, subnet=subnet)
+    config = _lab_call(dtlab.lab.up, name, node_count=int(nodes) if nodes else None, subnet=subnet,
+                       bundle=bundle)
     print(f"lab {config.name} up: {', '.join(f'{n}={config.node_address(n)}' for n in config.node_names)};"
           f" inventory {config.inventory_path}")
 
@@ -62,6 +65,8 @@ def lab_status(c, name=None):
     print(f"lab {report['name']}  subnet {report['subnet']}  guard: {report['guard']}")
     print(f"  bridge: {report['bridge'] or '-'}  apt proxy pid: {report['apt_proxy_pid'] or '-'}"
           f"  inventory: {report['inventory']}")
+    if report["bundle"]:
+        print(f"  offline: no way out, installs from the bundle {report['bundle']}")
     for node, info in report["nodes"].items():
         print(f"  {node:8} {info['address']:15} pid {info['pid'] or '-':<8} {info.get('systemd', 'down')}")
 
@@ -234,6 +239,30 @@ def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, st
 
 # --- top level ---------------------------------------------------------------
 
+# --- bundle: everything the nodes install, for an offline cluster (docs/offline.md) ----------------------
+
+BUNDLE_PARTS_HELP = "only these parts, comma-separated: wheels,apt,spark,determined,hf (default: all)"
+
+
+@task(name="build", help={"out": "the bundle's directory (created, or completed where it holds a bundle)",
+                          "inventory": INVENTORY_HELP, "parts": BUNDLE_PARTS_HELP,
+                          "profile": "matrix profiles whose models and data it holds, comma-separated"
+                                     " (default: the matrix's default_profile)"})
+def bundle_build(c, out, inventory=None, parts="", profile=""):
+    """Write the offline bundle for the inventory's nodes: wheels, apt packages, Spark, Determined, models."""
+    from dtlab import bundle
+
+    _harness_call(bundle.build_command, out, inventory, parts, profile)
+
+
+@task(name="verify", help={"path": "the bundle's directory", "inventory": INVENTORY_HELP})
+def bundle_verify(c, path, inventory=None):
+    """Check a bundle against the inventory: complete, checksums right, versions equal to the pins."""
+    from dtlab import bundle
+
+    _harness_call(bundle.verify_command, path, inventory)
+
+
 @task(help={"lint": "run ruff, lint-imports, yamllint and ansible-lint (default: yes)",
             "fast": "the inner loop: skip the lab, the Spark cluster and every slow test (about 5 minutes)",
             "pytest_args": "extra pytest arguments, e.g. '-k report -x'"})
@@ -257,5 +286,6 @@ lab = Collection("lab", lab_up, lab_down, lab_status, lab_ssh, lab_restart_node)
 cluster = Collection("cluster", cluster_check, cluster_doctor, cluster_provision, cluster_idle, cluster_reset)
 trainer = Collection("trainer", trainer_deploy)
 bench = Collection("bench", bench_all, bench_run, bench_faults, bench_report)
+bundle = Collection("bundle", bundle_build, bundle_verify)
 
-ns = Collection(lab, cluster, trainer, bench, test, demo)
+ns = Collection(lab, cluster, trainer, bench, bundle, test, demo)

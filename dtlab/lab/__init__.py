@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from pathlib import Path
 
 from dtlab import paths
 from dtlab.errors import DtlabError
@@ -44,13 +45,17 @@ def _config(name: str | None, node_count: int | None = None, subnet: str | None 
 
 
 def up(name: str | None = None, node_count: int | None = None, subnet: str | None = None,
-       binds: dict[str, str] | None = None) -> LabConfig:
+       binds: dict[str, str] | None = None, bundle: str | Path | None = None) -> LabConfig:
     """Bring the lab up (idempotent; recovers after a crash).
 
     `binds`: extra read-only bind mounts, host directory -> node directory (kept for restarts).
+    `bundle`: an offline lab (docs/offline.md): no apt proxy, so the nodes have no way out at all; the
+    bundle (invoke bundle.build) is mounted read-only at dtlab_bundle_dir and the lab's inventory names it
+    (dtlab_bundle), so every `ansible-playbook site.yml` on this lab installs from it alone.
     """
     host.require_root()
     config = _config(name, node_count, subnet)
+    offline = _offline_bundle(config, bundle)
     host.ensure_tools()
     host.require_kernel_features()
     host.raise_inotify_limits()
@@ -63,7 +68,11 @@ def up(name: str | None = None, node_count: int | None = None, subnet: str | Non
         host.require_free_disk(config.run_dir, host.MIN_FREE_BYTES_UP)
         public_key = access.ensure_keypair(config)
         network.ensure_bridge(config, state)
-        proxy.ensure_running(config)
+        if offline:
+            state.data["bundle"] = offline
+            binds = {**(binds or {}), offline: config.bundle_mount}
+        else:
+            proxy.ensure_running(config)
         paths.WHEELHOUSE_DIR.mkdir(parents=True, exist_ok=True)
         state.data.setdefault("binds", {}).update(binds or {})
         state.save()
@@ -83,8 +92,27 @@ def up(name: str | None = None, node_count: int | None = None, subnet: str | Non
         for node in to_start:
             nodes.start(config, node, nodes.root_dir(config, node), node_binds, _shared_bind(config))
         access.wait_ready(config, config.node_names)
-        inventory.write(config)
+        inventory.write(config, bundle=offline)
     return config
+
+
+def _offline_bundle(config: LabConfig, bundle: str | Path | None) -> str | None:
+    """The bundle an offline lab mounts (absolute), or None for a lab with its apt proxy. `lab.up` without
+    --bundle brings a lab up as it was made; another way needs `lab.down --wipe` first (the nodes would keep
+    the other way's apt sources and venv)."""
+    state = LabState(config.run_dir)
+    recorded = state.data.get("bundle")
+    if bundle is None:
+        return recorded
+    wanted = str(Path(bundle).resolve())
+    if state.data.get("nodes") and wanted != recorded:
+        was = f"offline from {recorded}" if recorded else "online (apt proxy)"
+        raise DtlabError(f"lab {config.name}: exists {was}; run `invoke lab.down --wipe --name {config.name}`"
+                         " before bringing it up another way")
+    if not (Path(wanted) / "manifest.json").is_file():
+        raise DtlabError(f"lab --bundle {bundle}: no manifest.json there; build one with"
+                         f" `invoke bundle.build --out {bundle}`")
+    return wanted
 
 
 def down(name: str | None = None, wipe: bool = False) -> LabConfig:
@@ -163,6 +191,7 @@ def status(name: str | None = None, probe: bool = True) -> dict:
         "guard": f"blackhole {config.address_range}" if guard else "MISSING",
         "bridge": config.bridge_ifname if network.link_exists(config.bridge_ifname) else None,
         "apt_proxy_pid": proxy.running_pid(config),
+        "bundle": LabState(config.run_dir).data.get("bundle"),
         "nodes": {},
     }
     for node in config.node_names:

@@ -43,6 +43,7 @@ class LabConfig:
     wheelhouse_mount: str
     node_ifname: str  # the node side of each veth (lab_node_ifname), named like a KVM guest NIC
     shared_checkpoint_mount: str = ""  # dtlab_shared_checkpoint_dir: the lab's shared disk in each node
+    bundle_mount: str = ""  # dtlab_bundle_dir (group_vars/all.yml): an offline lab's bundle in each node
 
     # --- names --------------------------------------------------------------
     @property
@@ -184,4 +185,11 @@ def load_config(name: str | None = None, node_count: int | None = None,
         wheelhouse_mount=str(key("lab_wheelhouse_mount")),
         node_ifname=str(key("lab_node_ifname")),
         shared_checkpoint_mount=str(lab_vars.get("dtlab_shared_checkpoint_dir") or ""),
+        bundle_mount=str(_all_vars().get("dtlab_bundle_dir") or ""),
     )
+
+
+def _all_vars() -> dict:
+    """group_vars/all.yml, for the one plain path the lab's nodes need from it (dtlab_bundle_dir)."""
+    path = paths.INVENTORY_DIR / "group_vars" / "all.yml"
+    return (yaml.safe_load(path.read_text()) or {}) if path.exists() else {}

@@ -20,7 +20,7 @@ def _controller_path(config: LabConfig, path: os.PathLike) -> str:
     return str(path)
 
 
-def render(config: LabConfig) -> str:
+def render(config: LabConfig, bundle: str | None = None) -> str:
     environment = jinja2.Environment(loader=jinja2.FileSystemLoader(paths.TEMPLATES_DIR),
                                      undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
                                      trim_blocks=True, lstrip_blocks=True)
@@ -29,12 +29,13 @@ def render(config: LabConfig) -> str:
         nodes=[{"name": node, "address": str(config.node_address(node))} for node in config.node_names],
         private_key_file=_controller_path(config, config.private_key_path),
         known_hosts_file=_controller_path(config, config.known_hosts_path),
+        bundle=bundle,
     )
 
 
-def write(config: LabConfig) -> bool:
-    """Write the inventory if its content changed; True if it did."""
-    text = render(config)
+def write(config: LabConfig, bundle: str | None = None) -> bool:
+    """Write the inventory if its content changed; True if it did. `bundle`: an offline lab's bundle."""
+    text = render(config, bundle)
     path = config.inventory_path
     if path.exists() and path.read_text() == text:
         return False

@@ -19,7 +19,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 class ActionModule(ActionBase):
     TRANSFERS_FILES = False
     _requires_connection = False
-    _VALID_ARGS = frozenset(("sources",))
+    _VALID_ARGS = frozenset(("sources", "bundle"))
 
     def run(self, tmp=None, task_vars=None):
         result = super().run(tmp, task_vars)
@@ -41,4 +41,28 @@ class ActionModule(ActionBase):
             return result
         result["msg"] = (f"inventory {cluster.inventory_path}: {len(cluster.nodes)} hosts, master"
                          f" {cluster.master.name}, workers {', '.join(w.name for w in cluster.workers)}")
+        bundle = str(self._task.args.get("bundle") or "")
+        if bundle:
+            problem = self._bundle_problem(cluster, bundle)
+            if problem:
+                result.update(failed=True, msg=problem)
+                return result
+            result["msg"] += f"; offline bundle {bundle} complete"
         return result
+
+    @staticmethod
+    def _bundle_problem(cluster, bundle: str) -> str | None:
+        """The first reason the offline bundle (-e dtlab_bundle=DIR) cannot provision this inventory."""
+        from dtlab.bundle import verify
+        from dtlab.errors import DtlabError
+
+        if not Path(bundle).is_absolute():
+            return f"dtlab_bundle {bundle}: give the bundle's absolute path (the roles read it elsewhere)"
+        try:
+            problems = verify(cluster, Path(bundle))
+        except DtlabError as error:
+            return str(error)
+        if not problems:
+            return None
+        more = f" ({len(problems) - 1} more: invoke bundle.verify {bundle})" if len(problems) > 1 else ""
+        return problems[0] + more

@@ -99,8 +99,12 @@ def test_ansible_sees_each_labs_own_cluster_name(tmp_path):
     """Host vars in the inventory beat group_vars/all.yml's default cluster name."""
     from ansible.inventory.manager import InventoryManager
     from ansible.parsing.dataloader import DataLoader
+    from ansible.plugins.loader import init_plugin_loader
+    from ansible.utils.collection_loader import AnsibleCollectionConfig
     from ansible.vars.manager import VariableManager
 
+    if not AnsibleCollectionConfig.collection_finder:  # as ansible's CLI does; another test may have done it
+        init_plugin_loader()
     (tmp_path / "group_vars").symlink_to(config.paths.INVENTORY_DIR / "group_vars")  # as beside the real ones
     inventory_file = tmp_path / "lab-dtlabtest.yml"
     inventory_file.write_text(inventory.render(config.load_config("dtlabtest")))
@@ -109,6 +113,16 @@ def test_ansible_sees_each_labs_own_cluster_name(tmp_path):
     variables = VariableManager(loader=loader, inventory=manager).get_vars(host=manager.get_host("node1"))
     assert variables["dtlab_cluster_name"] == "lab-dtlabtest"
     assert variables["dtlab_device"] == "cpu"  # group_vars/lab.yml applies (group `lab`)
+
+
+def test_an_offline_labs_inventory_names_its_bundle_for_every_node():
+    lab = config.load_config("dtlabtest")
+    hosts = yaml.safe_load(inventory.render(lab, bundle="/srv/bundle"))["lab"]["hosts"]
+    assert {name: (host["dtlab_bundle"], host["dtlab_bundle_push"]) for name, host in hosts.items()} == {
+        name: ("/srv/bundle", False) for name in lab.node_names}
+    assert lab.bundle_mount == "/opt/dtlab/bundle"  # dtlab_bundle_dir, read from group_vars/all.yml
+    online = yaml.safe_load(inventory.render(lab))["lab"]["hosts"]
+    assert not any("dtlab_bundle" in host for host in online.values())
 
 
 @pytest.mark.skipif(config.paths.STATE_DIR.resolve() != (config.paths.REPO_ROOT / ".dtlab").resolve(),

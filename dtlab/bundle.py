@@ -1,0 +1,711 @@
+"""The offline bundle: all that site.yml and the trainer would fetch from outside, for an air-gapped cluster.
+
+    invoke bundle.build --out DIR      DIR/{manifest.json, wheels/, apt/, spark/, determined/, hf/}
+    invoke bundle.verify DIR           complete, checksums right, versions equal to the pins
+    ansible-playbook site.yml -e dtlab_bundle=DIR      install from it; nothing fetched from outside
+
+A bundle is made for one inventory: its nodes' OS and Python (dtlab_node_os, dtlab_node_python in
+group_vars), its torch build, and what its roles install there. Each part says where it came from:
+
+    wheels/      the trainer venv's wheels for the nodes' Python and platform (pip download), Horovod's
+                 wheel from the controller's wheelhouse where horovod_install is on
+    apt/         every apt package the roles install, with its dependencies down to libc (apt-get, as if
+                 nothing were installed), as a flat repository (Packages, Release)
+    spark/       the Apache release tarball and its published sha512 (where Spark installs from the tarball)
+    determined/  the master and agent packages (where the inventory installs them)
+    hf/          a Hugging Face hub cache holding the profile's models and datasets (none for generated ones)
+
+manifest.json lists every file with its part, name, version, source and sha256. A part this controller
+cannot build (Ubuntu's packages from a Debian controller, a download it cannot reach) is refused in one
+line before anything is written; docs/offline.md says how to build it where it can be built.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dtlab import gpucompat, paths
+from dtlab.errors import DtlabError
+from dtlab.files import atomic_write_text
+from dtlab.inventory import Cluster, Node, load_cluster
+from dtlab.pins import pinned
+
+BUNDLE_FORMAT = 1
+MANIFEST = "manifest.json"
+PARTS = ("wheels", "apt", "spark", "determined", "hf")
+ROLES_DIR = paths.REPO_ROOT / "roles"
+# The task files whose packages only a GPU node installs (the nvidia role; Docker's NVIDIA toolkit):
+# left out of a cpu inventory's bundle, as the roles skip them there.
+GPU_TASK_FILES = ("nvidia/tasks/gpu.yml", "docker/tasks/nvidia_toolkit.yml")
+APT_MODULES = ("ansible.builtin.apt", "apt")
+# The platforms pip may take wheels for (the trainer role's list, for another Python than the controller's).
+NODE_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
+OS_RELEASE = Path("/etc/os-release")
+DOWNLOAD_TIMEOUT_S = 600
+PIP_TIMEOUT_S = 3600
+APT_TIMEOUT_S = 1800
+CHUNK = 1 << 20
+
+Say = Callable[[str], None]
+
+
+@dataclass
+class Entry:
+    """One file of the bundle, as manifest.json lists it."""
+
+    path: str  # relative to the bundle
+    part: str
+    name: str
+    version: str
+    source: str
+    sha256: str = ""
+    bytes: int = 0
+
+
+@dataclass
+class Plan:
+    """What a bundle for this inventory holds, worked out before anything is fetched or written."""
+
+    node_os: str
+    node_python: str
+    torch_build: str  # 'pypi' or a CUDA build name (cu126, ...)
+    torch_index_url: str | None
+    requirements: list[str]
+    horovod: bool
+    horovod_version: str
+    horovod_sdist_sha256: str
+    horovod_cloudpickle: str
+    apt_packages: list[str]
+    spark: dict[str, str] | None  # {version, url, checksum_url} where Spark installs from the tarball
+    determined: list[dict[str, str]] = field(default_factory=list)  # [{component, version, url}]
+    hf_models: list[str] = field(default_factory=list)
+    hf_datasets: list[str] = field(default_factory=list)
+    profiles: list[str] = field(default_factory=list)
+
+
+# --- planning: what the inventory needs ----------------------------------------------------------------
+
+
+def plan(cluster: Cluster, profiles: Iterable[str] | None = None) -> Plan:
+    """The bundle's contents for this inventory and these matrix profiles (default: the matrix's default)."""
+    from dtlab import matrix
+
+    where = f"inventory {cluster.inventory_path}"
+    node_os = str(cluster.require("dtlab_node_os"))
+    node_python = str(cluster.require("dtlab_node_python"))
+    if not re.fullmatch(r"3\.\d+", node_python):
+        raise DtlabError(f"{where}: dtlab_node_python must be a version like 3.12, got {node_python!r}")
+    build_name, index_url = _torch_build(cluster, where)
+    chosen = list(profiles) if profiles else [matrix.load(None).profile]
+    models: set[str] = set()
+    data: set[str] = set()
+    for name in chosen:
+        loaded = matrix.load(name, max_gpus=cluster.max_gpus, device=cluster.device)
+        for cell in loaded.cells:
+            models.add(str(cell.trainer_config.get("model", "")))
+            data.add(str(cell.trainer_config.get("dataset", "")))
+    return Plan(
+        node_os=node_os,
+        node_python=node_python,
+        torch_build=build_name,
+        torch_index_url=index_url,
+        requirements=_trainer_requirements(build_name),
+        horovod=_truthy(cluster.var("horovod_install")),
+        horovod_version=str(cluster.var("horovod_version", "")),
+        horovod_sdist_sha256=str(cluster.var("horovod_sdist_sha256", "")),
+        horovod_cloudpickle=str(cluster.var("horovod_cloudpickle_version", "")),
+        apt_packages=apt_packages(cluster),
+        spark=_spark(cluster),
+        determined=_determined(cluster),
+        hf_models=sorted(m for m in models if m and not m.startswith("generated")),
+        hf_datasets=sorted(d for d in data if d and not d.startswith("generated")),
+        profiles=chosen,
+    )
+
+
+def _truthy(value: Any) -> bool:
+    return value is True or str(value).strip().lower() in ("true", "yes", "1")
+
+
+def _torch_build(cluster: Cluster, where: str) -> tuple[str, str | None]:
+    """The torch build every node gets (the trainer role's choice), which a bundle must fix in advance."""
+    wanted = str(cluster.var("dtlab_torch_build", "auto"))
+    if wanted == gpucompat.PYPI or (wanted == "auto" and cluster.device == "cpu"):
+        return gpucompat.PYPI, None
+    if wanted == "auto":
+        raise DtlabError(
+            f"{where}: dtlab_torch_build is auto, which the trainer role decides from the GPUs it finds; a"
+            " bundle is built before that: set it to the build your GPUs need (e.g. cu126 for Pascal;"
+            " docs/gpu-nodes.md)"
+        )
+    build = gpucompat.load().build(wanted)
+    return build.name, build.index_url
+
+
+def _trainer_requirements(build_name: str) -> list[str]:
+    """The trainer role's package list (its defaults), torch labelled with the build, as the role does."""
+    defaults = yaml.safe_load((ROLES_DIR / "trainer/defaults/main.yml").read_text())
+    torch = f"torch=={pinned('torch')}" + ("" if build_name == gpucompat.PYPI else f"+{build_name}")
+    return [torch if package == "torch" else str(package) for package in defaults["trainer_python_packages"]]
+
+
+def _loader():
+    from ansible.parsing.dataloader import DataLoader
+
+    return DataLoader()
+
+
+def _read_role_file(path: Path) -> Any:
+    """A role's YAML with its strings trusted as templates, as ansible-playbook trusts a role's own files
+    (ansible-core 2.19 renders no other string)."""
+    from ansible.template import trust_as_template
+
+    def trusted(value: Any) -> Any:
+        if isinstance(value, str):
+            return trust_as_template(value)
+        if isinstance(value, dict):
+            return {key: trusted(item) for key, item in value.items()}
+        if isinstance(value, list):
+            return [trusted(item) for item in value]
+        return value
+
+    return trusted(_loader().load_from_file(str(path)))
+
+
+def _role_layers(role: str, node_os: str) -> tuple[dict, dict]:
+    """(defaults, vars) of a role as Ansible layers them: vars/main.yml, then the distribution's vars file."""
+    def read(path: Path) -> dict:
+        return (_read_role_file(path) or {}) if path.exists() else {}
+
+    distribution = {"debian-bookworm": "Debian-12", "ubuntu-noble": "Ubuntu-24"}.get(node_os, "")
+    role_vars = read(ROLES_DIR / role / "vars/main.yml")
+    role_vars.update(read(ROLES_DIR / role / "vars" / f"{distribution}.yml"))
+    return read(ROLES_DIR / role / "defaults/main.yml"), role_vars
+
+
+def apt_tasks() -> list[tuple[str, Any]]:
+    """(task file relative to roles/, its `name:`: a template or a list) of every role task that installs apt
+    packages by name, read from the roles themselves, so a package a role adds is in the next bundle."""
+    found = []
+    for task_file in sorted(ROLES_DIR.glob("*/tasks/*.yml")):
+        for task in _tasks(_read_role_file(task_file) or []):
+            for module in APT_MODULES:
+                arguments = task.get(module)
+                if isinstance(arguments, dict) and "name" in arguments:
+                    found.append((str(task_file.relative_to(ROLES_DIR)), arguments["name"]))
+    return found
+
+
+def _tasks(items: list) -> Iterable[dict]:
+    for item in items:
+        if isinstance(item, dict):
+            yield item
+            for key in ("block", "rescue", "always"):
+                yield from _tasks(item.get(key) or [])
+
+
+def apt_packages(cluster: Cluster) -> list[str]:
+    """Every apt package the roles' apt tasks name, rendered for each node with the role's variables.
+
+    The union over roles and nodes: a package some node does not install costs only disk. A cpu
+    inventory leaves out the GPU roles' packages (GPU_TASK_FILES), as the roles skip those tasks there."""
+    node_os = str(cluster.require("dtlab_node_os"))
+    packages: set[str] = set()
+    for task_file, expression in apt_tasks():
+        if cluster.device == "cpu" and task_file in GPU_TASK_FILES:
+            continue
+        role = task_file.split("/", 1)[0]
+        defaults, role_vars = _role_layers(role, node_os)
+        for node in cluster.nodes:
+            packages.update(_render_names(node, defaults, role_vars, expression, f"roles/{task_file}"))
+    return sorted(packages)
+
+
+def _render_names(node: Node, defaults: dict, role_vars: dict, expression: Any, where: str) -> list[str]:
+    """A task's package names on one node: Ansible's templar over role defaults < inventory < role vars."""
+    from ansible.template import Templar
+
+    variables = {**defaults, **node.hostvars, **role_vars, "inventory_hostname": node.name}
+    try:
+        value = Templar(loader=_loader(), variables=variables).template(expression)
+    except Exception as error:  # noqa: BLE001 (Ansible raises many kinds; each becomes one line)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise DtlabError(f"bundle: {where}: the packages {str(expression)!r} do not render for {node.name}"
+                         f" before the node exists ({first}); a bundle cannot hold them yet") from None
+    names = [value] if isinstance(value, str) else list(value)
+    return [str(name) for name in names if str(name)]
+
+
+def _spark(cluster: Cluster) -> dict[str, str] | None:
+    if str(cluster.var("spark_install_method", "tarball")) != "tarball":
+        return None
+    defaults, role_vars = _role_layers("spark", str(cluster.require("dtlab_node_os")))
+    node = cluster.master or cluster.nodes[0]
+    url = _render_value(node, defaults, role_vars, "spark_tarball_url")
+    return {"version": str(cluster.var("spark_version")), "url": url, "checksum_url": f"{url}.sha512"}
+
+
+def _determined(cluster: Cluster) -> list[dict[str, str]]:
+    if not _truthy(cluster.var("determined_install_binaries", True)):
+        return []
+    defaults, role_vars = _role_layers("determined_common", str(cluster.require("dtlab_node_os")))
+    node = cluster.master or cluster.nodes[0]
+    found = []
+    for component in ("master", "agent"):
+        extra = {"determined_common_component": component}
+        url = _render_value(node, defaults, {**role_vars, **extra}, "determined_common_deb_url")
+        found.append({"component": component, "version": str(cluster.var("determined_version")), "url": url})
+    return found
+
+
+def _render_value(node: Node, defaults: dict, role_vars: dict, key: str) -> str:
+    from ansible.template import Templar
+
+    variables = {**defaults, **node.hostvars, **role_vars, "inventory_hostname": node.name}
+    return str(Templar(loader=_loader(), variables=variables).template(variables[key])).strip()
+
+
+# --- what this controller can build --------------------------------------------------------------------
+
+
+def controller_os() -> str:
+    """This machine's OS as dtlab_node_os spells it: <ID>-<VERSION_CODENAME> from /etc/os-release."""
+    fields = {}
+    if OS_RELEASE.exists():
+        for line in OS_RELEASE.read_text().splitlines():
+            key, _, value = line.partition("=")
+            fields[key.strip()] = value.strip().strip('"')
+    return f"{fields.get('ID', 'unknown')}-{fields.get('VERSION_CODENAME', 'unknown')}"
+
+
+def refusals(the_plan: Plan, parts: Iterable[str]) -> list[str]:
+    """Why a wanted part cannot be built on this controller (each one line); empty when all can."""
+    found = []
+    if "apt" in parts and the_plan.apt_packages and controller_os() != the_plan.node_os:
+        found.append(
+            f"bundle: apt: the nodes run {the_plan.node_os} (dtlab_node_os) and this controller"
+            f" {controller_os()}: their packages can only be resolved on a {the_plan.node_os} machine; run"
+            " `invoke bundle.build --parts apt --out DIR` there, copy DIR here and run `invoke bundle.build"
+            " --out DIR` (docs/offline.md)"
+        )
+    if "apt" in parts and the_plan.apt_packages and shutil.which("dpkg-scanpackages") is None:
+        found.append("bundle: apt: dpkg-scanpackages is missing (it writes the repository's index);"
+                     " apt-get install dpkg-dev")
+    if "apt" in parts and the_plan.apt_packages and os.geteuid() != 0:
+        found.append("bundle: apt: apt-get resolves the packages as root (its own lists and cache, the"
+                     " system's untouched); run as root")
+    controller_python = _controller_python()
+    if "wheels" in parts and the_plan.horovod and controller_python != the_plan.node_python:
+        found.append(
+            f"bundle: wheels: horovod_install is on and Horovod's wheel is built against the nodes' Python"
+            f" {the_plan.node_python}, but this controller runs {controller_python}; build the bundle with a"
+            f" Python {the_plan.node_python} venv (scripts/setup.sh there), or set horovod_install: false"
+        )
+    return found
+
+
+def _controller_python() -> str:
+    return f"{sys.version_info[0]}.{sys.version_info[1]}"
+
+
+# --- building ------------------------------------------------------------------------------------------
+
+
+def build(cluster: Cluster, out: Path, parts: Iterable[str] = PARTS, profiles: Iterable[str] | None = None,
+          say: Say = print) -> list[Entry]:
+    """Write (or complete) the bundle at `out`; returns the manifest's entries. Refuses before writing."""
+    wanted = [p for p in PARTS if p in set(parts)]
+    unknown = sorted(set(parts) - set(PARTS))
+    if unknown:
+        raise DtlabError(f"bundle: unknown part {', '.join(unknown)}; parts are {', '.join(PARTS)}")
+    the_plan = plan(cluster, profiles)
+    problems = refusals(the_plan, wanted)
+    if problems:
+        raise DtlabError(problems[0])
+    out.mkdir(parents=True, exist_ok=True)
+    previous = {e.path: e for e in read_manifest(out)} if (out / MANIFEST).exists() else {}
+    entries: dict[str, Entry] = {path: e for path, e in previous.items() if e.part not in wanted}
+    builders = {"wheels": _build_wheels, "apt": _build_apt, "spark": _build_spark,
+                "determined": _build_determined, "hf": _build_hf}
+    for part in wanted:
+        say(f"bundle: {part} ...")
+        for entry in builders[part](the_plan, out, say):
+            entries[entry.path] = entry
+    write_manifest(out, cluster.name, the_plan, list(entries.values()))
+    total = sum(e.bytes for e in entries.values())
+    say(f"bundle: {out}: {len(entries)} files, {total / 2**30:.2f} GiB; check it: invoke bundle.verify {out}")
+    return list(entries.values())
+
+
+def write_manifest(out: Path, cluster_name: str, the_plan: Plan, entries: list[Entry]) -> None:
+    """manifest.json for the files of `entries` (their sha256 and size taken now where not yet known)."""
+    for entry in entries:
+        if not entry.sha256:
+            entry.sha256, entry.bytes = file_digest(out / entry.path), (out / entry.path).stat().st_size
+    manifest = {
+        "format": BUNDLE_FORMAT,
+        "built": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cluster": cluster_name,
+        "node_os": the_plan.node_os,
+        "node_python": the_plan.node_python,
+        "torch_build": the_plan.torch_build,
+        "plan": asdict(the_plan),
+        "files": [asdict(e) for e in sorted(entries, key=lambda e: e.path)],
+    }
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+
+
+def file_digest(path: Path, algorithm: str = "sha256") -> str:
+    digest = hashlib.new(algorithm)
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _run(argv: list[str], what: str, timeout: float, **kwargs) -> subprocess.CompletedProcess:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, **kwargs)
+    except subprocess.TimeoutExpired:
+        raise DtlabError(f"bundle: {what}: no answer in {timeout:.0f} s") from None
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()
+        raise DtlabError(f"bundle: {what} failed: {tail[-1] if tail else f'exit {done.returncode}'}")
+    return done
+
+
+_WHEEL = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)-.+\.whl$")
+
+
+def wheel_name_version(filename: str) -> tuple[str, str] | None:
+    match = _WHEEL.match(filename)
+    return (match["name"].lower().replace("_", "-"), match["version"]) if match else None
+
+
+def _build_wheels(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
+    """pip download for the nodes' Python and platform, with the pins; the controller's own is not used."""
+    wheels = out / "wheels"
+    wheels.mkdir(exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as requirements:
+        requirements.write("\n".join(the_plan.requirements) + "\n")
+    index = ["--extra-index-url", the_plan.torch_index_url] if the_plan.torch_index_url else []
+    pins = ["-r", requirements.name, "-c", str(paths.CONSTRAINTS_FILE)]
+    # As the trainer role fills its wheelhouse: the nodes' own Python builds the sdist-only packages (pyspark)
+    # into wheels; for another Python only binary wheels can be fetched (pip says which it cannot find).
+    if the_plan.node_python == _controller_python():
+        argv = ["wheel", "--wheel-dir", str(wheels)]
+    else:
+        platforms = [arg for platform in NODE_PLATFORMS for arg in ("--platform", platform)]
+        argv = ["download", "--only-binary=:all:", "--python-version", the_plan.node_python,
+                "--implementation", "cp", *platforms, "--dest", str(wheels)]
+    try:
+        _run([sys.executable, "-m", "pip", *argv, "--quiet", "--disable-pip-version-check", *index, *pins],
+             f"pip {argv[0]}", PIP_TIMEOUT_S)
+    finally:
+        os.unlink(requirements.name)
+    if the_plan.horovod:
+        _add_horovod(the_plan, wheels, say)
+    entries = []
+    for wheel in sorted(wheels.glob("*.whl")):
+        name, version = wheel_name_version(wheel.name) or (wheel.name, "")
+        source = ("built here: scripts/build-horovod-wheel.sh" if name == "horovod"
+                  else the_plan.torch_index_url if name == "torch" and the_plan.torch_index_url else "PyPI")
+        entries.append(Entry(f"wheels/{wheel.name}", "wheels", name, version, source))
+    say(f"bundle: wheels: {len(entries)} for Python {the_plan.node_python} ({the_plan.torch_build} torch)")
+    return entries
+
+
+def _add_horovod(the_plan: Plan, wheels: Path, say: Say) -> None:
+    """Horovod's wheel, built here against the bundle's own torch (as the horovod role builds it on the
+    controller, into the same wheelhouse, so either reuses the other's), and the cloudpickle it needs."""
+    torch = next(r for r in the_plan.requirements if r.startswith("torch=="))
+    cloudpickle = f"cloudpickle=={the_plan.horovod_cloudpickle}"
+    venv = paths.STATE_DIR / "horovod-build-venv"
+    if not (venv / "bin/python").exists():
+        _run([sys.executable, "-m", "venv", str(venv)], "the Horovod build venv", 300)
+    _run([str(venv / "bin/python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+          "--no-compile", "--find-links", str(wheels), "-c", str(paths.CONSTRAINTS_FILE), torch, cloudpickle,
+          "psutil", "pyyaml", "packaging", "cffi", "setuptools>=70.1"], "the Horovod build venv",
+         PIP_TIMEOUT_S)
+    paths.WHEELHOUSE_DIR.mkdir(parents=True, exist_ok=True)
+    say(f"bundle: wheels: Horovod {the_plan.horovod_version} against {torch} (about 5 minutes, once)")
+    script = paths.REPO_ROOT / "scripts/build-horovod-wheel.sh"
+    built = _run([str(script), "--python", str(venv / "bin/python"),
+                  "--out", str(paths.WHEELHOUSE_DIR), "--version", the_plan.horovod_version,
+                  "--sha256", the_plan.horovod_sdist_sha256], "scripts/build-horovod-wheel.sh", 3600)
+    wheel = Path(built.stdout.strip().splitlines()[-1])
+    shutil.copy2(wheel, wheels / wheel.name)
+    _run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+          "--only-binary=:all:", "--python-version", the_plan.node_python, "--implementation", "cp",
+          "--dest", str(wheels), cloudpickle], "pip download cloudpickle", PIP_TIMEOUT_S)
+
+
+def _build_apt(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
+    """Every package and its dependencies, resolved as if the node had nothing installed (an empty dpkg
+    status), with this machine's own apt sources and keys, into a flat repository."""
+    repo = out / "apt"
+    repo.mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="dtlab-bundle-apt-") as scratch:
+        state = Path(scratch)
+        (state / "lists/partial").mkdir(parents=True)
+        (state / "archives/partial").mkdir(parents=True)
+        (state / "status").write_text("")
+        options = ["-o", f"Dir::State::Lists={state / 'lists'}",
+                   "-o", f"Dir::State::status={state / 'status'}",
+                   "-o", f"Dir::Cache::archives={state / 'archives'}", "-o", f"Dir::Cache={state}",
+                   "-o", "APT::Install-Recommends=false", "-o", "Debug::NoLocking=true"]
+        _run(["apt-get", *options, "-q", "update"], "apt-get update (the bundle's own lists)", APT_TIMEOUT_S)
+        # The bundle's packages go into the scratch cache first: a rebuild downloads only what changed.
+        for deb in repo.glob("*.deb"):
+            os.link(deb, state / "archives" / deb.name) if deb.stat().st_dev == state.stat().st_dev \
+                else shutil.copy2(deb, state / "archives" / deb.name)
+        _run(["apt-get", *options, "-q", "-y", "--download-only", "install", *the_plan.apt_packages],
+             "apt-get install --download-only", APT_TIMEOUT_S)
+        wanted = {deb.name for deb in (state / "archives").glob("*.deb")}
+        for stale in repo.glob("*.deb"):
+            if stale.name not in wanted:
+                stale.unlink()
+        for deb in (state / "archives").glob("*.deb"):
+            if not (repo / deb.name).exists():
+                shutil.move(str(deb), repo / deb.name)
+    index = _run(["dpkg-scanpackages", "--multiversion", "."], "dpkg-scanpackages", 600, cwd=repo).stdout
+    atomic_write_text(repo / "Packages", index)
+    with gzip.open(repo / "Packages.gz", "wt") as compressed:
+        compressed.write(index)
+    atomic_write_text(repo / "Release", _release(repo, the_plan.node_os))
+    entries = []
+    for deb in sorted(repo.glob("*.deb")):
+        name, version, _arch = (deb.stem.split("_") + ["", ""])[:3]
+        entries.append(Entry(f"apt/{deb.name}", "apt", name, version.replace("%3a", ":"), the_plan.node_os))
+    entries += [Entry(f"apt/{index_file}", "apt", index_file, "", "dpkg-scanpackages")
+                for index_file in ("Packages", "Packages.gz", "Release")]
+    named = ", ".join(the_plan.apt_packages)
+    say(f"bundle: apt: {len(entries) - 3} packages: {named} and their dependencies")
+    return entries
+
+
+def _release(repo: Path, node_os: str) -> str:
+    """A flat repository's Release file: apt checks the indexes against it (the debs against the indexes)."""
+    lines = ["Origin: dtlab bundle", f"Label: dtlab bundle for {node_os}", "Suite: dtlab-bundle",
+             f"Date: {datetime.now(UTC).strftime('%a, %d %b %Y %H:%M:%S UTC')}", "SHA256:"]
+    for index_file in ("Packages", "Packages.gz"):
+        data = (repo / index_file).read_bytes()
+        lines.append(f" {hashlib.sha256(data).hexdigest()} {len(data)} {index_file}")
+    return "\n".join(lines) + "\n"
+
+
+def _download(url: str, target: Path, what: str) -> None:
+    """One file, fetched whole into place; a failure is one line naming the URL."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    try:
+        with urllib.request.urlopen(url, timeout=60) as response, partial.open("wb") as handle:  # noqa: S310
+            shutil.copyfileobj(response, handle, CHUNK)
+    except (OSError, ValueError) as error:
+        partial.unlink(missing_ok=True)
+        raise DtlabError(f"bundle: {what}: cannot fetch {url} ({error}); build this part where it can be"
+                         " reached (docs/offline.md)") from None
+    partial.replace(target)
+
+
+def _build_spark(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
+    if the_plan.spark is None:
+        say("bundle: spark: none needed (spark_install_method pip: Spark comes with the pyspark wheel)")
+        return []
+    spark = the_plan.spark
+    name = spark["url"].rsplit("/", 1)[-1]  # the spark role reads it from the bundle's spark/ by this name
+    tarball = out / "spark" / name
+    checksum = tarball.with_name(name + ".sha512")
+    _download(spark["checksum_url"], checksum, "spark")
+    expected = published_sha512(checksum.read_text())
+    if not (tarball.exists() and file_digest(tarball, "sha512") == expected):
+        _download(spark["url"], tarball, "spark")
+    if file_digest(tarball, "sha512") != expected:
+        raise DtlabError(f"bundle: spark: {spark['url']} does not match its published sha512")
+    return [Entry(f"spark/{name}", "spark", "spark", spark["version"], spark["url"]),
+            Entry(f"spark/{name}.sha512", "spark", "spark.sha512", spark["version"], spark["checksum_url"])]
+
+
+def published_sha512(text: str) -> str:
+    """The hash of an Apache .sha512 file, in either of its layouts: `HASH  NAME` (sha512sum) or the older
+    `NAME: 3A6D 91F2 ...` (gpg --print-md, upper case in groups over several lines)."""
+    text = text.strip()
+    if ":" in text.split("\n", 1)[0]:
+        text = text.split(":", 1)[1]
+        return "".join(text.split()).lower()
+    return text.split()[0].lower() if text else ""
+
+
+def _build_determined(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
+    if not the_plan.determined:
+        say("bundle: determined: none needed (determined_install_binaries is off)")
+        return []
+    entries = []
+    for package in the_plan.determined:
+        name = package["url"].rsplit("/", 1)[-1]  # determined_common reads it from the bundle's determined/
+        target = out / "determined" / name
+        if not target.exists():
+            _download(package["url"], target, f"determined {package['component']}")
+        entries.append(Entry(f"determined/{name}", "determined", f"determined-{package['component']}",
+                             package["version"], package["url"]))
+    return entries
+
+
+def _build_hf(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
+    """The profiles' hub models and datasets as a hub cache (HF_HUB_CACHE); generated ones need nothing."""
+    if not the_plan.hf_models and not the_plan.hf_datasets:
+        say(f"bundle: hf: none needed (profile {', '.join(the_plan.profiles)} generates its model and data)")
+        return []
+    from huggingface_hub import snapshot_download
+
+    cache = out / "hf" / "hub"
+    entries = []
+    wanted = [(m, "model") for m in the_plan.hf_models] + [(d, "dataset") for d in the_plan.hf_datasets]
+    for repo_id, repo_type in wanted:
+        try:
+            snapshot = Path(snapshot_download(repo_id, repo_type=repo_type, cache_dir=cache))
+        except Exception as error:  # noqa: BLE001 (the hub client raises many kinds; each becomes one line)
+            raise DtlabError(f"bundle: hf: cannot fetch {repo_type} {repo_id} from the hub"
+                             f" ({type(error).__name__}); build this part where the hub can be reached"
+                             " (docs/offline.md)") from None
+        for file in sorted(p for p in snapshot.rglob("*") if p.is_file()):
+            real = file.resolve()
+            page = f"https://huggingface.co/{'datasets/' if repo_type == 'dataset' else ''}{repo_id}"
+            entries.append(Entry(str(real.relative_to(out)), "hf", f"{repo_type}:{repo_id}", snapshot.name,
+                                 page))
+    return entries
+
+
+# --- reading and verifying -----------------------------------------------------------------------------
+
+
+def read_manifest(bundle: Path) -> list[Entry]:
+    path = bundle / MANIFEST
+    try:
+        data = json.loads(path.read_text())
+        return [Entry(**item) for item in data["files"]]
+    except FileNotFoundError:
+        raise DtlabError(
+            f"bundle {bundle}: no {MANIFEST}; build one: invoke bundle.build --out {bundle}") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        raise DtlabError(f"bundle {bundle}: {MANIFEST} is not a dtlab manifest ({error})") from None
+
+
+def verify(cluster: Cluster, bundle: Path, profiles: Iterable[str] | None = None) -> list[str]:
+    """Problems (one line each) that keep this bundle from provisioning this inventory; empty when none."""
+    bundle = Path(bundle)
+    if not bundle.is_dir():
+        return [f"bundle {bundle}: no such directory"]
+    try:
+        manifest = json.loads((bundle / MANIFEST).read_text())
+        entries = read_manifest(bundle)
+    except FileNotFoundError:
+        return [f"bundle {bundle}: no {MANIFEST}; build one with invoke bundle.build --out {bundle}"]
+    except (json.JSONDecodeError, DtlabError) as error:
+        return [str(error) if isinstance(error, DtlabError) else f"bundle {bundle}: {MANIFEST}: {error}"]
+    problems = []
+    if manifest.get("format") != BUNDLE_FORMAT:
+        problems.append(f"bundle {bundle}: format {manifest.get('format')}, this dtlab reads {BUNDLE_FORMAT}")
+    the_plan = plan(cluster, profiles or manifest.get("plan", {}).get("profiles"))
+    for key, wanted in (("node_os", the_plan.node_os), ("node_python", the_plan.node_python),
+                        ("torch_build", the_plan.torch_build)):
+        if manifest.get(key) != wanted:
+            problems.append(f"bundle {bundle}: built for {key} {manifest.get(key)}, inventory: {wanted}")
+    listed = {e.path for e in entries}
+    for entry in entries:
+        path = bundle / entry.path
+        if not path.is_file():
+            problems.append(f"bundle {bundle}: {entry.path} is listed but missing")
+        elif path.stat().st_size != entry.bytes or file_digest(path) != entry.sha256:
+            problems.append(f"bundle {bundle}: {entry.path} does not match its sha256 in {MANIFEST}")
+    for path in sorted(bundle.rglob("*")):
+        relative = str(path.relative_to(bundle))
+        if path.is_file() and relative != MANIFEST and relative not in listed:
+            problems.append(f"bundle {bundle}: {relative} is not in {MANIFEST}")
+    problems += _check_versions(bundle, the_plan, entries)
+    return problems
+
+
+def _check_versions(bundle: Path, the_plan: Plan, entries: list[Entry]) -> list[str]:
+    problems = []
+    wheels = {e.name: e.version for e in entries if e.part == "wheels"}
+    for requirement in the_plan.requirements:
+        name = re.split(r"[=\[<>]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+        if name not in wheels:
+            problems.append(f"bundle {bundle}: wheels: no {name} (the trainer venv needs it)")
+    for name, version in sorted(wheels.items()):
+        pin = pinned(name) or pinned(name.replace("-", "_"))
+        if pin and version.split("+")[0] != pin.split("+")[0]:
+            problems.append(f"bundle {bundle}: wheels: {name} {version}, constraints.txt pins {pin}")
+    if the_plan.horovod and "horovod" not in wheels:
+        problems.append(f"bundle {bundle}: wheels: no horovod (horovod_install is on)")
+    debs = {e.name for e in entries if e.part == "apt" and e.path.endswith(".deb")}
+    missing = [p for p in the_plan.apt_packages if p not in debs]
+    if missing:
+        problems.append(f"bundle {bundle}: apt: no {', '.join(missing)} (the roles install them)")
+    spark = the_plan.spark
+    if spark and not any(e.part == "spark" and e.version == spark["version"] for e in entries):
+        problems.append(f"bundle {bundle}: spark: no release {spark['version']} (spark_version)")
+    for package in the_plan.determined:
+        name = f"determined-{package['component']}"
+        if not any(e.name == name and e.version == package["version"] for e in entries):
+            problems.append(f"bundle {bundle}: determined: no {package['component']} {package['version']}")
+    for repo_id in the_plan.hf_models + the_plan.hf_datasets:
+        if not any(e.part == "hf" and e.name.endswith(f":{repo_id}") for e in entries):
+            profiles = ", ".join(the_plan.profiles)
+            problems.append(f"bundle {bundle}: hf: no snapshot of {repo_id} (profile {profiles})")
+    return problems
+
+
+# --- the invoke commands -------------------------------------------------------------------------------
+
+
+class BundleProblems(DtlabError):
+    """bundle.verify found problems: each was printed on its own line; exit 1, as a failed check."""
+
+    exit_code = 1
+
+
+def _split(text: str) -> list[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def build_command(out: str, inventory: str | None, parts: str = "", profiles: str = "",
+                  say: Say = print) -> Path:
+    """invoke bundle.build: the bundle for the inventory's nodes at `out`, then its verification."""
+    cluster = load_cluster(inventory)
+    target = Path(out).resolve()
+    build(cluster, target, parts=_split(parts) or PARTS, profiles=_split(profiles) or None, say=say)
+    if not _split(parts):
+        verify_command(str(target), inventory, say=say)
+    return target
+
+
+def verify_command(path: str, inventory: str | None, say: Say = print) -> None:
+    """invoke bundle.verify: one line per problem and exit 1, or one line saying what the bundle holds."""
+    cluster = load_cluster(inventory)
+    problems = verify(cluster, Path(path))
+    for problem in problems:
+        say(problem)
+    if problems:
+        raise BundleProblems(f"bundle {path}: {len(problems)} problem(s); it cannot provision {cluster.name}")
+    entries = read_manifest(Path(path))
+    parts = sorted({e.part for e in entries})
+    say(f"bundle {path}: complete for {cluster.name}: {len(entries)} files ({', '.join(parts)}),"
+        " checksums and pins right")
