@@ -49,12 +49,29 @@ def _lab_test_venv_dir():
     return paths.STATE_DIR / "lab-testvenv"
 
 
+def _lab_bundle(name: str):
+    """The test lab's offline bundle (dtlab.bundle, docs/offline.md), built or brought up to date; its plan
+    comes from the default lab's inventory, which has the test lab's shape and group_vars."""
+    from dtlab import bundle, paths
+    from dtlab.inventory import load_cluster
+
+    cluster = load_cluster(paths.INVENTORY_DIR / "lab.yml")
+    directory = paths.STATE_DIR / "bundles" / name
+    bundle.build(cluster, directory, say=lambda line: None)
+    problems = bundle.verify(cluster, directory)
+    if problems:
+        pytest.fail("the test lab's offline bundle does not verify:\n" + "\n".join(problems))
+    return directory
+
+
 @pytest.fixture(scope="session")
 def lab():
     """The up test lab (a dtlab.lab.LabConfig): `lab.inventory_path`, `lab.node_names`, `lab.name`, ...
 
-    Fresh nodes each session (unless DTLAB_TEST_LAB_KEEP=1); always brought down at the end,
-    also when a test or lab.up itself fails. Needs root.
+    An offline lab (`invoke lab.up --bundle`): no apt proxy, so its nodes have no way out, and every converge
+    installs from the bundle built here first; every lab test, the smoke matrix among them, runs on nodes that
+    fetched nothing from outside (#32). Fresh nodes each session (unless DTLAB_TEST_LAB_KEEP=1); always
+    brought down at the end, also when a test or lab.up itself fails. Needs root.
     """
     import dtlab.lab
 
@@ -65,7 +82,8 @@ def lab():
     try:
         if not KEEP_TEST_LAB:
             dtlab.lab.down(name, wipe=True)  # a crashed session's leftovers
-        yield dtlab.lab.up(name, binds={str(_lab_test_venv_dir()): LAB_TEST_VENV_MOUNT})
+        yield dtlab.lab.up(name, binds={str(_lab_test_venv_dir()): LAB_TEST_VENV_MOUNT},
+                           bundle=_lab_bundle(name))
     finally:
         try:
             dtlab.lab.down(name, wipe=not KEEP_TEST_LAB)

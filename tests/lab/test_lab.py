@@ -4,6 +4,7 @@ Uses the session fixture `lab` (tests/conftest.py): the instance "dtlabtest", br
 """
 
 import json
+import shlex
 import signal
 import subprocess
 import sys
@@ -85,14 +86,35 @@ def test_nodes_have_no_way_out_and_no_dns(lab):
     assert "unreachable" in result.stderr
 
 
-def test_nodes_reach_apt_through_the_lab_proxy_which_refuses_other_hosts(lab):
-    result = on_node(lab, "node2", "apt-get -q update", timeout=180)
-    assert result.returncode == 0, result.stdout[-500:] + result.stderr[-500:]
-    ask_proxy = ("python3 -c \"import urllib.request as u, urllib.error as e\n"
-                 f"opener = u.build_opener(u.ProxyHandler({{'http': '{lab.apt_proxy_url}'}}))\n"
-                 "try: opener.open('http://example.org/', timeout=10)\n"
-                 "except e.HTTPError as error: print(error.code)\"")
-    assert on_node(lab, "node2", ask_proxy).stdout.strip() == "403"  # refused, never forwarded
+def ask_proxy(lab, url: str) -> str:
+    """What the lab's apt proxy answers a node's GET of `url`: an HTTP status, or the error's name."""
+    script = ("import urllib.request as u, urllib.error as e\n"
+              f"opener = u.build_opener(u.ProxyHandler({{'http': '{lab.apt_proxy_url}'}}))\n"
+              f"try: print(opener.open('{url}', timeout=10).status)\n"
+              "except e.HTTPError as error: print(error.code)\n"
+              "except OSError as error: print(type(error).__name__)")
+    return on_node(lab, "node1", f"python3 -c {shlex.quote(script)}").stdout.strip()
+
+
+def test_the_session_lab_is_offline_with_its_bundle_mounted_read_only(lab):
+    """The session lab is an offline lab (tests/conftest.py): no apt proxy, the bundle in every node."""
+    report = dtlab.lab.status(lab.name)
+    assert report["apt_proxy_pid"] is None and report["bundle"]
+    assert ask_proxy(lab, "http://deb.debian.org/debian/") == "URLError"  # nothing listens: no way out
+    inventory = yaml.safe_load(lab.inventory_path.read_text())
+    for node, host in inventory["lab"]["hosts"].items():
+        assert (host["dtlab_bundle"], host["dtlab_bundle_push"]) == (report["bundle"], False)
+        mounted = on_node(lab, node, f"test -s {lab.bundle_mount}/manifest.json"
+                                     f" && touch {lab.bundle_mount}/x")
+        assert mounted.returncode != 0 and "Read-only file system" in mounted.stderr, mounted.stderr
+
+
+def test_a_lab_keeps_the_way_it_was_made(lab, tmp_path):
+    with pytest.raises(DtlabError, match=rf"^lab {lab.name}: exists offline from .*; run `invoke lab.down"):
+        dtlab.lab.up(lab.name, bundle=tmp_path)
+    with pytest.raises(DtlabError, match=r"^lab --bundle .*: no manifest.json there; build one with"):
+        dtlab.lab.up(f"{lab.name}n", node_count=2, bundle=tmp_path)
+    assert dtlab.lab.leftovers(f"{lab.name}n") == []
 
 
 @pytest.mark.slow
@@ -164,6 +186,10 @@ def test_a_second_lab_comes_up_beside_keeps_node_files_and_goes_down_without_lef
         other = dtlab.lab.up(name, node_count=2)
         assert other.subnet != lab.subnet and not other.subnet.overlaps(lab.subnet)
         assert on_node(other, "node1", "hostname").stdout.strip() == "node1"
+        # An online lab: apt reaches Debian through its proxy, which refuses every other host.
+        result = on_node(other, "node1", "apt-get -q update", timeout=180)
+        assert result.returncode == 0, result.stdout[-500:] + result.stderr[-500:]
+        assert ask_proxy(other, "http://example.org/") == "403"  # refused, never forwarded
         # /etc/hosts belongs to Ansible after creation: a later up must not rewrite it.
         on_node(other, "node1", "echo '10.213.1.1 managed-by-ansible' >> /etc/hosts")
         dtlab.lab.down(name)

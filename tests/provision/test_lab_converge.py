@@ -11,6 +11,7 @@ import time
 import pytest
 import yaml
 
+import dtlab.lab
 from dtlab import paths, platforms, provision
 from dtlab.inventory import load_cluster
 from dtlab.lab.access import run_on_node, ssh_argv
@@ -124,6 +125,28 @@ def test_docker_keeps_a_daemon_json_that_nvidia_ctk_rewrote(provisioned_lab, sec
         on(lab, "node1", f"printf %s {shlex.quote(original)} > {path}")
 
 
+# --- the offline bundle (the session lab is an offline lab: tests/conftest.py, docs/offline.md) -----------
+
+def test_every_node_installed_from_the_bundle_alone(provisioned_lab, cluster):
+    """No apt proxy ran during the converge (the lab has none); apt on every node reads the bundle alone;
+    the trainer units read Hugging Face's offline switches; pip and Horovod took the bundle's wheels."""
+    lab, first = provisioned_lab
+    bundle_dir = cluster.var("dtlab_bundle_dir")
+    assert cluster.var("dtlab_bundle") and not dtlab.lab.status(lab.name)["apt_proxy_pid"]
+    assert "TASK [common : Make apt read the bundle's list alone]" in first.output
+    assert "TASK [horovod : Find the wheel for the venv's torch and Python in the bundle]" in first.output
+    assert "TASK [trainer : Fill the controller's wheelhouse" not in first.output
+    assert "Build the Horovod wheel into the wheelhouse" not in first.output
+    for node in cluster.nodes:
+        sources = on(lab, node.name, "apt-get indextargets --format '$(SITE)' | sort -u").stdout.split()
+        assert sources == [f"file:{bundle_dir}/apt"], (node.name, sources)
+        env_file = on(lab, node.name, f"cat {cluster.socket_env_file}").stdout.splitlines()
+        offline = {"HF_HUB_OFFLINE=1", "HF_DATASETS_OFFLINE=1", f"HF_HUB_CACHE={bundle_dir}/hf/hub"}
+        assert offline <= set(env_file), env_file
+        horovod = on(lab, node.name, f"cat {cluster.venv_dir}/.dtlab-horovod").stdout
+        assert horovod.startswith("horovod-") and "+torch" in horovod, horovod
+
+
 # --- the socket interface ----------------------------------------------------------------------------
 
 def test_each_node_uses_the_kvm_style_nic_that_holds_its_address(provisioned_lab, cluster):
@@ -131,7 +154,7 @@ def test_each_node_uses_the_kvm_style_nic_that_holds_its_address(provisioned_lab
     assert lab.node_ifname == "enp1s0"  # named like a KVM guest's NIC; nothing tells the roles
     for node in cluster.nodes:
         env_file = on(lab, node.name, f"cat {cluster.socket_env_file}").stdout
-        assert env_file == "GLOO_SOCKET_IFNAME=enp1s0\nNCCL_SOCKET_IFNAME=enp1s0\n", node.name
+        assert env_file.startswith("GLOO_SOCKET_IFNAME=enp1s0\nNCCL_SOCKET_IFNAME=enp1s0\n"), node.name
         assert f"{node.name}: gloo and NCCL use enp1s0 (it holds ansible_host {node.address})" in first.output
     for worker in cluster.workers:  # Spark's executors inherit their worker's environment
         spark_env = on(lab, worker.name, f"cat {cluster.var('spark_conf_dir')}/spark-env.sh").stdout
