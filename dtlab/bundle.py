@@ -1,18 +1,18 @@
 """The offline bundle: all that site.yml and the trainer would fetch from outside, for an air-gapped cluster.
 
-    invoke bundle.build --out DIR      DIR/{manifest.json, wheels/, apt/, spark/, determined/, hf/}
+    invoke bundle.build --out DIR      DIR/{manifest.json, wheels/, apt/, <platform>/, hf/}
     invoke bundle.verify DIR           complete, checksums right, versions equal to the pins
     ansible-playbook site.yml -e dtlab_bundle=DIR      install from it; nothing fetched from outside
 
 A bundle is made for one inventory: its nodes' OS and Python (dtlab_node_os, dtlab_node_python in
 group_vars), its torch build, and what its roles install there. Each part says where it came from:
 
-    wheels/      the trainer venv's wheels for the nodes' Python and platform (pip download), Horovod's
-                 wheel from the controller's wheelhouse where horovod_install is on
+    wheels/      the trainer venv's wheels for the nodes' Python and platform (pip), and those a platform's
+                 roles build rather than fetch (Platform.build_offline_wheels: Horovod's), built here
     apt/         every apt package the roles install, with its dependencies down to libc (apt-get, as if
                  nothing were installed), as a flat repository (Packages, Release)
-    spark/       the Apache release tarball and its published sha512 (where Spark installs from the tarball)
-    determined/  the master and agent packages (where the inventory installs them)
+    <platform>/  the releases a platform's roles download (Platform.offline_releases): Spark's tarball and its
+                 published sha512 where it installs from the tarball, Determined's master and agent packages
     hf/          a Hugging Face hub cache holding the profile's models and datasets (none for generated ones)
 
 manifest.json lists every file with its part, name, version, source and sha256. A part this controller
@@ -22,6 +22,7 @@ line before anything is written; docs/offline.md says how to build it where it c
 
 from __future__ import annotations
 
+import functools
 import gzip
 import hashlib
 import json
@@ -40,7 +41,7 @@ from typing import Any
 
 import yaml
 
-from dtlab import gpucompat, paths
+from dtlab import gpucompat, paths, platforms, roles
 from dtlab.errors import DtlabError
 from dtlab.files import atomic_write_text
 from dtlab.inventory import Cluster, Node, load_cluster
@@ -48,12 +49,10 @@ from dtlab.pins import pinned
 
 BUNDLE_FORMAT = 1
 MANIFEST = "manifest.json"
-PARTS = ("wheels", "apt", "spark", "determined", "hf")
-ROLES_DIR = paths.REPO_ROOT / "roles"
+PARTS = ("wheels", "apt", "releases", "hf")
 # The task files whose packages only a GPU node installs (the nvidia role; Docker's NVIDIA toolkit):
 # left out of a cpu inventory's bundle, as the roles skip them there.
 GPU_TASK_FILES = ("nvidia/tasks/gpu.yml", "docker/tasks/nvidia_toolkit.yml")
-APT_MODULES = ("ansible.builtin.apt", "apt")
 # The platforms pip may take wheels for (the trainer role's list, for another Python than the controller's).
 NODE_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
 OS_RELEASE = Path("/etc/os-release")
@@ -87,13 +86,9 @@ class Plan:
     torch_build: str  # 'pypi' or a CUDA build name (cu126, ...)
     torch_index_url: str | None
     requirements: list[str]
-    horovod: bool
-    horovod_version: str
-    horovod_sdist_sha256: str
-    horovod_cloudpickle: str
+    built_wheels: dict[str, list[str]]  # platform -> the wheels it builds (Platform.offline_wheels)
     apt_packages: list[str]
-    spark: dict[str, str] | None  # {version, url, checksum_url} where Spark installs from the tarball
-    determined: list[dict[str, str]] = field(default_factory=list)  # [{component, version, url}]
+    releases: list[dict[str, str | None]]  # each platform's (Platform.offline_releases), with its name
     hf_models: list[str] = field(default_factory=list)
     hf_datasets: list[str] = field(default_factory=list)
     profiles: list[str] = field(default_factory=list)
@@ -126,13 +121,10 @@ def plan(cluster: Cluster, profiles: Iterable[str] | None = None) -> Plan:
         torch_build=build_name,
         torch_index_url=index_url,
         requirements=_trainer_requirements(build_name),
-        horovod=_truthy(cluster.var("horovod_install")),
-        horovod_version=str(cluster.var("horovod_version", "")),
-        horovod_sdist_sha256=str(cluster.var("horovod_sdist_sha256", "")),
-        horovod_cloudpickle=str(cluster.var("horovod_cloudpickle_version", "")),
+        built_wheels={p.name: p.offline_wheels(cluster) for p in platforms.ALL if p.offline_wheels(cluster)},
         apt_packages=apt_packages(cluster),
-        spark=_spark(cluster),
-        determined=_determined(cluster),
+        releases=[{"platform": platform.name, **asdict(release)}
+                  for platform in platforms.ALL for release in platform.offline_releases(cluster)],
         hf_models=sorted(m for m in models if m and not m.startswith("generated")),
         hf_datasets=sorted(d for d in data if d and not d.startswith("generated")),
         profiles=chosen,
@@ -160,64 +152,9 @@ def _torch_build(cluster: Cluster, where: str) -> tuple[str, str | None]:
 
 def _trainer_requirements(build_name: str) -> list[str]:
     """The trainer role's package list (its defaults), torch labelled with the build, as the role does."""
-    defaults = yaml.safe_load((ROLES_DIR / "trainer/defaults/main.yml").read_text())
+    defaults = yaml.safe_load((roles.ROLES_DIR / "trainer/defaults/main.yml").read_text())
     torch = f"torch=={pinned('torch')}" + ("" if build_name == gpucompat.PYPI else f"+{build_name}")
     return [torch if package == "torch" else str(package) for package in defaults["trainer_python_packages"]]
-
-
-def _loader():
-    from ansible.parsing.dataloader import DataLoader
-
-    return DataLoader()
-
-
-def _read_role_file(path: Path) -> Any:
-    """A role's YAML with its strings trusted as templates, as ansible-playbook trusts a role's own files
-    (ansible-core 2.19 renders no other string)."""
-    from ansible.template import trust_as_template
-
-    def trusted(value: Any) -> Any:
-        if isinstance(value, str):
-            return trust_as_template(value)
-        if isinstance(value, dict):
-            return {key: trusted(item) for key, item in value.items()}
-        if isinstance(value, list):
-            return [trusted(item) for item in value]
-        return value
-
-    return trusted(_loader().load_from_file(str(path)))
-
-
-def _role_layers(role: str, node_os: str) -> tuple[dict, dict]:
-    """(defaults, vars) of a role as Ansible layers them: vars/main.yml, then the distribution's vars file."""
-    def read(path: Path) -> dict:
-        return (_read_role_file(path) or {}) if path.exists() else {}
-
-    distribution = {"debian-bookworm": "Debian-12", "ubuntu-noble": "Ubuntu-24"}.get(node_os, "")
-    role_vars = read(ROLES_DIR / role / "vars/main.yml")
-    role_vars.update(read(ROLES_DIR / role / "vars" / f"{distribution}.yml"))
-    return read(ROLES_DIR / role / "defaults/main.yml"), role_vars
-
-
-def apt_tasks() -> list[tuple[str, Any]]:
-    """(task file relative to roles/, its `name:`: a template or a list) of every role task that installs apt
-    packages by name, read from the roles themselves, so a package a role adds is in the next bundle."""
-    found = []
-    for task_file in sorted(ROLES_DIR.glob("*/tasks/*.yml")):
-        for task in _tasks(_read_role_file(task_file) or []):
-            for module in APT_MODULES:
-                arguments = task.get(module)
-                if isinstance(arguments, dict) and "name" in arguments:
-                    found.append((str(task_file.relative_to(ROLES_DIR)), arguments["name"]))
-    return found
-
-
-def _tasks(items: list) -> Iterable[dict]:
-    for item in items:
-        if isinstance(item, dict):
-            yield item
-            for key in ("block", "rescue", "always"):
-                yield from _tasks(item.get(key) or [])
 
 
 def apt_packages(cluster: Cluster) -> list[str]:
@@ -227,58 +164,26 @@ def apt_packages(cluster: Cluster) -> list[str]:
     inventory leaves out the GPU roles' packages (GPU_TASK_FILES), as the roles skip those tasks there."""
     node_os = str(cluster.require("dtlab_node_os"))
     packages: set[str] = set()
-    for task_file, expression in apt_tasks():
+    for task_file, expression in roles.apt_tasks():
         if cluster.device == "cpu" and task_file in GPU_TASK_FILES:
             continue
         role = task_file.split("/", 1)[0]
-        defaults, role_vars = _role_layers(role, node_os)
+        defaults, role_vars = roles.role_layers(role, node_os)
         for node in cluster.nodes:
             packages.update(_render_names(node, defaults, role_vars, expression, f"roles/{task_file}"))
     return sorted(packages)
 
 
 def _render_names(node: Node, defaults: dict, role_vars: dict, expression: Any, where: str) -> list[str]:
-    """A task's package names on one node: Ansible's templar over role defaults < inventory < role vars."""
-    from ansible.template import Templar
-
-    variables = {**defaults, **node.hostvars, **role_vars, "inventory_hostname": node.name}
+    """A task's package names on one node (dtlab.roles.render: role defaults < inventory < role vars)."""
     try:
-        value = Templar(loader=_loader(), variables=variables).template(expression)
+        value = roles.render(node, defaults, role_vars, expression)
     except Exception as error:  # noqa: BLE001 (Ansible raises many kinds; each becomes one line)
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise DtlabError(f"bundle: {where}: the packages {str(expression)!r} do not render for {node.name}"
                          f" before the node exists ({first}); a bundle cannot hold them yet") from None
     names = [value] if isinstance(value, str) else list(value)
     return [str(name) for name in names if str(name)]
-
-
-def _spark(cluster: Cluster) -> dict[str, str] | None:
-    if str(cluster.var("spark_install_method", "tarball")) != "tarball":
-        return None
-    defaults, role_vars = _role_layers("spark", str(cluster.require("dtlab_node_os")))
-    node = cluster.master or cluster.nodes[0]
-    url = _render_value(node, defaults, role_vars, "spark_tarball_url")
-    return {"version": str(cluster.var("spark_version")), "url": url, "checksum_url": f"{url}.sha512"}
-
-
-def _determined(cluster: Cluster) -> list[dict[str, str]]:
-    if not _truthy(cluster.var("determined_install_binaries", True)):
-        return []
-    defaults, role_vars = _role_layers("determined_common", str(cluster.require("dtlab_node_os")))
-    node = cluster.master or cluster.nodes[0]
-    found = []
-    for component in ("master", "agent"):
-        extra = {"determined_common_component": component}
-        url = _render_value(node, defaults, {**role_vars, **extra}, "determined_common_deb_url")
-        found.append({"component": component, "version": str(cluster.var("determined_version")), "url": url})
-    return found
-
-
-def _render_value(node: Node, defaults: dict, role_vars: dict, key: str) -> str:
-    from ansible.template import Templar
-
-    variables = {**defaults, **node.hostvars, **role_vars, "inventory_hostname": node.name}
-    return str(Templar(loader=_loader(), variables=variables).template(variables[key])).strip()
 
 
 # --- what this controller can build --------------------------------------------------------------------
@@ -311,12 +216,11 @@ def refusals(the_plan: Plan, parts: Iterable[str]) -> list[str]:
         found.append("bundle: apt: apt-get resolves the packages as root (its own lists and cache, the"
                      " system's untouched); run as root")
     controller_python = _controller_python()
-    if "wheels" in parts and the_plan.horovod and controller_python != the_plan.node_python:
-        found.append(
-            f"bundle: wheels: horovod_install is on and Horovod's wheel is built against the nodes' Python"
-            f" {the_plan.node_python}, but this controller runs {controller_python}; build the bundle with a"
-            f" Python {the_plan.node_python} venv (scripts/setup.sh there), or set horovod_install: false"
-        )
+    for name in the_plan.built_wheels if "wheels" in parts else ():
+        if controller_python != the_plan.node_python:
+            found.append(f"bundle: wheels: {name}'s wheels are built here against the nodes' Python"
+                         f" {the_plan.node_python}, but this controller runs {controller_python}; build the"
+                         f" bundle with a Python {the_plan.node_python} venv (scripts/setup.sh there)")
     return found
 
 
@@ -341,8 +245,8 @@ def build(cluster: Cluster, out: Path, parts: Iterable[str] = PARTS, profiles: I
     out.mkdir(parents=True, exist_ok=True)
     previous = {e.path: e for e in read_manifest(out)} if (out / MANIFEST).exists() else {}
     entries: dict[str, Entry] = {path: e for path, e in previous.items() if e.part not in wanted}
-    builders = {"wheels": _build_wheels, "apt": _build_apt, "spark": _build_spark,
-                "determined": _build_determined, "hf": _build_hf}
+    builders = {"wheels": functools.partial(_build_wheels, cluster), "apt": _build_apt,
+                "releases": _build_releases, "hf": _build_hf}
     for part in wanted:
         say(f"bundle: {part} ...")
         for entry in builders[part](the_plan, out, say):
@@ -398,7 +302,7 @@ def wheel_name_version(filename: str) -> tuple[str, str] | None:
     return (match["name"].lower().replace("_", "-"), match["version"]) if match else None
 
 
-def _build_wheels(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
+def _build_wheels(cluster: Cluster, the_plan: Plan, out: Path, say: Say) -> list[Entry]:
     """pip download for the nodes' Python and platform, with the pins; the controller's own is not used."""
     wheels = out / "wheels"
     wheels.mkdir(exist_ok=True)
@@ -411,49 +315,26 @@ def _build_wheels(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
     if the_plan.node_python == _controller_python():
         argv = ["wheel", "--wheel-dir", str(wheels)]
     else:
-        platforms = [arg for platform in NODE_PLATFORMS for arg in ("--platform", platform)]
+        tags = [arg for tag in NODE_PLATFORMS for arg in ("--platform", tag)]
         argv = ["download", "--only-binary=:all:", "--python-version", the_plan.node_python,
-                "--implementation", "cp", *platforms, "--dest", str(wheels)]
+                "--implementation", "cp", *tags, "--dest", str(wheels)]
     try:
         _run([sys.executable, "-m", "pip", *argv, "--quiet", "--disable-pip-version-check", *index, *pins],
              f"pip {argv[0]}", PIP_TIMEOUT_S)
     finally:
         os.unlink(requirements.name)
-    if the_plan.horovod:
-        _add_horovod(the_plan, wheels, say)
+    torch = next(r for r in the_plan.requirements if r.startswith("torch=="))
+    for name in the_plan.built_wheels:
+        platforms.get(name).build_offline_wheels(cluster, wheels, torch, _run, say)
     entries = []
     for wheel in sorted(wheels.glob("*.whl")):
         name, version = wheel_name_version(wheel.name) or (wheel.name, "")
-        source = ("built here: scripts/build-horovod-wheel.sh" if name == "horovod"
+        built = [builder for builder, names in the_plan.built_wheels.items() if name in names]
+        source = (f"built here for {built[0]}" if built
                   else the_plan.torch_index_url if name == "torch" and the_plan.torch_index_url else "PyPI")
         entries.append(Entry(f"wheels/{wheel.name}", "wheels", name, version, source))
     say(f"bundle: wheels: {len(entries)} for Python {the_plan.node_python} ({the_plan.torch_build} torch)")
     return entries
-
-
-def _add_horovod(the_plan: Plan, wheels: Path, say: Say) -> None:
-    """Horovod's wheel, built here against the bundle's own torch (as the horovod role builds it on the
-    controller, into the same wheelhouse, so either reuses the other's), and the cloudpickle it needs."""
-    torch = next(r for r in the_plan.requirements if r.startswith("torch=="))
-    cloudpickle = f"cloudpickle=={the_plan.horovod_cloudpickle}"
-    venv = paths.STATE_DIR / "horovod-build-venv"
-    if not (venv / "bin/python").exists():
-        _run([sys.executable, "-m", "venv", str(venv)], "the Horovod build venv", 300)
-    _run([str(venv / "bin/python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-          "--no-compile", "--find-links", str(wheels), "-c", str(paths.CONSTRAINTS_FILE), torch, cloudpickle,
-          "psutil", "pyyaml", "packaging", "cffi", "setuptools>=70.1"], "the Horovod build venv",
-         PIP_TIMEOUT_S)
-    paths.WHEELHOUSE_DIR.mkdir(parents=True, exist_ok=True)
-    say(f"bundle: wheels: Horovod {the_plan.horovod_version} against {torch} (about 5 minutes, once)")
-    script = paths.REPO_ROOT / "scripts/build-horovod-wheel.sh"
-    built = _run([str(script), "--python", str(venv / "bin/python"),
-                  "--out", str(paths.WHEELHOUSE_DIR), "--version", the_plan.horovod_version,
-                  "--sha256", the_plan.horovod_sdist_sha256], "scripts/build-horovod-wheel.sh", 3600)
-    wheel = Path(built.stdout.strip().splitlines()[-1])
-    shutil.copy2(wheel, wheels / wheel.name)
-    _run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
-          "--only-binary=:all:", "--python-version", the_plan.node_python, "--implementation", "cp",
-          "--dest", str(wheels), cloudpickle], "pip download cloudpickle", PIP_TIMEOUT_S)
 
 
 def _build_apt(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
@@ -524,22 +405,31 @@ def _download(url: str, target: Path, what: str) -> None:
     partial.replace(target)
 
 
-def _build_spark(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
-    if the_plan.spark is None:
-        say("bundle: spark: none needed (spark_install_method pip: Spark comes with the pyspark wheel)")
+def _build_releases(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
+    """Each platform's releases (Platform.offline_releases) into <platform>/, where its roles read them;
+    a release with a published sha512 is checked against it before it is kept."""
+    if not the_plan.releases:
+        say("bundle: releases: none needed (no platform of this inventory downloads one)")
         return []
-    spark = the_plan.spark
-    name = spark["url"].rsplit("/", 1)[-1]  # the spark role reads it from the bundle's spark/ by this name
-    tarball = out / "spark" / name
-    checksum = tarball.with_name(name + ".sha512")
-    _download(spark["checksum_url"], checksum, "spark")
-    expected = published_sha512(checksum.read_text())
-    if not (tarball.exists() and file_digest(tarball, "sha512") == expected):
-        _download(spark["url"], tarball, "spark")
-    if file_digest(tarball, "sha512") != expected:
-        raise DtlabError(f"bundle: spark: {spark['url']} does not match its published sha512")
-    return [Entry(f"spark/{name}", "spark", "spark", spark["version"], spark["url"]),
-            Entry(f"spark/{name}.sha512", "spark", "spark.sha512", spark["version"], spark["checksum_url"])]
+    entries = []
+    for release in the_plan.releases:
+        target = out / release["platform"] / release["url"].rsplit("/", 1)[-1]
+        relative = str(target.relative_to(out))
+        what = f"releases: {release['name']}"
+        if release["checksum_url"]:
+            checksum = target.with_name(target.name + ".sha512")
+            _download(release["checksum_url"], checksum, what)
+            expected = published_sha512(checksum.read_text())
+            if not (target.exists() and file_digest(target, "sha512") == expected):
+                _download(release["url"], target, what)
+            if file_digest(target, "sha512") != expected:
+                raise DtlabError(f"bundle: {what}: {release['url']} does not match its published sha512")
+            entries.append(Entry(f"{relative}.sha512", "releases", f"{release['name']}.sha512",
+                                 release["version"], release["checksum_url"]))
+        elif not target.exists():
+            _download(release["url"], target, what)
+        entries.append(Entry(relative, "releases", release["name"], release["version"], release["url"]))
+    return entries
 
 
 def published_sha512(text: str) -> str:
@@ -550,21 +440,6 @@ def published_sha512(text: str) -> str:
         text = text.split(":", 1)[1]
         return "".join(text.split()).lower()
     return text.split()[0].lower() if text else ""
-
-
-def _build_determined(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
-    if not the_plan.determined:
-        say("bundle: determined: none needed (determined_install_binaries is off)")
-        return []
-    entries = []
-    for package in the_plan.determined:
-        name = package["url"].rsplit("/", 1)[-1]  # determined_common reads it from the bundle's determined/
-        target = out / "determined" / name
-        if not target.exists():
-            _download(package["url"], target, f"determined {package['component']}")
-        entries.append(Entry(f"determined/{name}", "determined", f"determined-{package['component']}",
-                             package["version"], package["url"]))
-    return entries
 
 
 def _build_hf(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
@@ -653,19 +528,19 @@ def _check_versions(bundle: Path, the_plan: Plan, entries: list[Entry]) -> list[
         pin = pinned(name) or pinned(name.replace("-", "_"))
         if pin and version.split("+")[0] != pin.split("+")[0]:
             problems.append(f"bundle {bundle}: wheels: {name} {version}, constraints.txt pins {pin}")
-    if the_plan.horovod and "horovod" not in wheels:
-        problems.append(f"bundle {bundle}: wheels: no horovod (horovod_install is on)")
+    for platform, names in the_plan.built_wheels.items():
+        for name in names:
+            if name not in wheels:
+                problems.append(f"bundle {bundle}: wheels: no {name} ({platform}'s roles install it)")
     debs = {e.name for e in entries if e.part == "apt" and e.path.endswith(".deb")}
     missing = [p for p in the_plan.apt_packages if p not in debs]
     if missing:
         problems.append(f"bundle {bundle}: apt: no {', '.join(missing)} (the roles install them)")
-    spark = the_plan.spark
-    if spark and not any(e.part == "spark" and e.version == spark["version"] for e in entries):
-        problems.append(f"bundle {bundle}: spark: no release {spark['version']} (spark_version)")
-    for package in the_plan.determined:
-        name = f"determined-{package['component']}"
-        if not any(e.name == name and e.version == package["version"] for e in entries):
-            problems.append(f"bundle {bundle}: determined: no {package['component']} {package['version']}")
+    for release in the_plan.releases:
+        if not any(e.part == "releases" and e.name == release["name"] and e.version == release["version"]
+                   for e in entries):
+            problems.append(f"bundle {bundle}: releases: no {release['name']} {release['version']}"
+                            f" ({release['platform']}'s roles install it)")
     for repo_id in the_plan.hf_models + the_plan.hf_datasets:
         if not any(e.part == "hf" and e.name.endswith(f":{repo_id}") for e in entries):
             profiles = ", ".join(the_plan.profiles)

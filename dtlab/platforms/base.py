@@ -13,14 +13,18 @@ What a platform owns:
   ready for this cell?), `stop` (what stopping its units leaves behind);
 - the cluster: `probe_lines` (its part of cluster.check's one probe script per node), `check_rows`,
   `gpu_rows`, `reset` (its step of cluster.reset) and `wait_ready` (after the reset);
-- faults: `recovery` (what recovers a lost worker, as dtlab configures it).
+- faults: `recovery` (what recovers a lost worker, as dtlab configures it);
+- an offline cluster: `offline_wheels` / `build_offline_wheels` (wheels its roles build, built for the
+  bundle) and `offline_releases` (files its roles download), which dtlab.bundle puts in the bundle.
 """
 
 from __future__ import annotations
 
 import shlex
+import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import ClassVar
 
 from dtlab import remote
@@ -31,6 +35,8 @@ from dtlab.inventory import Cluster, Node
 from dtlab.launch import Launch
 
 DTLAB_RETRY = "dtlab retry from the newest checkpoint"
+Run = Callable[[list[str], str, float], subprocess.CompletedProcess]  # an offline build's steps
+Say = Callable[[str], None]
 NO_GPU_CPU_INVENTORY = "no GPU (cpu inventory)"
 
 
@@ -56,6 +62,21 @@ class ResetSteps:
     @property
     def masters(self) -> list[Node]:
         return self.reachable([self.cluster.master] if self.cluster.master is not None else [])
+
+
+@dataclass(frozen=True)
+class Release:
+    """A file a platform's roles download at converge time (a release tarball, a package), which an offline
+    bundle must hold (dtlab.bundle): its roles then read it from <dtlab_bundle_dir>/<platform name>/<file>."""
+
+    name: str  # e.g. "spark", "determined-master"
+    version: str
+    url: str
+    checksum_url: str | None = None  # a published sha512 (Apache's .sha512), checked before it is kept
+
+    @property
+    def filename(self) -> str:
+        return self.url.rsplit("/", 1)[-1]
 
 
 class Platform:
@@ -118,6 +139,20 @@ class Platform:
 
     def wait_ready(self, cluster: Cluster, workers: list[Node], timeout_s: float) -> None:
         """After the reset: wait (bounded) until its services take cells again."""
+
+    # --- an offline cluster ---
+
+    def offline_wheels(self, cluster: Cluster) -> list[str]:
+        """The wheels its roles build rather than fetch, by package name: an offline bundle must hold them."""
+        return []
+
+    def build_offline_wheels(self, cluster: Cluster, wheels: Path, torch: str, run: Run, say: Say) -> None:
+        """Build offline_wheels into `wheels` on this controller (the nodes' Python), against the bundle's
+        `torch` requirement; `run(argv, what, timeout_s)` runs a step and makes its failure one line."""
+
+    def offline_releases(self, cluster: Cluster) -> list[Release]:
+        """What its roles would download on this inventory beyond apt and pip packages (bundled anyway)."""
+        return []
 
     # --- faults ---
 

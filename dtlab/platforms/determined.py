@@ -30,10 +30,12 @@ from dtlab.platforms.base import (
     NO_GPU_CPU_INVENTORY,
     Platform,
     PreflightError,
+    Release,
     ResetSteps,
     missing_unit_row,
     restart_command,
 )
+from dtlab.roles import role_value
 from dtlab.waiting import wait_until
 
 if TYPE_CHECKING:
@@ -324,6 +326,17 @@ class Determined(Platform):
 
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         return build(cluster, cell, attempt, timeout_s)
+
+    def offline_releases(self, cluster: Cluster) -> list[Release]:
+        """The master's and the agents' release packages, where the inventory installs them."""
+        if str(cluster.var("determined_install_binaries", True)).strip().lower() not in ("true", "yes", "1"):
+            return []
+        node, node_os = cluster.master or cluster.nodes[0], str(cluster.require("dtlab_node_os"))
+        version = str(cluster.var("determined_version"))
+        return [Release(f"{NAME}-{component}", version,
+                        role_value(node, "determined_common", "determined_common_deb_url", node_os,
+                                   extra={"determined_common_component": component}))
+                for component in ("master", "agent")]
 
     def preflight(self, cluster: Cluster, planned: Launch, sessions: remote.Sessions | None) -> None:
         """On a master: every agent's Docker has the trial image and its python3 can install the pins."""

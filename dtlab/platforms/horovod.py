@@ -12,13 +12,16 @@ see roles/horovod/README.md).
 from __future__ import annotations
 
 import shlex
+import shutil
+import sys
+from pathlib import Path
 
-from dtlab import remote
+from dtlab import paths, remote
 from dtlab.cell import Cell
 from dtlab.checks import CheckRow, NodeStates
 from dtlab.inventory import Cluster, Node
 from dtlab.launch import CellPaths, Launch, Placement, driver_on_master, place, trainer_env
-from dtlab.platforms.base import DTLAB_RETRY, Platform, PreflightError, ResetSteps
+from dtlab.platforms.base import DTLAB_RETRY, Platform, PreflightError, ResetSteps, Run, Say
 from trainer import progress, strategies
 
 NAME = "horovod"
@@ -95,6 +98,34 @@ class Horovod(Platform):
         return (f"strategy {strategy} cannot run under Horovod, whose optimizer averages every gradient "
                 f"itself; use strategy {' or '.join(STRATEGIES)} on horovod, "
                 f"or {strategy} on another platform")
+
+    def offline_wheels(self, cluster: Cluster) -> list[str]:
+        """Its wheel (dtlab builds it: PyPI has 0.28.1's C++14 sdist alone) and cloudpickle, if installed."""
+        installed = str(cluster.var("horovod_install")).lower() in ("true", "yes", "1")
+        return [NAME, "cloudpickle"] if installed else []
+
+    def build_offline_wheels(self, cluster: Cluster, wheels: Path, torch: str, run: Run, say: Say) -> None:
+        """The wheel against the bundle's torch, as the horovod role builds it on the controller (the same
+        script, build venv and wheelhouse, so either reuses the other's), and the cloudpickle it needs."""
+        version = str(cluster.var("horovod_version"))
+        cloudpickle = f"cloudpickle=={cluster.var('horovod_cloudpickle_version')}"
+        venv = paths.STATE_DIR / "horovod-build-venv"
+        if not (venv / "bin/python").exists():
+            run([sys.executable, "-m", "venv", str(venv)], "the Horovod build venv", 300)
+        run([str(venv / "bin/python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+             "--no-compile", "--find-links", str(wheels), "-c", str(paths.CONSTRAINTS_FILE), torch,
+             cloudpickle, "psutil", "pyyaml", "packaging", "cffi", "setuptools>=70.1"],
+            "the Horovod build venv", 3600)
+        paths.WHEELHOUSE_DIR.mkdir(parents=True, exist_ok=True)
+        say(f"bundle: wheels: Horovod {version} against {torch} (about 5 minutes, once)")
+        script = paths.REPO_ROOT / "scripts/build-horovod-wheel.sh"
+        built = run([str(script), "--python", str(venv / "bin/python"), "--out", str(paths.WHEELHOUSE_DIR),
+                     "--version", version, "--sha256", str(cluster.var("horovod_sdist_sha256"))],
+                    "scripts/build-horovod-wheel.sh", 3600)
+        wheel = Path(built.stdout.strip().splitlines()[-1])
+        shutil.copy2(wheel, wheels / wheel.name)
+        run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
+             "--only-binary=:all:", "--dest", str(wheels), cloudpickle], "pip download cloudpickle", 600)
 
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         return build(cluster, cell, attempt, timeout_s)

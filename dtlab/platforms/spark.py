@@ -20,10 +20,12 @@ from dtlab.platforms.base import (
     NO_GPU_CPU_INVENTORY,
     Platform,
     PreflightError,
+    Release,
     ResetSteps,
     missing_unit_row,
     restart_command,
 )
+from dtlab.roles import role_value
 from dtlab.waiting import wait_until
 
 NAME = "spark"
@@ -143,6 +145,14 @@ class Spark(Platform):
 
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         return build(cluster, cell, attempt, timeout_s)
+
+    def offline_releases(self, cluster: Cluster) -> list[Release]:
+        """The Apache release tarball and its published sha512, where Spark installs from the tarball."""
+        if str(cluster.var("spark_install_method", "tarball")) != "tarball":
+            return []
+        node = cluster.master or cluster.nodes[0]
+        url = role_value(node, "spark", "spark_tarball_url", str(cluster.require("dtlab_node_os")))
+        return [Release(NAME, str(cluster.var("spark_version")), url, checksum_url=f"{url}.sha512")]
 
     def preflight(self, cluster: Cluster, planned: Launch, sessions: remote.Sessions | None) -> None:
         needed = min(planned.cell.gpus, len(cluster.workers))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, GPU_CLUSTER_4X2, invoke, write_inventory
 
-from dtlab import bundle, paths
+from dtlab import bundle, paths, roles
 from dtlab.errors import DtlabError
 from dtlab.inventory import load_cluster
 from dtlab.pins import pinned
@@ -45,7 +45,7 @@ def test_every_apt_task_of_the_roles_is_read():
     for task_file in (paths.REPO_ROOT / "roles").glob("*/tasks/*.yml"):
         blocks = re.split(r"^\s*ansible\.builtin\.apt:\s*$", task_file.read_text(), flags=re.MULTILINE)[1:]
         counted += sum(1 for block in blocks if re.match(r"(\s+(?!name:)\w+:.*\n)*\s+name:", block))
-    found = bundle.apt_tasks()
+    found = roles.apt_tasks()
     assert len(found) == counted >= 8
     assert ("postgresql/tasks/main.yml", "{{ __postgresql_packages }}") in [(f, str(e)) for f, e in found]
 
@@ -57,23 +57,24 @@ def test_the_lab_bundle_holds_every_package_its_roles_install_and_no_gpu_ones(la
     assert (the_plan.node_os, the_plan.node_python) == ("debian-bookworm", "3.11")
     assert the_plan.torch_build == "pypi" and f"torch=={pinned('torch')}" in the_plan.requirements
     assert "ray[default,train]" in the_plan.requirements
-    assert the_plan.horovod and the_plan.horovod_version
+    assert the_plan.built_wheels == {"horovod": ["horovod", "cloudpickle"]}  # the lab runs Horovod
     # The lab installs Spark from pyspark and no Determined binaries; smoke generates its model and data.
-    assert (the_plan.spark, the_plan.determined) == (None, [])
+    assert the_plan.releases == []
     assert (the_plan.hf_models, the_plan.hf_datasets) == ([], [])
 
 
 def test_a_cluster_bundle_names_the_releases_the_roles_download(tmp_path):
     cluster = load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": CPU_SITE_VARS}))
     the_plan = bundle.plan(cluster, profiles=["study"])
-    spark = pinned("pyspark")
-    assert the_plan.spark == {
-        "version": spark,
-        "url": f"https://archive.apache.org/dist/spark/spark-{spark}/spark-{spark}-bin-hadoop3.tgz",
-        "checksum_url": f"https://archive.apache.org/dist/spark/spark-{spark}/spark-{spark}-bin-hadoop3.tgz.sha512"}
-    assert [(d["component"], d["url"].rsplit("/", 1)[-1]) for d in the_plan.determined] == [
-        ("master", f"determined-master_{pinned('determined')}_linux_amd64.deb"),
-        ("agent", f"determined-agent_{pinned('determined')}_linux_amd64.deb")]
+    spark, determined = pinned("pyspark"), pinned("determined")
+    tarball = f"https://archive.apache.org/dist/spark/spark-{spark}/spark-{spark}-bin-hadoop3.tgz"
+    releases = "https://github.com/determined-ai/determined/releases/download"
+    assert the_plan.releases == [  # from the platforms' offline_releases, in the registry's order
+        {"platform": "spark", "name": "spark", "version": spark, "url": tarball,
+         "checksum_url": f"{tarball}.sha512"},
+        *({"platform": "determined", "name": f"determined-{component}", "version": determined,
+           "url": f"{releases}/v{determined}/determined-{component}_{determined}_linux_amd64.deb",
+           "checksum_url": None} for component in ("master", "agent"))]
     assert (the_plan.hf_models, the_plan.hf_datasets) == (["prajjwal1/bert-tiny"], ["stanfordnlp/imdb"])
     assert (the_plan.node_os, the_plan.node_python) == ("ubuntu-noble", "3.12")
 
@@ -114,7 +115,7 @@ def test_bad_parts_and_a_missing_bundle_are_one_line_with_exit_codes(tmp_path):
     made = invoke("bundle.build", "--out", str(tmp_path / "b"), "--parts", "wheels,debs")
     assert made.returncode == 2 and not (tmp_path / "b").exists()
     assert made.stderr.strip() == ("error: bundle: unknown part debs;"
-                                   " parts are wheels, apt, spark, determined, hf")
+                                   " parts are wheels, apt, releases, hf")
     missing = invoke("bundle.verify", str(tmp_path / "none"))
     assert missing.returncode == 1
     assert missing.stdout.strip() == f"bundle {tmp_path / 'none'}: no such directory"
@@ -133,12 +134,9 @@ def _complete_bundle(cluster, out: Path) -> bundle.Plan:
         entries.append(bundle.Entry(f"wheels/{filename}", "wheels", name, str(pinned(name)), "PyPI"))
     for package in the_plan.apt_packages:
         entries.append(bundle.Entry(f"apt/{package}_1.0_amd64.deb", "apt", package, "1.0", the_plan.node_os))
-    spark = the_plan.spark
-    entries.append(bundle.Entry(f"spark/{spark['url'].rsplit('/', 1)[-1]}", "spark", "spark",
-                                spark["version"], spark["url"]))
-    for package in the_plan.determined:
-        entries.append(bundle.Entry(f"determined/{package['url'].rsplit('/', 1)[-1]}", "determined",
-                                    f"determined-{package['component']}", package["version"], package["url"]))
+    for release in the_plan.releases:
+        entries.append(bundle.Entry(f"{release['platform']}/{release['url'].rsplit('/', 1)[-1]}", "releases",
+                                    release["name"], release["version"], release["url"]))
     for entry in entries:
         (out / entry.path).parent.mkdir(parents=True, exist_ok=True)
         (out / entry.path).write_text(f"stand-in for {entry.name}\n")
@@ -159,7 +157,7 @@ def test_a_complete_bundle_passes_and_says_what_it_holds(made_bundle):
     assert bundle.verify(cluster, out) == []
     checked = invoke("bundle.verify", str(out), "--inventory", str(cluster.inventory_path))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert re.fullmatch(rf"bundle {out}: complete for three: \d+ files \(apt, determined, spark, wheels\),"
+    assert re.fullmatch(rf"bundle {out}: complete for three: \d+ files \(apt, releases, wheels\),"
                         " checksums and pins right", checked.stdout.strip())
 
 
@@ -256,7 +254,7 @@ def _release_cluster(tmp_path, url):
     return load_cluster(write_inventory(tmp_path / "site", CPU_CLUSTER_3, group_vars={"all": site}))
 
 
-def test_spark_and_determined_are_fetched_checked_and_listed(tmp_path, release_server):
+def test_the_platforms_releases_are_fetched_checked_and_listed(tmp_path, release_server):
     import hashlib
 
     root, url = release_server
@@ -272,7 +270,7 @@ def test_spark_and_determined_are_fetched_checked_and_listed(tmp_path, release_s
         deb.write_bytes(f"a stand-in {component} package".encode())
     cluster = _release_cluster(tmp_path, url)
     out = tmp_path / "bundle"
-    entries = bundle.build(cluster, out, parts=["spark", "determined"], say=lambda line: None)
+    entries = bundle.build(cluster, out, parts=["releases"], say=lambda line: None)
     assert sorted(e.path for e in entries) == sorted([
         f"spark/{tarball.name}", f"spark/{tarball.name}.sha512",
         f"determined/determined-master_{determined}_linux_amd64.deb",
@@ -280,7 +278,7 @@ def test_spark_and_determined_are_fetched_checked_and_listed(tmp_path, release_s
     assert (out / "spark" / tarball.name).read_bytes() == tarball.read_bytes()
     problems = bundle.verify(cluster, out)
     # Only wheels and apt are missing: those parts were not asked for.
-    assert not [p for p in problems if ": spark: " in p or ": determined: " in p], problems
+    assert not [p for p in problems if ": releases: " in p], problems
     assert problems and all(": wheels: " in p or ": apt: " in p for p in problems), problems
 
 
@@ -292,14 +290,14 @@ def test_a_tarball_that_is_not_its_published_sha512_is_refused(tmp_path, release
     tarball.write_bytes(b"a tampered tarball")
     (tarball.parent / (tarball.name + ".sha512")).write_text(f"{'0' * 128}  {tarball.name}\n")
     cluster = _release_cluster(tmp_path, url)
-    with pytest.raises(DtlabError, match=r"^bundle: spark: http://127\.0\.0\.1:\d+/dist/spark/.* does not"
-                                         " match its published sha512$"):
-        bundle.build(cluster, tmp_path / "bundle", parts=["spark"], say=lambda line: None)
+    with pytest.raises(DtlabError, match=r"^bundle: releases: spark: http://127\.0\.0\.1:\d+/dist/spark/"
+                                         ".* does not match its published sha512$"):
+        bundle.build(cluster, tmp_path / "bundle", parts=["releases"], say=lambda line: None)
 
 
 def test_an_unreachable_release_is_one_line_naming_its_url(tmp_path, release_server):
     _root, url = release_server  # serves nothing: every path is a 404
     cluster = _release_cluster(tmp_path, url)
-    with pytest.raises(DtlabError, match=r"^bundle: spark: cannot fetch http://127\.0\.0\.1:\d+/dist/spark/"
+    with pytest.raises(DtlabError, match=r"^bundle: releases: spark: cannot fetch http://127\.0\.0\.1:\d+/dist/spark/"
                                          r"\S+\.sha512 \(HTTP Error 404: File not found\); build this part"):
-        bundle.build(cluster, tmp_path / "bundle", parts=["spark"], say=lambda line: None)
+        bundle.build(cluster, tmp_path / "bundle", parts=["releases"], say=lambda line: None)
