@@ -237,8 +237,6 @@ def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, st
                   profile=profile, study=study, priorities=priorities)
 
 
-# --- top level ---------------------------------------------------------------
-
 # --- bundle: everything the nodes install, for an offline cluster (docs/offline.md) ----------------------
 
 BUNDLE_PARTS_HELP = "only these parts, comma-separated: wheels,apt,releases,hf (default: all)"
@@ -249,7 +247,7 @@ BUNDLE_PARTS_HELP = "only these parts, comma-separated: wheels,apt,releases,hf (
                           "profile": "matrix profiles whose models and data it holds, comma-separated"
                                      " (default: the matrix's default_profile)"})
 def bundle_build(c, out, inventory=None, parts="", profile=""):
-    """Write the offline bundle for the inventory's nodes: wheels, apt packages, Spark, Determined, models."""
+    """Write the offline bundle for the inventory's nodes: wheels, apt packages, releases, models and data."""
     from dtlab import bundle
 
     _harness_call(bundle.build_command, out, inventory, parts, profile)
@@ -262,6 +260,8 @@ def bundle_verify(c, path, inventory=None):
 
     _harness_call(bundle.verify_command, path, inventory)
 
+
+# --- top level ---------------------------------------------------------------
 
 @task(help={"lint": "run ruff, lint-imports, yamllint and ansible-lint (default: yes)",
             "fast": "the inner loop: skip the lab, the Spark cluster and every slow test (about 5 minutes)",
