@@ -56,7 +56,7 @@ GPU_TASK_FILES = ("nvidia/tasks/gpu.yml", "docker/tasks/nvidia_toolkit.yml")
 # The platforms pip may take wheels for (the trainer role's list, for another Python than the controller's).
 NODE_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
 OS_RELEASE = Path("/etc/os-release")
-DOWNLOAD_TIMEOUT_S = 600
+DOWNLOAD_SOCKET_TIMEOUT_S = 60  # no byte for this long: the download fails (a whole release may take minutes)
 PIP_TIMEOUT_S = 3600
 APT_TIMEOUT_S = 1800
 CHUNK = 1 << 20
@@ -129,10 +129,6 @@ def plan(cluster: Cluster, profiles: Iterable[str] | None = None) -> Plan:
         hf_datasets=sorted(d for d in data if d and not d.startswith("generated")),
         profiles=chosen,
     )
-
-
-def _truthy(value: Any) -> bool:
-    return value is True or str(value).strip().lower() in ("true", "yes", "1")
 
 
 def _torch_build(cluster: Cluster, where: str) -> tuple[str, str | None]:
@@ -396,7 +392,8 @@ def _download(url: str, target: Path, what: str) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
     try:
-        with urllib.request.urlopen(url, timeout=60) as response, partial.open("wb") as handle:  # noqa: S310
+        with (urllib.request.urlopen(url, timeout=DOWNLOAD_SOCKET_TIMEOUT_S) as response,  # noqa: S310
+              partial.open("wb") as handle):
             shutil.copyfileobj(response, handle, CHUNK)
     except (OSError, ValueError) as error:
         partial.unlink(missing_ok=True)
