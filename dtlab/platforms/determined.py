@@ -329,7 +329,7 @@ class Determined(Platform):
 
     def offline_releases(self, cluster: Cluster) -> list[Release]:
         """The master's and the agents' release packages, where the inventory installs them."""
-        if str(cluster.var("determined_install_binaries", True)).strip().lower() not in ("true", "yes", "1"):
+        if not bool(cluster.require("determined_install_binaries")):  # as Cluster.has_determined_master
             return []
         node, node_os = cluster.master or cluster.nodes[0], str(cluster.require("dtlab_node_os"))
         version = str(cluster.var("determined_version"))

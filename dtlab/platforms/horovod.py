@@ -101,8 +101,7 @@ class Horovod(Platform):
 
     def offline_wheels(self, cluster: Cluster) -> list[str]:
         """Its wheel (dtlab builds it: PyPI has 0.28.1's C++14 sdist alone) and cloudpickle, if installed."""
-        installed = str(cluster.var("horovod_install")).lower() in ("true", "yes", "1")
-        return [NAME, "cloudpickle"] if installed else []
+        return [NAME, "cloudpickle"] if installed(cluster) else []
 
     def build_offline_wheels(self, cluster: Cluster, wheels: Path, torch: str, run: Run, say: Say) -> None:
         """The wheel against the bundle's torch, as the horovod role builds it on the controller (the same

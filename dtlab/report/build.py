@@ -489,4 +489,3 @@ def newest_setup_only(runs: list[Run]) -> tuple[list[Run], list[Run]]:
 
 
 __all__ = ["EmptyStoreError", "Report", "Value", "build_report", "build_study_report", "choose_profile"]
-
