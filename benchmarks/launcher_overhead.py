@@ -1,5 +1,6 @@
 """Launcher overhead: torchrun vs Spark TorchDistributor vs the Determined Core API entry vs Ray Train's
-TorchTrainer, same tiny job.
+TorchTrainer, same tiny job. Spark twice: with the spark role's JVM options (spark_jvm_options, dtlab's
+setup on the nodes) and with the JVM's defaults (`spark-jvm-defaults`), side by side in each round.
 
     .venv/bin/python benchmarks/launcher_overhead.py [--processes 2] [--repeats 3] [--train-size 1024]
 
@@ -41,9 +42,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 from benchmarks._trainer_common import OUT_DIR, free_loopback_port, machine  # noqa: E402
 from tests.raycluster import RayCluster  # noqa: E402
-from tests.sparkcluster import SparkStandaloneCluster  # noqa: E402
+from tests.sparkcluster import SparkStandaloneCluster, role_defaults  # noqa: E402
 
-LAUNCHERS = ("torchrun", "spark", "determined", "ray")
+# "spark" is TorchDistributor with the spark role's JVM options (spark_jvm_options, as on the nodes);
+# "spark-jvm-defaults" the same launch with the JVM's defaults, side by side.
+LAUNCHERS = ("torchrun", "spark", "spark-jvm-defaults", "determined", "ray")
 REPO = Path(__file__).resolve().parent.parent
 STEADY_TARGET, SPARK_LAUNCH_TARGET_S = 1.03, 15.0
 
@@ -61,8 +64,11 @@ def job_config(args, scratch: Path) -> Path:
 def command(launcher: str, processes: int, config: Path, out: Path, clusters) -> list[str]:
     trainer_args = ["--config", str(config), "--output-dir", str(out)]
     spark, ray = clusters
-    if launcher == "spark":
-        return [sys.executable, "-m", "trainer.launchers.spark", *trainer_args,
+    if launcher.startswith("spark"):
+        jvm_options = "" if launcher == "spark-jvm-defaults" else role_defaults()["spark_jvm_options"]
+        jvm_conf = [f"--spark-conf=spark.{side}.extraJavaOptions={jvm_options}"
+                    for side in ("driver", "executor") if jvm_options]
+        return [sys.executable, "-m", "trainer.launchers.spark", *trainer_args, *jvm_conf,
                 "--num-processes", str(processes), "--master", spark.master_url]
     if launcher == "ray":
         return [sys.executable, "-m", "trainer.launchers.ray", *trainer_args,
@@ -175,7 +181,7 @@ def main() -> None:
                         run = launch(launcher, args.processes, config, out, clusters, secret)
                         runs.append(run | {"round": repeat})
                         beside = run["beside_workers_cores"]
-                        print(f"  {launcher:<10} first step after {run['launch_to_first_step_s']:6.2f} s, "
+                        print(f"  {launcher:<18} first step after {run['launch_to_first_step_s']:6.2f} s, "
                               f"steady step {run['steady_step_s'] * 1000:6.1f} ms, CPU beside the workers "
                               f"{'n/a' if beside is None else f'{beside:.2f} cores'}", flush=True)
     report(args, runs, cluster_start_s, machine_before, machine())
@@ -203,7 +209,7 @@ def report(args, runs: list[dict], cluster_start_s: dict, machine_before: str, m
     print(f"job: {args.processes} processes x 1 thread, {runs[0]['steps']} steps, {args.repeats} rounds; "
           "median [min-max] over the rounds; cluster start-up, not counted: "
           + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in cluster_start_s.items()) + "\n")
-    print(f"{'launcher':<12}{'launch->process':>22}{'launch->1st step':>24}{'steady step':>26}"
+    print(f"{'launcher':<20}{'launch->process':>22}{'launch->1st step':>24}{'steady step':>26}"
           f"{'step ratio':>22}{'CPU/step ratio':>22}")
     for launcher in LAUNCHERS:
         row = {key: median(launcher, key) for key in ("launch_to_train_process_s", "launch_to_first_step_s",
@@ -214,7 +220,7 @@ def report(args, runs: list[dict], cluster_start_s: dict, machine_before: str, m
                 "cpu_ratio_range": [min(cpu), max(cpu)],
                 "first_step_ratio": statistics.median(ratios(launcher, "launch_to_first_step_s"))}
         rows.append(row)
-        print(f"{launcher:<12}{spread(of(launcher, 'launch_to_train_process_s'), ' s', digits=1):>22}"
+        print(f"{launcher:<20}{spread(of(launcher, 'launch_to_train_process_s'), ' s', digits=1):>22}"
               f"{spread(of(launcher, 'launch_to_first_step_s'), ' s', digits=1):>24}"
               f"{spread(of(launcher, 'steady_step_s'), ' ms', 1000, 1):>26}"
               f"{spread(ratios(launcher, 'steady_step_s'), digits=3):>22}"
@@ -232,6 +238,12 @@ def report(args, runs: list[dict], cluster_start_s: dict, machine_before: str, m
           f"training processes started {spark['launch_to_train_process_s'] - session_ready:.1f} s later "
           "(executors, Python worker, torchrun on each executor); first step "
           f"{spark['launch_to_first_step_s'] - spark['launch_to_train_process_s']:.1f} s after that")
+    tuned = of("spark", "launch_to_first_step_s")
+    defaults = of("spark-jvm-defaults", "launch_to_first_step_s")
+    per_round = [d - t for t, d in zip(tuned, defaults, strict=True)]
+    print(f"spark's JVM options ({role_defaults()['spark_jvm_options']}), launch -> first step: "
+          f"{spread(tuned, ' s', digits=1)} with them, {spread(defaults, ' s', digits=1)} with the JVM's "
+          f"defaults; saved per round {spread(per_round, ' s', digits=1)}")
     for kind in ("steady", "cpu"):
         worst = max(row[f"{kind}_ratio"] for row in rows)
         print(f"\n{kind} step ratio, worst vs torchrun: {worst:.3f} (target <= {STEADY_TARGET}) -> "

@@ -49,11 +49,13 @@ def role_defaults() -> dict:
     return yaml.safe_load((SPARK_ROLE / "defaults" / "main.yml").read_text())
 
 
-def render_spark_defaults(master_port: int, auth_secret: str | None, extra: dict[str, str]) -> str:
+def render_spark_defaults(master_port: int, auth_secret: str | None, extra: dict[str, str],
+                          **role_variables) -> str:
     """spark-defaults.conf from the spark role's template, as Ansible renders it (trim_blocks), for a
-    loopback master and CPU-only workers."""
+    loopback master and CPU-only workers; `role_variables` override the role's defaults."""
     variables = {
         **role_defaults(),
+        **role_variables,
         "ansible_managed": "rendered by tests/sparkcluster.py from roles/spark",
         "dtlab_master_address": LOOPBACK,
         "spark_master_port": master_port,

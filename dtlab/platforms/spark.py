@@ -136,7 +136,7 @@ class Spark(Platform):
     label = "Apache Spark"
     colour = "#d62728"
     description = "TorchDistributor on a standalone Spark cluster: the driver on the master, barrier tasks"
-    launcher_files = ("trainer/launchers/spark.py",)
+    launcher_files = ("trainer/launchers/spark.py", "trainer/launchers/_spark.py")
     roles = ("spark",)
     variable_prefixes = ("spark_",)
     service_variables = ("spark_master_service", "spark_worker_service")

@@ -14,9 +14,10 @@ import urllib.request
 import psutil
 import pytest
 
-from tests.sparkcluster import SparkStandaloneCluster
+from tests.sparkcluster import SparkStandaloneCluster, role_defaults
 from tests.trainer.conftest import SUBPROCESS_TIMEOUT_S, trainer_env, write_config
-from trainer.launchers.spark import LABEL, SECRET_ENV
+from trainer.launchers._spark import SECRET_ENV
+from trainer.launchers.spark import LABEL
 from trainer.result import validate_result
 
 pytestmark = pytest.mark.slow
@@ -30,9 +31,13 @@ def spark_cluster():
         yield cluster
 
 
-def spark_launch(cluster, *args: str, secret_in_env: bool = True) -> subprocess.CompletedProcess:
+def spark_launch(cluster, *args: str, secret_in_env: bool = True,
+                 defaults_file: bool = False) -> subprocess.CompletedProcess:
+    """The launcher as the driver; `defaults_file`: it reads the cluster's spark-defaults.conf, as the
+    harness's driver on the master reads the spark role's (SPARK_CONF_DIR)."""
     env = {**trainer_env(), "SPARK_LOCAL_IP": "127.0.0.1"}  # the driver on loopback
     env |= {SECRET_ENV: SPARK_SECRET} if secret_in_env else {}
+    env |= {"SPARK_CONF_DIR": str(cluster.spark_defaults_path.parent)} if defaults_file else {}
     command = [sys.executable, "-m", "trainer.launchers.spark", "--master", cluster.master_url, *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
 
@@ -42,14 +47,18 @@ def test_cluster_has_two_alive_workers(spark_cluster):
 
 
 def test_two_processes_train_through_torch_distributor(spark_cluster, make_config, tmp_path):
+    """With the spark role's spark-defaults.conf, as on the nodes: its JVM options (spark_jvm_options) are
+    the driver's and the executors', and the result's label names them."""
     cfg = make_config(epochs=1, checkpoint_dir=str(tmp_path / "checkpoints"), **SMALL)
     launched = spark_launch(spark_cluster, "--config", str(write_config(cfg, tmp_path / "run.yml")),
-                            "--num-processes", "2")
+                            "--num-processes", "2", defaults_file=True)
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
 
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     validate_result(result)
-    assert (result["framework"], result["framework_label"]) == ("spark", LABEL)
+    jvm_options = role_defaults()["spark_jvm_options"]
+    assert jvm_options.startswith("-XX:")
+    assert (result["framework"], result["framework_label"]) == ("spark", f"{LABEL} + JVM {jvm_options}")
     assert (result["world_size"], result["device"], result["backend"]) == (2, "cpu", "gloo")
     assert len(result["epoch_metrics"]) == 1 and result["epoch_metrics"][0]["train_samples"] == 64
     assert (tmp_path / "checkpoints" / "epoch-0001" / "checkpoint.pt").is_file()

@@ -4,20 +4,20 @@ Each process is a TorchDistributor barrier task on an executor of `threads` core
 comes from $SPARK_AUTHENTICATE_SECRET, --spark-secret-file or $SPARK_CONF_DIR/spark-defaults.conf."""
 
 import dataclasses
+import gc
 import os
 import sys
 import warnings
-from pathlib import Path
 
 from pyspark.ml.torch.distributor import TorchDistributor
 from pyspark.sql import SparkSession
 
 from trainer.config import ConfigError
 from trainer.launchers import _cli
+from trainer.launchers._spark import jvm_label, spark_conf
 from trainer.result import write_result
 
 PROG, LABEL = "python -m trainer.launchers.spark", "spark (TorchDistributor, standalone)"
-SECRET_ENV = "SPARK_AUTHENTICATE_SECRET"
 
 
 def add_spark_flags(parser):
@@ -33,22 +33,9 @@ def train_on_executor(cfg, framework_label: str) -> dict | None:
     from trainer.core import TrainHooks, train  # here, not on top: Spark's Python worker need not load torch
     hooks = TrainHooks()  # the default file checkpoints in cfg.checkpoint_dir, on rank 0's node
     hooks.framework, hooks.framework_label = "spark", framework_label
-    return train(cfg, hooks)
-
-
-def spark_conf(cfg, args) -> dict[str, str]:
-    conf = {"spark.app.name": "dtlab", "spark.executor.cores": cfg.threads, "spark.task.cpus": cfg.threads,
-            "spark.cores.max": cfg.threads * args.num_processes,  # exactly N slots, spread over workers
-            "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",  # wait for N free slots, but
-            "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": 30}  # 30 s, not Spark's ~10 min
-    if cfg.device == "cuda":  # TorchDistributor's use_gpu needs an integer GPU amount per task
-        conf |= {"spark.task.resource.gpu.amount": 1, "spark.executor.resource.gpu.amount": 1}
-    if secret := os.environ.get(SECRET_ENV) or (args.secret_file and Path(args.secret_file).read_text()):
-        conf |= {"spark.authenticate": "true", "spark.authenticate.secret": secret.strip()}
-    if bad := [pair for pair in args.spark_conf if "=" not in pair]:
-        raise ConfigError(f"--spark-conf {bad[0]}: expected KEY=VALUE")
-    conf |= dict(pair.split("=", 1) for pair in args.spark_conf)  # the caller's conf wins
-    return {key: str(value) for key, value in conf.items()}
+    result = train(cfg, hooks)
+    gc.freeze()  # TorchDistributor's process exits once it has pickled this: skip its final collection
+    return result
 
 
 def launch(cfg, args) -> None:
@@ -60,6 +47,8 @@ def launch(cfg, args) -> None:
     spark = SparkSession.builder.master(args.master).config(map=spark_conf(cfg, args)).getOrCreate()
     try:
         use_gpu = int(float(spark.conf.get("spark.task.resource.gpu.amount", "0"))) >= 1
+        label = cfg.framework_label + jvm_label(spark.sparkContext.getConf())  # the JVMs' setup, as it ran
+        cfg = dataclasses.replace(cfg, framework_label=label)
         distributor = TorchDistributor(args.num_processes, local_mode=False, use_gpu=use_gpu)
         result = distributor.run(train_on_executor, cfg, cfg.framework_label)  # trainer is on the executors
     except Exception as error:  # SPARK-24819: a barrier job needs more free slots than the cluster has
