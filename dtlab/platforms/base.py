@@ -171,3 +171,30 @@ def restart_command(unit: str) -> str:
 
 def missing_unit_row(check: str, node: Node, unit: str) -> CheckRow:
     return CheckRow(check, node.name, False, f"no {unit} unit; run ansible-playbook site.yml")
+
+
+# A unit in one of these states is running or on its way there; any other (inactive, failed, deactivating)
+# will not bring its daemon back by itself.
+RUNNING_OR_STARTING = ("active", "activating", "reloading")
+UNIT_STATE_TIMEOUT_S = 30
+
+
+def units_down(nodes: Sequence[Node], unit: str, sessions: remote.Sessions | None) -> list[str]:
+    """'<node>: <unit> <state>' for each node whose unit is neither running nor starting, or that does not
+    answer: a worker daemon that will not (re)join its head by itself, so a preflight need not wait for it."""
+    down = []
+    for node in nodes:
+        try:
+            connection = sessions.connection(node) if sessions else None
+            state = remote.unit_state(node, unit, timeout=UNIT_STATE_TIMEOUT_S, connection=connection)
+        except DtlabError as error:
+            down.append(f"{node.name}: {error}")
+            continue
+        if state not in RUNNING_OR_STARTING:
+            down.append(f"{node.name}: {unit} {state}")
+    return down
+
+
+def why_not(down: list[str]) -> str:
+    """units_down's answer as a preflight line's parenthesis ("" when every unit runs)."""
+    return f" ({'; '.join(down)})" if down else ""

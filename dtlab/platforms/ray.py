@@ -25,6 +25,8 @@ from dtlab.platforms.base import (
     ResetSteps,
     missing_unit_row,
     restart_command,
+    units_down,
+    why_not,
 )
 from dtlab.waiting import wait_until
 
@@ -172,14 +174,17 @@ class Ray(Platform):
     def preflight(self, cluster: Cluster, planned: Launch, sessions: remote.Sessions | None) -> None:
         needed = len(planned.placement.slots)  # the workers placement would use; Ray picks which
         head = cluster.master.name if cluster.master else None
-        alive = wait_for_workers(cluster, needed, JOIN_WAIT_S)
+        down = units_down(cluster.workers, self.units(cluster)["ray_worker_service"], sessions)
+        # Raylets rejoin for a while after a restart; one whose unit is stopped never does.
+        can_join = len(cluster.workers) - len(down) >= needed
+        alive = wait_for_workers(cluster, needed, JOIN_WAIT_S if can_join else 0)
         if alive < needed:
             try:  # one more look, to say why: a head that does not answer raises with its reason
                 alive = len(alive_workers(cluster))
             except DtlabError as error:
                 raise PreflightError(f"preflight: {error}; run `invoke cluster.reset`", head) from None
             raise PreflightError(f"preflight: Ray head {head} has {alive} alive worker nodes, the cell needs "
-                                 f"{needed}; run `invoke cluster.reset`", head)
+                                 f"{needed}{why_not(down)}; run `invoke cluster.reset`", head)
 
     def check_rows(self, cluster: Cluster, states: NodeStates) -> list[CheckRow]:
         """The Ray head (its unit, and which worker nodes it sees alive with what they offer) and each

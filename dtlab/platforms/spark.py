@@ -24,6 +24,8 @@ from dtlab.platforms.base import (
     ResetSteps,
     missing_unit_row,
     restart_command,
+    units_down,
+    why_not,
 )
 from dtlab.roles import role_value
 from dtlab.waiting import wait_until
@@ -156,11 +158,14 @@ class Spark(Platform):
 
     def preflight(self, cluster: Cluster, planned: Launch, sessions: remote.Sessions | None) -> None:
         needed = min(planned.cell.gpus, len(cluster.workers))
-        alive = wait_for_workers(cluster, needed, REGISTER_WAIT_S)
+        down = units_down(cluster.workers, self.units(cluster)["spark_worker_service"], sessions)
+        # Workers re-register for a while after a restart; one whose unit is stopped never does.
+        can_register = len(cluster.workers) - len(down) >= needed
+        alive = wait_for_workers(cluster, needed, REGISTER_WAIT_S if can_register else 0)
         if alive < needed:
             master = cluster.master.name if cluster.master else None
             raise PreflightError(f"preflight: Spark master {master or '?'} has {alive} alive workers, the "
-                                 f"cell needs {needed}; run `invoke cluster.reset`", master)
+                                 f"cell needs {needed}{why_not(down)}; run `invoke cluster.reset`", master)
 
     def check_rows(self, cluster: Cluster, states: NodeStates) -> list[CheckRow]:
         master = cluster.master

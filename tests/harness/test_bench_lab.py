@@ -286,34 +286,46 @@ def test_a_stuck_cell_and_a_drained_slurm_node_are_cleared_by_cluster_reset(harn
     assert "spark master" in again.stdout and "slurm controller" in again.stdout
 
 
-def test_a_ray_cell_is_refused_in_preflight_when_too_few_ray_workers_are_alive(harness_lab):
+def test_ray_and_spark_cells_are_refused_in_preflight_at_once_when_a_worker_daemon_is_stopped(harness_lab):
     cluster, env = harness_lab
     store = ResultStore.for_cluster(cluster.name)
     before = {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
-    worker_unit = f"{cluster.require('ray_worker_service')}.service"
+    ray_unit = str(cluster.require("ray_worker_service"))
+    spark_unit = str(cluster.require("spark_worker_service"))
     gone = cluster.workers[-1]
-    assert remote.run(gone, f"systemctl stop {worker_unit}").ok
+    assert remote.run(gone, f"systemctl stop {ray_unit}.service {spark_unit}.service").ok
     try:
-        # The health gate sees the stopped worker first: one line per failed check, nothing recorded.
+        # The health gate sees the stopped workers first: one line per failed check, nothing recorded.
         gated = invoke("bench.all", "-i", str(cluster.inventory_path), "--only", "ray-g2", "--force",
                        "--no-report", env=env, timeout=600)
-        refused = invoke("bench.all", "-i", str(cluster.inventory_path), "--only", "ray-g2", "--force",
-                         "--no-report", "--skip-gate", env=env, timeout=600)
+        started = time.monotonic()
+        refused = invoke("bench.all", "-i", str(cluster.inventory_path), "--only", "ray-g2,spark-g2",
+                         "--force", "--no-report", "--skip-gate", env=env, timeout=600)
+        refused_after_s = time.monotonic() - started
     finally:
-        assert remote.run(gone, f"systemctl start {worker_unit}").ok
+        assert remote.run(gone, f"systemctl start {ray_unit}.service {spark_unit}.service").ok
         assert platforms.ray.wait_for_workers(cluster, len(cluster.workers), 120) == len(cluster.workers)
+        assert platforms.spark.wait_for_workers(cluster, len(cluster.workers), 120) == len(cluster.workers)
     assert gated.returncode == 1 and gated.stderr.startswith("error: health gate: "), gated.stderr
-    assert (f"error: health gate: {gone.name}: ray worker: {worker_unit.removesuffix('.service')} inactive"
-            in gated.stderr.splitlines()), gated.stderr
+    assert f"error: health gate: {gone.name}: ray worker: {ray_unit} inactive" in gated.stderr.splitlines()
     assert refused.returncode != 0
-    reason = f"preflight: Ray head {cluster.master.name} has 1 alive worker nodes, the cell needs 2"
-    assert reason in refused.stdout + refused.stderr, refused.stdout[-2000:] + refused.stderr
-    # Refused before anything started: no unit ran, the attempt is recorded as failed with that reason,
-    # and nothing recorded before is lost.
+    master = cluster.master.name
+    reasons = {
+        "ray-g2-e2-s0": f"preflight: Ray head {master} has 1 alive worker nodes, the cell needs 2 "
+                        f"({gone.name}: {ray_unit} inactive)",
+        "spark-g2-e2-s0": f"preflight: Spark master {master} has 1 alive workers, the cell needs 2 "
+                          f"({gone.name}: {spark_unit} inactive)",
+    }
+    for cell_key, reason in reasons.items():
+        assert reason in refused.stdout + refused.stderr, refused.stdout[-2000:] + refused.stderr
+        # Refused before anything started: the attempt is recorded as failed with that reason.
+        [failed] = [r for r in store.runs(status="failed", cell_key=cell_key)
+                    if (r.cell_key, r.attempt, r.status, r.recorded_at) not in before]
+        assert reason in (failed.reason or "")
+    # A stopped unit's daemon never rejoins by itself: neither preflight waited out its rejoin time.
+    assert refused_after_s < platforms.ray.JOIN_WAIT_S, refused_after_s
+    # No unit ran, and nothing recorded before is lost.
     assert not any(cell_units(cluster).values())
-    [failed] = [r for r in store.runs(status="failed", cell_key="ray-g2-e2-s0")
-                if (r.cell_key, r.attempt, r.status, r.recorded_at) not in before]
-    assert reason in (failed.reason or "")
     assert before <= {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
 
 
