@@ -140,3 +140,22 @@ def test_compiled_run_learns_and_is_labelled(make_config, mode):
         mode,
         64,
     )
+
+
+def test_ddp_static_graph_trains_to_stock_ddps_weights_on_the_gpu(make_config, tmp_path):
+    # The opt-in (trainer.config.DDP_OPTIONS) under nccl on a real device: static_graph changes when DDP
+    # plans its buckets, not what it averages, so with deterministic kernels the weights are stock DDP's.
+    shared = dict(**ON_GPU, epochs=2, mixed_precision="no", deterministic=True)
+    results = {}
+    for opted in (False, True):
+        ckpt = tmp_path / f"ckpt-{opted}"
+        results[opted] = train(make_config(**shared, ddp_static_graph=opted, checkpoint_dir=str(ckpt),
+                                           output_dir=str(tmp_path / f"out-{opted}")))
+        assert results[opted]["backend"] == "nccl"
+    assert results[True]["framework_label"] == "ddp (torchrun) + DDP static graph"
+    assert [m["val_loss"] for m in results[True]["epoch_metrics"]] == [
+        m["val_loss"] for m in results[False]["epoch_metrics"]]
+    assert max(m["val_accuracy"] for m in results[True]["epoch_metrics"]) >= 0.9  # learns; chance is 0.5
+    difference = max_weight_difference(final_weights(tmp_path / "ckpt-False", 2),
+                                       final_weights(tmp_path / "ckpt-True", 2))
+    assert difference < 1e-6, difference
