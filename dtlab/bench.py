@@ -134,7 +134,7 @@ class UnitWatch:
             now = time.monotonic()
             self.last_answer[node.name] = now
             self.states[node.name] = state
-            if state in ("active", "activating", "deactivating", "reloading"):
+            if state in (*remote.RUNNING_OR_STARTING, "deactivating"):  # a cell's unit runs while it stops
                 self.seen_running.add(node.name)
             elif node.name in self.seen_running:  # before its start a unit reads inactive too
                 self.ended_since.setdefault(node.name, now)

@@ -168,6 +168,11 @@ class Sessions:
         self.close()
 
 
+# systemd's ActiveStates of a unit that runs or is on its way there; any other (inactive, failed,
+# deactivating) will not bring its daemon back by itself.
+RUNNING_OR_STARTING = ("active", "activating", "reloading")
+
+
 def unit_state(node: Node, unit: str, *, timeout: float, connection=None) -> str:
     """systemd's ActiveState of the unit (active, activating, inactive, failed, ...);
     RemoteError when the node does not answer within `timeout` s."""

@@ -173,9 +173,6 @@ def missing_unit_row(check: str, node: Node, unit: str) -> CheckRow:
     return CheckRow(check, node.name, False, f"no {unit} unit; run ansible-playbook site.yml")
 
 
-# A unit in one of these states is running or on its way there; any other (inactive, failed, deactivating)
-# will not bring its daemon back by itself.
-RUNNING_OR_STARTING = ("active", "activating", "reloading")
 UNIT_STATE_TIMEOUT_S = 30
 
 
@@ -187,10 +184,12 @@ def units_down(nodes: Sequence[Node], unit: str, sessions: remote.Sessions | Non
         try:
             connection = sessions.connection(node) if sessions else None
             state = remote.unit_state(node, unit, timeout=UNIT_STATE_TIMEOUT_S, connection=connection)
-        except DtlabError as error:
-            down.append(f"{node.name}: {error}")
+        except DtlabError as error:  # remote's lines begin "host <node>"; the node is named once
+            message = str(error)
+            down.append(message.removeprefix("host ") if message.startswith(f"host {node.name}")
+                        else f"{node.name}: {message}")
             continue
-        if state not in RUNNING_OR_STARTING:
+        if state not in remote.RUNNING_OR_STARTING:
             down.append(f"{node.name}: {unit} {state}")
     return down
 

@@ -1,6 +1,8 @@
 """The pieces of dtlab.remote and dtlab.bench that need no node: unit scripts, log lines, guard, ETA."""
 
+import dataclasses
 import fnmatch
+import socket
 import subprocess
 import sys
 import time
@@ -152,3 +154,15 @@ def test_a_failure_is_explained_by_its_exception_line_not_torchruns_wrapper(tmp_
     failure = bench.Bench._job_failure(None, _node("127.0.0.9"), future, tmp_path, elapsed=3.0, timeout_s=60)
     assert failure.reason == "exit 1 on n: AssertionError: chief_ip was none provided"
     assert failure.exit_code == 1 and failure.log_tail[-1].startswith("  traceback")
+
+
+def test_units_down_names_a_node_that_does_not_answer_once():
+    from dtlab.platforms.base import units_down, why_not
+
+    with socket.socket() as unused:  # a loopback port nothing listens on: ssh is refused at once
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    node = dataclasses.replace(_node("127.0.0.1"), name="node2", ssh_port=port)
+    down = units_down([node], "dtlab-ray-worker", sessions=None)
+    assert len(down) == 1 and down[0].startswith("node2 (127.0.0.1): ssh failed"), down
+    assert why_not(down).count("node2") == 1 and why_not([]) == ""
