@@ -15,6 +15,9 @@
 # that torch as a local label: horovod-0.28.1+torch2.13.0.cpu-cp311-cp311-linux_x86_64.whl
 # (`pip install horovod==0.28.1` still matches it). When OUT_DIR already holds the wheel for this
 # Horovod, torch and Python, nothing is built; a second caller for the same OUT_DIR waits for the first.
+# The machine keeps a copy of each wheel outside any checkout ($DTLAB_HOROVOD_CACHE, default
+# ~/.cache/dtlab/horovod-wheels/<this script's hash>), so another clone, or a wiped .dtlab, copies it
+# instead of compiling for minutes; a changed script is a new key. DTLAB_HOROVOD_CACHE= (empty) turns it off.
 #
 #   scripts/build-horovod-wheel.sh --python VENV/bin/python --out OUT_DIR
 #       [--version V --sha256 H]   the sdist pin (default: horovod_version and horovod_sdist_sha256
@@ -42,7 +45,7 @@ while [ $# -gt 0 ]; do
         --sha256) sha256="$2" ;; --sdist) sdist="$2" ;; --jobs) jobs="$2" ;; --timeout) timeout_s="$2" ;;
       esac
       shift 2 ;;
-    -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -79,6 +82,17 @@ wheel_version="$version+$torch_label"
 
 mkdir -p "$out_dir" || die "cannot create the output directory $out_dir"
 out_dir="$(cd "$out_dir" && pwd)"
+cache_root="${DTLAB_HOROVOD_CACHE-${XDG_CACHE_HOME:-$HOME/.cache}/dtlab/horovod-wheels}"
+cache_dir=""
+[ -z "$cache_root" ] || cache_dir="$cache_root/$(sha256sum "$0" | cut -c1-16)"
+
+keep_in_cache() {  # best effort: a cache that cannot be written costs the next clone a build, nothing more
+  local name
+  name="$(basename "$1")"
+  [ -n "$cache_dir" ] && [ ! -f "$cache_dir/$name" ] || return 0
+  { mkdir -p "$cache_dir" && cp "$1" "$cache_dir/.$name.partial" && mv "$cache_dir/.$name.partial" "$cache_dir/$name"; } \
+    2>/dev/null || echo "build-horovod-wheel: could not keep a copy in $cache_dir (a later clone builds again)" >&2
+}
 # One build per output directory at a time: a second caller (parallel test workers, the converge beside
 # a test) waits for the first and then finds its wheel, instead of compiling the same minutes again.
 exec 9>"$out_dir/.horovod-build.lock" || die "cannot open the lock $out_dir/.horovod-build.lock"
@@ -88,7 +102,21 @@ present=("$out_dir/horovod-$wheel_version-$python_tag-$python_tag-"*.whl)
 shopt -u nullglob
 if [ ${#present[@]} -gt 0 ]; then
   echo "build-horovod-wheel: present, not rebuilt (horovod $version, torch $torch_version, $python_tag)" >&2
+  keep_in_cache "${present[0]}"
   echo "${present[0]}"
+  exit 0
+fi
+cached=()
+if [ -n "$cache_dir" ]; then
+  shopt -s nullglob
+  cached=("$cache_dir/horovod-$wheel_version-$python_tag-$python_tag-"*.whl)
+  shopt -u nullglob
+fi
+if [ ${#cached[@]} -gt 0 ]; then
+  wheel="$out_dir/$(basename "${cached[0]}")"
+  { cp "${cached[0]}" "$wheel.partial" && mv "$wheel.partial" "$wheel"; } || die "cannot copy ${cached[0]} into $out_dir"
+  echo "build-horovod-wheel: copied from this machine's cache $cache_dir, not rebuilt (horovod $version, torch $torch_version, $python_tag)" >&2
+  echo "$wheel"
   exit 0
 fi
 
@@ -172,4 +200,5 @@ wheel="$out_dir/$(basename "${built[0]}")"
 cp "${built[0]}" "$wheel.partial" && mv "$wheel.partial" "$wheel"  # never a half-written wheel in OUT_DIR
 keep_work_dir=no
 echo "build-horovod-wheel: built in $((SECONDS - started))s" >&2
+keep_in_cache "$wheel"
 echo "$wheel"

@@ -6,11 +6,13 @@ average their gradients and all-reduce as they should.
 The wheel is kept in the controller's wheelhouse, where the horovod role builds and finds it: a cold run
 builds it (about 5 minutes on 2 cores), a warm one only checks it. Needs cmake and g++ for a cold build."""
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
@@ -210,3 +212,20 @@ def test_a_second_build_into_the_same_directory_waits_for_the_first(tmp_path):
     assert waited.returncode == 2
     assert waited.stderr == f"build-horovod-wheel: another build held {out_dir}/.horovod-build.lock for 2s\n"
     assert not list(out_dir.glob("*.whl"))
+
+
+@pytest.mark.slow
+def test_another_wheelhouse_copies_the_wheel_from_the_machines_cache(build_python, wheel, tmp_path):
+    # A second clone (or a wiped .dtlab) on the same machine: its empty wheelhouse gets the wheel this
+    # machine built, keyed by the script's own hash, instead of minutes of compiling.
+    env = {**os.environ, "DTLAB_HOROVOD_CACHE": str(tmp_path / "cache")}
+    kept = run([SCRIPT, "--python", build_python, "--out", paths.WHEELHOUSE_DIR], timeout=300, env=env)
+    assert kept.returncode == 0 and "present, not rebuilt" in kept.stderr, kept.stderr
+    key = hashlib.sha256(SCRIPT.read_bytes()).hexdigest()[:16]
+    assert (tmp_path / "cache" / key / Path(wheel).name).read_bytes() == Path(wheel).read_bytes()
+    another = tmp_path / "another-clone"
+    copied = run([SCRIPT, "--python", build_python, "--out", another], timeout=300, env=env)
+    assert copied.returncode == 0, copied.stderr
+    assert "copied from this machine's cache" in copied.stderr and "built in" not in copied.stderr
+    assert copied.stdout.splitlines()[-1] == str(another / Path(wheel).name)
+    assert Path(copied.stdout.splitlines()[-1]).read_bytes() == Path(wheel).read_bytes()
