@@ -90,7 +90,7 @@ keep_in_cache() {  # best effort: a cache that cannot be written costs the next 
   local name
   name="$(basename "$1")"
   [ -n "$cache_dir" ] && [ ! -f "$cache_dir/$name" ] || return 0
-  { mkdir -p "$cache_dir" && cp "$1" "$cache_dir/.$name.partial" && mv "$cache_dir/.$name.partial" "$cache_dir/$name"; } \
+  { mkdir -p "$cache_dir" && cp "$1" "$cache_dir/.$name.$$.partial" && mv "$cache_dir/.$name.$$.partial" "$cache_dir/$name"; } \
     2>/dev/null || echo "build-horovod-wheel: could not keep a copy in $cache_dir (a later clone builds again)" >&2
 }
 # One build per output directory at a time: a second caller (parallel test workers, the converge beside
