@@ -16,8 +16,9 @@
 # (`pip install horovod==0.28.1` still matches it). When OUT_DIR already holds the wheel for this
 # Horovod, torch and Python, nothing is built; a second caller for the same OUT_DIR waits for the first.
 # The machine keeps a copy of each wheel outside any checkout ($DTLAB_HOROVOD_CACHE, default
-# ~/.cache/dtlab/horovod-wheels/<this script's hash>), so another clone, or a wiped .dtlab, copies it
-# instead of compiling for minutes; a changed script is a new key. DTLAB_HOROVOD_CACHE= (empty) turns it off.
+# ~/.cache/dtlab/horovod-wheels/<this script's hash>-<the sdist pin's>), so another clone, or a wiped .dtlab,
+# copies it instead of compiling for minutes; a changed script or pin is a new key. DTLAB_HOROVOD_CACHE=
+# (empty) turns it off.
 #
 #   scripts/build-horovod-wheel.sh --python VENV/bin/python --out OUT_DIR
 #       [--version V --sha256 H]   the sdist pin (default: horovod_version and horovod_sdist_sha256
@@ -45,7 +46,7 @@ while [ $# -gt 0 ]; do
         --sha256) sha256="$2" ;; --sdist) sdist="$2" ;; --jobs) jobs="$2" ;; --timeout) timeout_s="$2" ;;
       esac
       shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
@@ -84,7 +85,8 @@ mkdir -p "$out_dir" || die "cannot create the output directory $out_dir"
 out_dir="$(cd "$out_dir" && pwd)"
 cache_root="${DTLAB_HOROVOD_CACHE-${XDG_CACHE_HOME:-$HOME/.cache}/dtlab/horovod-wheels}"
 cache_dir=""
-[ -z "$cache_root" ] || cache_dir="$cache_root/$(sha256sum "$0" | cut -c1-16)"
+# Keyed by this script and the pinned sdist: a wheel built another way, or from another sdist, never matches.
+[ -z "$cache_root" ] || cache_dir="$cache_root/$(sha256sum "$0" | cut -c1-16)-${sha256:0:16}"
 
 keep_in_cache() {  # best effort: a cache that cannot be written costs the next clone a build, nothing more
   local name
@@ -107,7 +109,9 @@ if [ ${#present[@]} -gt 0 ]; then
   exit 0
 fi
 cached=()
-if [ -n "$cache_dir" ]; then
+# A given --sdist must be the pinned one before a wheel built from the pin stands in for it; else the
+# checksum check below refuses it.
+if [ -n "$cache_dir" ] && { [ -z "$sdist" ] || [ "$(sha256sum "$sdist" 2>/dev/null | cut -d' ' -f1)" = "$sha256" ]; }; then
   shopt -s nullglob
   cached=("$cache_dir/horovod-$wheel_version-$python_tag-$python_tag-"*.whl)
   shopt -u nullglob

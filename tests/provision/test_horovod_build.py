@@ -221,7 +221,7 @@ def test_another_wheelhouse_copies_the_wheel_from_the_machines_cache(build_pytho
     env = {**os.environ, "DTLAB_HOROVOD_CACHE": str(tmp_path / "cache")}
     kept = run([SCRIPT, "--python", build_python, "--out", paths.WHEELHOUSE_DIR], timeout=300, env=env)
     assert kept.returncode == 0 and "present, not rebuilt" in kept.stderr, kept.stderr
-    key = hashlib.sha256(SCRIPT.read_bytes()).hexdigest()[:16]
+    key = f"{hashlib.sha256(SCRIPT.read_bytes()).hexdigest()[:16]}-{GROUP_VARS['horovod_sdist_sha256'][:16]}"
     assert (tmp_path / "cache" / key / Path(wheel).name).read_bytes() == Path(wheel).read_bytes()
     another = tmp_path / "another-clone"
     copied = run([SCRIPT, "--python", build_python, "--out", another], timeout=300, env=env)
@@ -229,3 +229,10 @@ def test_another_wheelhouse_copies_the_wheel_from_the_machines_cache(build_pytho
     assert "copied from this machine's cache" in copied.stderr and "built in" not in copied.stderr
     assert copied.stdout.splitlines()[-1] == str(another / Path(wheel).name)
     assert Path(copied.stdout.splitlines()[-1]).read_bytes() == Path(wheel).read_bytes()
+    # A given sdist that is not the pin gets no cached wheel built from the pin: it is refused as before.
+    fake = tmp_path / f"horovod-{HOROVOD_VERSION}.tar.gz"
+    fake.write_bytes(b"not the release")
+    refused = run([SCRIPT, "--python", build_python, "--out", tmp_path / "third", "--sdist", fake],
+                  timeout=300, env=env)
+    assert refused.returncode == 2 and "(horovod_sdist_sha256)" in refused.stderr, refused.stderr
+    assert not list((tmp_path / "third").glob("*.whl"))
