@@ -46,7 +46,7 @@ while [ $# -gt 0 ]; do
         --sha256) sha256="$2" ;; --sdist) sdist="$2" ;; --jobs) jobs="$2" ;; --timeout) timeout_s="$2" ;;
       esac
       shift 2 ;;
-    -h|--help) sed -n '2,33p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo pipefail$/p' "$0" | sed '$d'; exit 0 ;;  # the header above
     *) die "unknown argument '$1' (see --help)" ;;
   esac
 done
