@@ -1,8 +1,11 @@
 """Launcher overhead: torchrun vs Spark TorchDistributor vs the Determined Core API entry vs Ray Train's
-TorchTrainer, same tiny job. Spark twice: with the spark role's JVM options (spark_jvm_options, dtlab's
-setup on the nodes) and with the JVM's defaults (`spark-jvm-defaults`), side by side in each round.
+TorchTrainer, same tiny job. Spark three times: its own application with the spark role's JVM options
+(spark_jvm_options, dtlab's setup on the nodes), the same with the JVM's defaults (`spark-jvm-defaults`),
+and a session on a Spark Connect server whose driver and executors stay up (`spark-connect`), side by
+side in each round.
 
     .venv/bin/python benchmarks/launcher_overhead.py [--processes 2] [--repeats 3] [--train-size 1024]
+        [--launchers torchrun,spark,spark-connect]
 
 For every launch: wall clock from starting the command to the first optimizer step done (rank 0's
 result.json timeline), the steady-state step time (median step after warm-up) and rank 0's CPU time per
@@ -11,6 +14,10 @@ Launchers take turns, so that load from other users hits them alike; the median 
 The Spark standalone cluster (a real master + workers on 127.0.0.1, tests/sparkcluster.py) starts once
 beforehand, as the long-running service it is on a cluster; its start-up is reported on its own line.
 The Ray cluster (a real head + N worker raylets on 127.0.0.1, token auth on, tests/raycluster.py) too.
+So does the Spark Connect server (with the conf a standalone run sets for itself and the role's JVM
+options; its workers offer 2 slots each, so that it and a standalone run each find theirs), and its
+first job, on executors that have run nothing yet, is a warm-up that is not counted: a matrix sends every
+cell through one server.
 Determined runs off-cluster (no master here): the Core API entry under torchrun, dummy contexts.
 Ratios against torchrun are taken per round (each launcher against torchrun's launch of the same
 round) and printed as median [min-max] over the rounds.
@@ -34,7 +41,9 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from pathlib import Path
+from types import SimpleNamespace
 
 import psutil
 import yaml
@@ -43,10 +52,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 from benchmarks._trainer_common import OUT_DIR, free_loopback_port, machine  # noqa: E402
 from tests.raycluster import RayCluster  # noqa: E402
 from tests.sparkcluster import SparkStandaloneCluster, role_defaults  # noqa: E402
+from trainer.launchers._spark import CONNECT_TOKEN_ENV, spark_conf  # noqa: E402
 
 # "spark" is TorchDistributor with the spark role's JVM options (spark_jvm_options, as on the nodes);
-# "spark-jvm-defaults" the same launch with the JVM's defaults, side by side.
-LAUNCHERS = ("torchrun", "spark", "spark-jvm-defaults", "determined", "ray")
+# "spark-jvm-defaults" the same launch with the JVM's defaults; "spark-connect" a session on a Spark
+# Connect server with the same JVM options, side by side.
+LAUNCHERS = ("torchrun", "spark", "spark-jvm-defaults", "spark-connect", "determined", "ray")
 REPO = Path(__file__).resolve().parent.parent
 STEADY_TARGET, SPARK_LAUNCH_TARGET_S = 1.03, 15.0
 
@@ -61,9 +72,20 @@ def job_config(args, scratch: Path) -> Path:
     return path
 
 
+def connect_server_conf(processes: int) -> dict[str, str]:
+    """The Connect server's application conf: what a standalone run of `processes` sets for itself."""
+    jvm_options = role_defaults()["spark_jvm_options"]
+    return spark_conf(SimpleNamespace(threads=1, device="cpu"), SimpleNamespace(
+        num_processes=processes, secret_file=None,
+        spark_conf=[f"spark.{side}.extraJavaOptions={jvm_options}" for side in ("driver", "executor")]))
+
+
 def command(launcher: str, processes: int, config: Path, out: Path, clusters) -> list[str]:
     trainer_args = ["--config", str(config), "--output-dir", str(out)]
-    spark, ray = clusters
+    spark, ray, connect_url = clusters
+    if launcher == "spark-connect":
+        return [sys.executable, "-m", "trainer.launchers.spark", *trainer_args,
+                "--num-processes", str(processes), "--remote", connect_url]
     if launcher.startswith("spark"):
         jvm_options = "" if launcher == "spark-jvm-defaults" else role_defaults()["spark_jvm_options"]
         jvm_conf = [f"--spark-conf=spark.{side}.extraJavaOptions={jvm_options}"
@@ -121,9 +143,10 @@ class CpuSampler(threading.Thread):
 
 
 def launch(launcher: str, processes: int, config: Path, out: Path, clusters, secret: str) -> dict:
-    env = {**os.environ, **clusters[1].env, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+    env = {**os.environ, **(clusters[1].env if clusters[1] else {}), "OMP_NUM_THREADS": "1",
+           "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(REPO),  # Ray's workers import the trainer from here (the driver forwards it)
-           "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_AUTHENTICATE_SECRET": secret,
+           "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_AUTHENTICATE_SECRET": secret, CONNECT_TOKEN_ENV: secret,
            # Determined's chief-worker messaging ports (default 12360+): free ones.
            "INTER_TRAIN_PROCESS_COMM_PORT_1": str(free_loopback_port()),
            "INTER_TRAIN_PROCESS_COMM_PORT_2": str(free_loopback_port())}
@@ -159,35 +182,51 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=2, help="training processes per launch")
     parser.add_argument("--repeats", type=int, default=2, help="launches per launcher (median counts)")
     parser.add_argument("--train-size", type=int, default=1024, help="generated training reviews")
+    parser.add_argument("--launchers", default=",".join(LAUNCHERS),
+                        help=f"comma-separated, torchrun first (default: all of {','.join(LAUNCHERS)})")
     args = parser.parse_args()
+    launchers = args.launchers.split(",")
+    if launchers[0] != "torchrun" or not set(launchers) <= set(LAUNCHERS):
+        parser.error(f"--launchers: torchrun first, then any of {', '.join(LAUNCHERS[1:])}")
     machine_before = machine()
     secret = secrets.token_hex(16)
     runs: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="dtlab-launcher-bench-") as scratch_name:
+    with tempfile.TemporaryDirectory(prefix="dtlab-launcher-bench-") as scratch_name, \
+            ExitStack() as clusters_up:
         scratch = Path(scratch_name)
         config = job_config(args, scratch)
         started = time.monotonic()
-        with SparkStandaloneCluster(workers=args.processes, auth_secret=secret) as spark:
-            cluster_start_s = {"spark": time.monotonic() - started}
+        spark = clusters_up.enter_context(SparkStandaloneCluster(workers=args.processes, auth_secret=secret,
+                                                                 cores_per_worker=2))
+        cluster_start_s = {"spark": time.monotonic() - started}
+        connect_url = ray = None
+        if "spark-connect" in launchers:
             started = time.monotonic()
-            with RayCluster(workers=args.processes) as ray:
-                cluster_start_s["ray"] = time.monotonic() - started
-                clusters = (spark, ray)
-                # The token cache, built once before any timed launch.
-                launch("torchrun", args.processes, config, scratch / "warm-up", clusters, secret)
-                for repeat in range(args.repeats):
-                    for launcher in LAUNCHERS:
-                        out = scratch / f"{launcher}-{repeat}"
-                        run = launch(launcher, args.processes, config, out, clusters, secret)
-                        runs.append(run | {"round": repeat})
-                        beside = run["beside_workers_cores"]
-                        print(f"  {launcher:<18} first step after {run['launch_to_first_step_s']:6.2f} s, "
-                              f"steady step {run['steady_step_s'] * 1000:6.1f} ms, CPU beside the workers "
-                              f"{'n/a' if beside is None else f'{beside:.2f} cores'}", flush=True)
-    report(args, runs, cluster_start_s, machine_before, machine())
+            connect_url = spark.start_connect_server(secret, connect_server_conf(args.processes),
+                                                     slots=args.processes)
+            cluster_start_s["spark connect server"] = time.monotonic() - started
+        if "ray" in launchers:
+            started = time.monotonic()
+            ray = clusters_up.enter_context(RayCluster(workers=args.processes))
+            cluster_start_s["ray"] = time.monotonic() - started
+        clusters = (spark, ray, connect_url)
+        # The token cache, built once before any timed launch; the Connect server's first job.
+        for warm_up in ("torchrun", "spark-connect")[:1 + bool(connect_url)]:
+            launch(warm_up, args.processes, config, scratch / f"warm-up-{warm_up}", clusters, secret)
+        for repeat in range(args.repeats):
+            for launcher in launchers:
+                out = scratch / f"{launcher}-{repeat}"
+                run = launch(launcher, args.processes, config, out, clusters, secret)
+                runs.append(run | {"round": repeat})
+                beside = run["beside_workers_cores"]
+                print(f"  {launcher:<18} first step after {run['launch_to_first_step_s']:6.2f} s, "
+                      f"steady step {run['steady_step_s'] * 1000:6.1f} ms, CPU beside the workers "
+                      f"{'n/a' if beside is None else f'{beside:.2f} cores'}", flush=True)
+    report(args, launchers, runs, cluster_start_s, machine_before, machine())
 
 
-def report(args, runs: list[dict], cluster_start_s: dict, machine_before: str, machine_after: str) -> None:
+def report(args, launchers: list[str], runs: list[dict], cluster_start_s: dict, machine_before: str,
+           machine_after: str) -> None:
     def of(launcher: str, key: str) -> list[float]:
         return [run[key] for run in runs if run["launcher"] == launcher]
 
@@ -211,7 +250,7 @@ def report(args, runs: list[dict], cluster_start_s: dict, machine_before: str, m
           + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in cluster_start_s.items()) + "\n")
     print(f"{'launcher':<20}{'launch->process':>22}{'launch->1st step':>24}{'steady step':>26}"
           f"{'step ratio':>22}{'CPU/step ratio':>22}")
-    for launcher in LAUNCHERS:
+    for launcher in launchers:
         row = {key: median(launcher, key) for key in ("launch_to_train_process_s", "launch_to_first_step_s",
                                                        "steady_step_s", "cpu_step_s", "wall_s")}
         steady, cpu = ratios(launcher, "steady_step_s"), ratios(launcher, "cpu_step_s")
@@ -228,31 +267,38 @@ def report(args, runs: list[dict], cluster_start_s: dict, machine_before: str, m
     print("CPU beside the training workers during training, in cores, median [min-max]: " + "; ".join(
         f"{launcher} {spread(values)}" if (values := [v for v in of(launcher, 'beside_workers_cores')
                                                        if v is not None]) else f"{launcher} n/a"
-        for launcher in LAUNCHERS))
-    ray_first = ratios("ray", "launch_to_first_step_s")
-    print(f"ray vs torchrun, launch -> first step: {spread(ray_first)}x; "
-          f"steady step: {spread(ratios('ray', 'steady_step_s'), digits=3)}x")
-    spark = next(row for row in rows if row["launcher"] == "spark")
-    session_ready = median("spark", "launch_to_session_ready_s")
-    print(f"spark breakdown: SparkSession ready + TorchDistributor started after {session_ready:.1f} s; "
-          f"training processes started {spark['launch_to_train_process_s'] - session_ready:.1f} s later "
-          "(executors, Python worker, torchrun on each executor); first step "
-          f"{spark['launch_to_first_step_s'] - spark['launch_to_train_process_s']:.1f} s after that")
-    tuned = of("spark", "launch_to_first_step_s")
-    defaults = of("spark-jvm-defaults", "launch_to_first_step_s")
-    per_round = [d - t for t, d in zip(tuned, defaults, strict=True)]
-    print(f"spark's JVM options ({role_defaults()['spark_jvm_options']}), launch -> first step: "
-          f"{spread(tuned, ' s', digits=1)} with them, {spread(defaults, ' s', digits=1)} with the JVM's "
-          f"defaults; saved per round {spread(per_round, ' s', digits=1)}")
+        for launcher in launchers))
+    if "ray" in launchers:
+        print(f"ray vs torchrun, launch -> first step: {spread(ratios('ray', 'launch_to_first_step_s'))}x; "
+              f"steady step: {spread(ratios('ray', 'steady_step_s'), digits=3)}x")
+    sparks = [row for row in rows if row["launcher"] in ("spark", "spark-connect")]
+    for spark in sparks:
+        name = spark["launcher"]
+        session_ready = median(name, "launch_to_session_ready_s")
+        print(f"{name} breakdown: SparkSession ready + TorchDistributor started after {session_ready:.1f} s; "
+              f"training processes started {spark['launch_to_train_process_s'] - session_ready:.1f} s later "
+              "(executors, Python worker, torchrun on each executor); first step "
+              f"{spark['launch_to_first_step_s'] - spark['launch_to_train_process_s']:.1f} s after that")
+    for other, what in (("spark-jvm-defaults", "with the JVM's defaults"),
+                        ("spark-connect", "on the Connect server")):
+        if {"spark", other} <= set(launchers):
+            base, beside = of("spark", "launch_to_first_step_s"), of(other, "launch_to_first_step_s")
+            per_round = [b - o for o, b in zip(beside, base, strict=True)]
+            print(f"spark's launch -> first step: {spread(base, ' s', digits=1)} as its own application "
+                  f"with the JVM options ({role_defaults()['spark_jvm_options']}), "
+                  f"{spread(beside, ' s', digits=1)} {what}; the application's minus this, per round: "
+                  f"{spread(per_round, ' s', digits=1)}")
     for kind in ("steady", "cpu"):
         worst = max(row[f"{kind}_ratio"] for row in rows)
         print(f"\n{kind} step ratio, worst vs torchrun: {worst:.3f} (target <= {STEADY_TARGET}) -> "
               f"{'met' if worst <= STEADY_TARGET else 'MISSED'}", end="")
     print()
-    spark_launch = spark["launch_to_first_step_s"]
-    print(f"TorchDistributor launch -> first step: {spark_launch:.1f} s "
-          f"(target <= {SPARK_LAUNCH_TARGET_S:.0f} s, ratio {spark_launch / SPARK_LAUNCH_TARGET_S:.2f}) -> "
-          f"{'met' if spark_launch <= SPARK_LAUNCH_TARGET_S else 'MISSED'}")
+    for spark in sparks:
+        spark_launch = spark["launch_to_first_step_s"]
+        ratio = spark_launch / SPARK_LAUNCH_TARGET_S
+        print(f"TorchDistributor launch -> first step, {spark['launcher']}: {spark_launch:.1f} s "
+              f"(target <= {SPARK_LAUNCH_TARGET_S:.0f} s, ratio {ratio:.2f}) -> "
+              f"{'met' if spark_launch <= SPARK_LAUNCH_TARGET_S else 'MISSED'}")
     OUT_DIR.mkdir(exist_ok=True)
     out = OUT_DIR / "launcher_overhead.json"
     out.write_text(json.dumps({"machine": machine_before, "machine_after": machine_after, "args": vars(args),

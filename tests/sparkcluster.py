@@ -42,6 +42,8 @@ SPARK_ROLE = Path(__file__).resolve().parent.parent / "roles" / "spark"
 LOOPBACK = "127.0.0.1"
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+SUBMIT_CLASS = "org.apache.spark.deploy.SparkSubmit"  # what bin/spark-submit execs
+CONNECT_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 
 
 def role_defaults() -> dict:
@@ -93,6 +95,7 @@ class SparkStandaloneCluster:
         self.master_json_url = f"http://{LOOPBACK}:{self.master_webui_port}/json/"
         self.scratch = Path(tempfile.mkdtemp(prefix="dtlab-spark-"))
         self.processes: list[subprocess.Popen] = []
+        self.connect_server: subprocess.Popen | None = None
 
     # --- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> SparkStandaloneCluster:
@@ -140,6 +143,56 @@ class SparkStandaloneCluster:
         self.processes.clear()
         shutil.rmtree(self.scratch, ignore_errors=True)  # logs, work dirs, the secret's conf file
 
+    def start_connect_server(self, token: str, conf: dict[str, str], slots: int) -> str:
+        """A Spark Connect server on this cluster, as `start-connect-server.sh` runs it: one long-lived
+        application whose driver and executors stay up between sessions. It listens on loopback with
+        `token` (from the environment, never argv); `conf` is its application's conf (executor cores,
+        slots, JVM options; the auth secret comes from the cluster's spark-defaults.conf). Returns once
+        the master has granted it `slots` cores, i.e. its executors are up: the sc:// URL for --remote."""
+        if self.connect_server is not None:
+            raise RuntimeError("a Spark Connect server is already running on this cluster")
+        port = free_port()
+        conf = {"spark.connect.grpc.binding.address": LOOPBACK, "spark.connect.grpc.binding.port": str(port),
+                **conf}
+        argv = ["--master", self.master_url, "--class", CONNECT_SERVER_CLASS]
+        argv += [item for key, value in conf.items() for item in ("--conf", f"{key}={value}")]
+        self.connect_server = self._spawn("connect-server", SUBMIT_CLASS, *argv, "spark-internal",
+                                          extra_env={"SPARK_CONNECT_AUTHENTICATE_TOKEN": token,
+                                                     "PYSPARK_PYTHON": sys.executable})
+
+        def not_ready_because() -> str | None:
+            if self.connect_server.poll() is not None:
+                raise RuntimeError(f"the Spark Connect server exited with {self.connect_server.returncode}:\n"
+                                   f"{self.log('connect-server')[-3000:]}")
+            try:
+                socket.create_connection((LOOPBACK, port), timeout=1).close()
+                granted = sum(app.get("cores", 0) for app in self.status().get("activeapps", []))
+            except (OSError, json.JSONDecodeError, http.client.HTTPException) as error:
+                return f"not answering yet ({type(error).__name__})"
+            return None if granted >= slots else f"{granted} of {slots} cores granted"
+
+        last_reason = wait_until(not_ready_because, until=lambda reason: reason is None,
+                                 timeout_s=self.startup_timeout_s, every_s=0.5)
+        if last_reason is not None:
+            self.stop_connect_server()
+            raise TimeoutError(f"Spark Connect server not ready after {self.startup_timeout_s:.0f} s: "
+                               f"{last_reason}")
+        return f"sc://localhost:{port}"  # "localhost": pyspark sends a token without TLS only there
+
+    def stop_connect_server(self) -> None:
+        """SIGTERM the Connect server by PID (its application ends, the master frees its executors)."""
+        server, self.connect_server = self.connect_server, None
+        if server is None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            server.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            server.wait(timeout=30)
+        if server.poll() is None:
+            server.kill()
+            server.wait(timeout=10)
+        self.processes.remove(server)
+
     # --- what tests read -------------------------------------------------------------------
     def status(self) -> dict:
         with urllib.request.urlopen(self.master_json_url, timeout=5) as response:
@@ -177,12 +230,15 @@ class SparkStandaloneCluster:
     def spark_defaults_path(self) -> Path:
         return self._conf_dir() / "spark-defaults.conf"
 
-    def _spawn(self, name: str, java_class: str, *args: str) -> None:
+    def _spawn(self, name: str, java_class: str, *args: str,
+               extra_env: dict[str, str] | None = None) -> subprocess.Popen:
         log = open(self.scratch / f"{name}.log", "wb")  # noqa: SIM115 - lives as long as the daemon
         command = [str(SPARK_HOME / "bin" / "spark-class"), java_class, *args]
         # spark-class execs java, so this PID is the daemon's own PID.
-        self.processes.append(subprocess.Popen(command, env=self._environment(), stdout=log,
-                                               stderr=subprocess.STDOUT, start_new_session=True))
+        process = subprocess.Popen(command, env={**self._environment(), **(extra_env or {})}, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True)
+        self.processes.append(process)
+        return process
 
     def _wait_for_alive_workers(self) -> None:
         """Until the master lists every worker ALIVE, within startup_timeout_s. While the master starts,

@@ -10,14 +10,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
 from tests.sparkcluster import SparkStandaloneCluster, role_defaults
-from tests.trainer.conftest import SUBPROCESS_TIMEOUT_S, trainer_env, write_config
-from trainer.launchers._spark import SECRET_ENV
-from trainer.launchers.spark import LABEL
+from tests.trainer.conftest import SUBPROCESS_TIMEOUT_S, run, torchrun_command, trainer_env, write_config
+from trainer.launchers._spark import CONNECT_TOKEN_ENV, SECRET_ENV, spark_conf
+from trainer.launchers.spark import CONNECT_LABEL, LABEL
 from trainer.result import validate_result
 
 pytestmark = pytest.mark.slow
@@ -31,14 +32,17 @@ def spark_cluster():
         yield cluster
 
 
-def spark_launch(cluster, *args: str, secret_in_env: bool = True,
-                 defaults_file: bool = False) -> subprocess.CompletedProcess:
+def spark_launch(cluster, *args: str, secret_in_env: bool = True, defaults_file: bool = False,
+                 remote: str | None = None, token: str | None = None) -> subprocess.CompletedProcess:
     """The launcher as the driver; `defaults_file`: it reads the cluster's spark-defaults.conf, as the
-    harness's driver on the master reads the spark role's (SPARK_CONF_DIR)."""
+    harness's driver on the master reads the spark role's (SPARK_CONF_DIR). `remote`: a session on that
+    Spark Connect server instead of an application of its own, with `token`."""
     env = {**trainer_env(), "SPARK_LOCAL_IP": "127.0.0.1"}  # the driver on loopback
     env |= {SECRET_ENV: SPARK_SECRET} if secret_in_env else {}
     env |= {"SPARK_CONF_DIR": str(cluster.spark_defaults_path.parent)} if defaults_file else {}
-    command = [sys.executable, "-m", "trainer.launchers.spark", "--master", cluster.master_url, *args]
+    env |= {CONNECT_TOKEN_ENV: token} if token else {}
+    where = ["--remote", remote] if remote else ["--master", cluster.master_url]
+    command = [sys.executable, "-m", "trainer.launchers.spark", *where, *args]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
 
 
@@ -84,11 +88,63 @@ def test_missing_slot_fails_fast_with_one_clear_line(spark_cluster, make_config,
     assert not (tmp_path / "out" / "result.json").exists()
 
 
-def test_bad_flags_fail_before_spark_starts(tmp_path):
+def test_two_processes_train_on_a_connect_servers_executors_as_under_torchrun(spark_cluster, make_config,
+                                                                              tmp_path):
+    """--remote: a session on a Spark Connect server that keeps its driver and executors up (issue #29:
+    Spark at its best), started with the conf a standalone run sets for itself and the role's JVM options.
+    The epochs are torchrun's, the label says Connect; a wrong token is refused in one line. The server
+    holds both slots, so it runs for this test only."""
+    cfg = make_config(epochs=1, **SMALL)
+    run(torchrun_command(2, "--config", str(write_config(cfg, tmp_path / "torchrun.yml")), "--output-dir",
+                         str(tmp_path / "torchrun")))
+    reference = json.loads((tmp_path / "torchrun" / "result.json").read_text())
+    jvm_options = role_defaults()["spark_jvm_options"]
+    run_conf = spark_conf(SimpleNamespace(threads=cfg.threads, device="cpu"), SimpleNamespace(
+        num_processes=2, secret_file=None, spark_conf=[f"spark.{side}.extraJavaOptions={jvm_options}"
+                                                       for side in ("driver", "executor")]))
+    token = secrets.token_hex(16)
+    remote = spark_cluster.start_connect_server(token, run_conf, slots=2)
+    try:
+        launched = spark_launch(spark_cluster, "--config", str(write_config(cfg, tmp_path / "run.yml")),
+                                "--num-processes", "2", remote=remote, token=token)
+        assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+        refused = spark_launch(spark_cluster, "--config", str(tmp_path / "run.yml"), "--output-dir",
+                               str(tmp_path / "refused"), remote=remote, token="not-" + token)
+    finally:
+        spark_cluster.stop_connect_server()
+
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    validate_result(result)
+    assert result["framework"] == "spark"
+    assert result["framework_label"] == f"{CONNECT_LABEL} + JVM {jvm_options}"
+    assert (result["world_size"], result["device"], result["backend"]) == (2, "cpu", "gloo")
+    assert result["config_hash"] == reference["config_hash"]
+    for key in ("train_loss", "val_loss", "val_accuracy", "train_samples"):  # tolerance 0
+        assert [m[key] for m in result["epoch_metrics"]] == [m[key] for m in reference["epoch_metrics"]], key
+    assert token not in launched.stdout + launched.stderr
+    assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert refused.stderr.strip().splitlines()[-1] == ("python -m trainer.launchers.spark: error: --remote: "
+                                                       f"{remote} refused the token in ${CONNECT_TOKEN_ENV}")
+    assert not (tmp_path / "refused" / "result.json").exists()
+
+
+@pytest.mark.parametrize(("flags", "said"), [
+    (["--master", "local[2]"],
+     "need --master spark://HOST:PORT ($SPARK_MASTER_URL) or --remote sc://HOST:PORT"),
+    (["--remote", "spark://127.0.0.1:7077"],
+     "--remote: must be sc://HOST:PORT of a Spark Connect server, got"),
+    (["--remote", "sc://localhost:1", "--spark-conf", "spark.executor.cores=2"],
+     "--spark-conf: a Spark Connect session runs with its server's conf; set it where the server starts"),
+    (["--remote", "sc://localhost:1"], "--remote: nothing answers at localhost:1 ("),
+])
+def test_bad_flags_fail_before_spark_starts(tmp_path, flags, said):
     launched = subprocess.run([sys.executable, "-m", "trainer.launchers.spark", "--num-processes", "2",
-                               "--master", "local[2]", "--output-dir", str(tmp_path)],
+                               *flags, "--output-dir", str(tmp_path)],
                               env=trainer_env(), capture_output=True, text=True, timeout=120)
-    assert launched.returncode == 2 and "--master spark://" in launched.stderr
+    assert launched.returncode == 2, launched.stderr
+    last_line = launched.stderr.strip().splitlines()[-1]
+    assert last_line.startswith(f"python -m trainer.launchers.spark: error: {said}")
+    assert not list(tmp_path.iterdir())  # nothing written
 
 
 # An application that registers with the master and waits (1 core, no UI of its own).

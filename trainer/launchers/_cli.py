@@ -29,16 +29,17 @@ def at_least(low: int) -> Callable[[str], int]:
     return integer
 
 
-def reachable(address: str, what: str, timeout_s: float = 10.0) -> str:
-    """`address` (HOST:PORT) once something there accepts a TCP connection, else a ConfigError: a client
-    library's own connect (ray.init) retries for minutes before it says anything."""
+def reachable(address: str, what: str, flag: str = "--address", timeout_s: float = 10.0) -> str:
+    """`address` (HOST:PORT, given as `flag`) once something there accepts a TCP connection, else a
+    ConfigError: a client library's own connect (ray.init, Spark Connect's) retries for minutes before it
+    says anything."""
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise ConfigError(f"--address: must be HOST:PORT of {what}, got {address!r}")
+        raise ConfigError(f"{flag}: must be HOST:PORT of {what}, got {address!r}")
     try:
         socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
     except OSError as error:
-        raise ConfigError(f"--address: nothing answers at {address} ({error.strerror or error}); "
+        raise ConfigError(f"{flag}: nothing answers at {address} ({error.strerror or error}); "
                           f"is {what} running there?") from None
     return address
 

@@ -1,11 +1,48 @@
-"""The Spark conf the Spark launcher sets for a run, and what it reads back from Spark's effective conf."""
+"""The Spark launcher's session: its own application on a standalone master, with the conf it sets for
+the run, or a session on a Spark Connect server; and what it reads back from Spark's effective conf."""
 
 import os
+import urllib.parse
 from pathlib import Path
 
 from trainer.config import ConfigError
+from trainer.launchers import _cli
 
 SECRET_ENV = "SPARK_AUTHENTICATE_SECRET"
+# Spark Connect's shared token: pyspark's client and Spark's Connect server both read this variable, so it
+# stays out of argv and the URL. Without TLS the client sends a token only to "localhost": the server
+# runs on the master beside the cell's driver and listens on loopback.
+CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
+CONNECT_DEFAULT_PORT = 15002  # Spark Connect's own default (spark.connect.grpc.binding.port)
+
+
+def session(cfg, args):
+    """A session on the Spark Connect server at --remote (its executors already up; its conf is the
+    server's, so --spark-conf is refused), else the run's own application on --master."""
+    from pyspark.sql import SparkSession  # here: --help and bad flags need no pyspark
+
+    if args.remote:
+        url = urllib.parse.urlsplit(args.remote)
+        if url.scheme != "sc" or not url.hostname:
+            raise ConfigError(f"--remote: must be sc://HOST:PORT of a Spark Connect server, "
+                              f"got {args.remote!r}")
+        if args.spark_conf:
+            raise ConfigError("--spark-conf: a Spark Connect session runs with its server's conf; "
+                              "set it where the server starts")
+        address = f"{url.hostname}:{url.port or CONNECT_DEFAULT_PORT}"
+        _cli.reachable(address, "a Spark Connect server", "--remote")
+        spark = SparkSession.builder.remote(args.remote).getOrCreate()
+        try:
+            spark.version  # noqa: B018 - the first call to the server, which checks the token
+        except Exception as error:  # SparkConnectGrpcException, whose module needs the connect extra
+            if "UNAUTHENTICATED" not in str(error):
+                raise
+            raise ConfigError(f"--remote: {args.remote} refused the token in ${CONNECT_TOKEN_ENV}") from None
+        return spark
+    if not str(args.master).startswith("spark://"):
+        raise ConfigError("need --master spark://HOST:PORT ($SPARK_MASTER_URL) or --remote sc://HOST:PORT")
+    os.environ.pop("SPARK_REMOTE", None)  # pyspark's builder would go to a Connect server instead
+    return SparkSession.builder.master(args.master).config(map=spark_conf(cfg, args)).getOrCreate()
 
 
 def spark_conf(cfg, args) -> dict[str, str]:
@@ -29,7 +66,7 @@ def jvm_label(effective_conf) -> str:
     spark-defaults.conf or --spark-conf), "" for the JVM's defaults. Spark adds its own module options
     (--add-opens ..., -XX:+IgnoreUnrecognizedVMOptions) to the same key: they are not a setup and are
     left out."""
-    options = (effective_conf.get("spark.executor.extraJavaOptions") or "").split()
+    options = (effective_conf.get("spark.executor.extraJavaOptions", None) or "").split()
     tuning = [option for option in options
               if option.startswith("-XX:") and option != "-XX:+IgnoreUnrecognizedVMOptions"]
     return f" + JVM {' '.join(tuning)}" if tuning else ""

@@ -1,7 +1,9 @@
 """Spark launcher: `python -m trainer.launchers.spark --config F.yml --num-processes 2 --master spark://H:7077`.
 
 Each process is a TorchDistributor barrier task on an executor of `threads` cores. Spark auth: the secret
-comes from $SPARK_AUTHENTICATE_SECRET, --spark-secret-file or $SPARK_CONF_DIR/spark-defaults.conf."""
+comes from $SPARK_AUTHENTICATE_SECRET, --spark-secret-file or $SPARK_CONF_DIR/spark-defaults.conf.
+With --remote sc://localhost:PORT instead, the run is a session on a Spark Connect server that keeps its
+driver and executors up between runs (token: $SPARK_CONNECT_AUTHENTICATE_TOKEN)."""
 
 import dataclasses
 import gc
@@ -10,20 +12,21 @@ import sys
 import warnings
 
 from pyspark.ml.torch.distributor import TorchDistributor
-from pyspark.sql import SparkSession
 
 from trainer.config import ConfigError
 from trainer.launchers import _cli
-from trainer.launchers._spark import jvm_label, spark_conf
+from trainer.launchers._spark import jvm_label, session
 from trainer.result import write_result
 
 PROG, LABEL = "python -m trainer.launchers.spark", "spark (TorchDistributor, standalone)"
+CONNECT_LABEL = "spark (TorchDistributor, Spark Connect)"  # the report keeps the two setups apart
 
 
 def add_spark_flags(parser):
     group = parser.add_argument_group("spark")
     group.add_argument("--num-processes", type=int, default=2, help="training processes (barrier tasks)")
     group.add_argument("--master", default=os.environ.get("SPARK_MASTER_URL"), help="spark://host:port")
+    group.add_argument("--remote", help="sc://localhost:port of a Spark Connect server (instead of --master)")
     group.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="extra conf")
     group.add_argument("--spark-secret-file", dest="secret_file", help="file with spark.authenticate.secret")
     return parser
@@ -39,22 +42,24 @@ def train_on_executor(cfg, framework_label: str) -> dict | None:
 
 
 def launch(cfg, args) -> None:
-    cfg = dataclasses.replace(cfg, framework="spark", framework_label=cfg.framework_label or LABEL)
-    if args.num_processes < 1 or not str(args.master).startswith("spark://"):
-        raise ConfigError("need --num-processes >= 1 and --master spark://HOST:PORT ($SPARK_MASTER_URL)")
+    label = cfg.framework_label or (CONNECT_LABEL if args.remote else LABEL)
+    cfg = dataclasses.replace(cfg, framework="spark", framework_label=label)
+    if args.num_processes < 1:
+        raise ConfigError("need --num-processes >= 1")
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # the builder's spark.pyspark.python is ignored
     warnings.filterwarnings("ignore", "PySpark does not yet fully support pandas", FutureWarning)
-    spark = SparkSession.builder.master(args.master).config(map=spark_conf(cfg, args)).getOrCreate()
+    spark = session(cfg, args)
     try:
         use_gpu = int(float(spark.conf.get("spark.task.resource.gpu.amount", "0"))) >= 1
-        label = cfg.framework_label + jvm_label(spark.sparkContext.getConf())  # the JVMs' setup, as it ran
+        label = cfg.framework_label + jvm_label(spark.conf)  # the JVMs' setup, as it ran
         cfg = dataclasses.replace(cfg, framework_label=label)
         distributor = TorchDistributor(args.num_processes, local_mode=False, use_gpu=use_gpu)
         result = distributor.run(train_on_executor, cfg, cfg.framework_label)  # trainer is on the executors
     except Exception as error:  # SPARK-24819: a barrier job needs more free slots than the cluster has
         if "BarrierJobSlotsNumberCheckFailed" not in str(error):
             raise
-        raise ConfigError(f"--num-processes {args.num_processes}: {args.master} lacks free slots") from None
+        raise ConfigError(f"--num-processes {args.num_processes}: {args.remote or args.master} lacks free "
+                          "slots") from None
     finally:
         spark.stop()
     if result is not None:  # rank 0 may have run on another node: keep a copy where the driver runs
