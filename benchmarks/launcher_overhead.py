@@ -172,6 +172,7 @@ def launch(launcher: str, processes: int, config: Path, out: Path, clusters, sec
             "launch_to_train_process_s": timeline["process_started"] - launched_at,
             "launch_to_first_step_s": timeline["first_step_done"] - launched_at,
             "steady_step_s": result["steady_step_time_s"], "wall_s": exited_at - launched_at,
+            "training_end_to_exit_s": exited_at - timeline["training_ended"],
             "steps": steps, "cpu_step_s": result["epoch_metrics"][0]["train_cpu_time_s"] / steps,
             "beside_workers_cores": sampler.beside_workers_cores(timeline["first_step_done"],
                                                                  timeline["training_ended"])}
@@ -249,10 +250,11 @@ def report(args, launchers: list[str], runs: list[dict], cluster_start_s: dict, 
           "median [min-max] over the rounds; cluster start-up, not counted: "
           + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in cluster_start_s.items()) + "\n")
     print(f"{'launcher':<20}{'launch->process':>22}{'launch->1st step':>24}{'steady step':>26}"
-          f"{'step ratio':>22}{'CPU/step ratio':>22}")
+          f"{'step ratio':>22}{'CPU/step ratio':>22}{'training end->exit':>24}")
     for launcher in launchers:
         row = {key: median(launcher, key) for key in ("launch_to_train_process_s", "launch_to_first_step_s",
-                                                       "steady_step_s", "cpu_step_s", "wall_s")}
+                                                       "steady_step_s", "cpu_step_s", "wall_s",
+                                                       "training_end_to_exit_s")}
         steady, cpu = ratios(launcher, "steady_step_s"), ratios(launcher, "cpu_step_s")
         row |= {"launcher": launcher, "steady_ratio": statistics.median(steady),
                 "steady_ratio_range": [min(steady), max(steady)], "cpu_ratio": statistics.median(cpu),
@@ -263,7 +265,8 @@ def report(args, launchers: list[str], runs: list[dict], cluster_start_s: dict, 
               f"{spread(of(launcher, 'launch_to_first_step_s'), ' s', digits=1):>24}"
               f"{spread(of(launcher, 'steady_step_s'), ' ms', 1000, 1):>26}"
               f"{spread(ratios(launcher, 'steady_step_s'), digits=3):>22}"
-              f"{spread(ratios(launcher, 'cpu_step_s'), digits=3):>22}")
+              f"{spread(ratios(launcher, 'cpu_step_s'), digits=3):>22}"
+              f"{spread(of(launcher, 'training_end_to_exit_s'), ' s', digits=1):>24}")
     print("CPU beside the training workers during training, in cores, median [min-max]: " + "; ".join(
         f"{launcher} {spread(values)}" if (values := [v for v in of(launcher, 'beside_workers_cores')
                                                        if v is not None]) else f"{launcher} n/a"

@@ -6,7 +6,6 @@ With --remote sc://localhost:PORT instead, the run is a session on a Spark Conne
 driver and executors up between runs (token: $SPARK_CONNECT_AUTHENTICATE_TOKEN)."""
 
 import dataclasses
-import gc
 import os
 import sys
 import warnings
@@ -15,7 +14,7 @@ from pyspark.ml.torch.distributor import TorchDistributor
 
 from trainer.config import ConfigError
 from trainer.launchers import _cli
-from trainer.launchers._spark import jvm_label, session
+from trainer.launchers._spark import jvm_label, session, train_on_executor
 from trainer.result import write_result
 
 PROG, LABEL = "python -m trainer.launchers.spark", "spark (TorchDistributor, standalone)"
@@ -30,15 +29,6 @@ def add_spark_flags(parser):
     group.add_argument("--spark-conf", action="append", default=[], metavar="KEY=VALUE", help="extra conf")
     group.add_argument("--spark-secret-file", dest="secret_file", help="file with spark.authenticate.secret")
     return parser
-
-
-def train_on_executor(cfg, framework_label: str) -> dict | None:
-    from trainer.core import TrainHooks, train  # here, not on top: Spark's Python worker need not load torch
-    hooks = TrainHooks()  # the default file checkpoints in cfg.checkpoint_dir, on rank 0's node
-    hooks.framework, hooks.framework_label = "spark", framework_label
-    result = train(cfg, hooks)
-    gc.freeze()  # TorchDistributor's process exits once it has pickled this: skip its final collection
-    return result
 
 
 def launch(cfg, args) -> None:
