@@ -17,8 +17,8 @@
 # Horovod, torch and Python, nothing is built; a second caller for the same OUT_DIR waits for the first.
 # The machine keeps a copy of each wheel outside any checkout ($DTLAB_HOROVOD_CACHE, default
 # ~/.cache/dtlab/horovod-wheels/<this script's hash>-<the sdist pin's>), so another clone, or a wiped .dtlab,
-# copies it instead of compiling for minutes; a changed script or pin is a new key. DTLAB_HOROVOD_CACHE=
-# (empty) turns it off.
+# copies it instead of compiling for minutes; a changed script or pin is a new key, and a key unused for
+# 30 days is deleted when a wheel is kept. DTLAB_HOROVOD_CACHE= (empty) turns it off.
 #
 #   scripts/build-horovod-wheel.sh --python VENV/bin/python --out OUT_DIR
 #       [--version V --sha256 H]   the sdist pin (default: horovod_version and horovod_sdist_sha256
@@ -88,12 +88,19 @@ cache_dir=""
 # Keyed by this script and the pinned sdist: a wheel built another way, or from another sdist, never matches.
 [ -z "$cache_root" ] || cache_dir="$cache_root/$(sha256sum "$0" | cut -c1-16)-${sha256:0:16}"
 
+place() {  # SRC DEST: all of SRC at DEST or nothing (a partial copy beside DEST, named by PID, then renamed)
+  local partial
+  partial="$(dirname "$2")/.$(basename "$2").$$.partial"
+  cp "$1" "$partial" && mv "$partial" "$2"
+}
 keep_in_cache() {  # best effort: a cache that cannot be written costs the next clone a build, nothing more
   local name
   name="$(basename "$1")"
   [ -n "$cache_dir" ] && [ ! -f "$cache_dir/$name" ] || return 0
-  { mkdir -p "$cache_dir" && cp "$1" "$cache_dir/.$name.$$.partial" && mv "$cache_dir/.$name.$$.partial" "$cache_dir/$name"; } \
-    2>/dev/null || echo "build-horovod-wheel: could not keep a copy in $cache_dir (a later clone builds again)" >&2
+  { mkdir -p "$cache_dir" && place "$1" "$cache_dir/$name"; } 2>/dev/null \
+    || { echo "build-horovod-wheel: could not keep a copy in $cache_dir (a later clone builds again)" >&2; return 0; }
+  # Keys of an older script or pin are never read by this checkout again; ones unused for a month go.
+  find "$cache_root" -mindepth 1 -maxdepth 1 -type d -mtime +30 -exec rm -rf {} + 2>/dev/null || true
 }
 # One build per output directory at a time: a second caller (parallel test workers, the converge beside
 # a test) waits for the first and then finds its wheel, instead of compiling the same minutes again.
@@ -108,17 +115,20 @@ if [ ${#present[@]} -gt 0 ]; then
   echo "${present[0]}"
   exit 0
 fi
+given_sha256=""
+[ -z "$sdist" ] || [ ! -f "$sdist" ] || given_sha256=$(sha256sum "$sdist" | cut -d' ' -f1)
 cached=()
 # A given --sdist must be the pinned one before a wheel built from the pin stands in for it; else the
 # checksum check below refuses it.
-if [ -n "$cache_dir" ] && { [ -z "$sdist" ] || [ "$(sha256sum "$sdist" 2>/dev/null | cut -d' ' -f1)" = "$sha256" ]; }; then
+if [ -n "$cache_dir" ] && { [ -z "$sdist" ] || [ "$given_sha256" = "$sha256" ]; }; then
   shopt -s nullglob
   cached=("$cache_dir/horovod-$wheel_version-$python_tag-$python_tag-"*.whl)
   shopt -u nullglob
 fi
 if [ ${#cached[@]} -gt 0 ]; then
   wheel="$out_dir/$(basename "${cached[0]}")"
-  { cp "${cached[0]}" "$wheel.partial" && mv "$wheel.partial" "$wheel"; } || die "cannot copy ${cached[0]} into $out_dir"
+  place "${cached[0]}" "$wheel" || die "cannot copy ${cached[0]} into $out_dir"
+  touch "$cache_dir" 2>/dev/null || true  # in use: not a month-old key
   echo "build-horovod-wheel: copied from this machine's cache $cache_dir, not rebuilt (horovod $version, torch $torch_version, $python_tag)" >&2
   echo "$wheel"
   exit 0
@@ -157,7 +167,7 @@ if [ -z "$sdist" ]; then
   sdist="$work_dir/horovod-$version.tar.gz"
 fi
 [ -f "$sdist" ] || die "sdist $sdist not found"
-actual_sha256=$(sha256sum "$sdist" | cut -d' ' -f1)
+actual_sha256=${given_sha256:-$(sha256sum "$sdist" | cut -d' ' -f1)}
 [ "$actual_sha256" = "$sha256" ] \
   || die "$sdist has sha256 $actual_sha256, not the pinned $sha256 (horovod_sdist_sha256)"
 tar -xzf "$sdist" -C "$work_dir" || die "cannot unpack $sdist"
@@ -201,7 +211,7 @@ fi
 built=("$work_dir/dist/horovod-$wheel_version-"*.whl)
 [ -f "${built[0]}" ] || die "pip reported success but left no horovod wheel in $work_dir/dist (log: $log)"
 wheel="$out_dir/$(basename "${built[0]}")"
-cp "${built[0]}" "$wheel.partial" && mv "$wheel.partial" "$wheel"  # never a half-written wheel in OUT_DIR
+place "${built[0]}" "$wheel" || die "cannot copy the built wheel into $out_dir"  # never a half-written one
 keep_work_dir=no
 echo "build-horovod-wheel: built in $((SECONDS - started))s" >&2
 keep_in_cache "$wheel"

@@ -219,10 +219,17 @@ def test_another_wheelhouse_copies_the_wheel_from_the_machines_cache(build_pytho
     # A second clone (or a wiped .dtlab) on the same machine: its empty wheelhouse gets the wheel this
     # machine built, keyed by the script's own hash, instead of minutes of compiling.
     env = {**os.environ, "DTLAB_HOROVOD_CACHE": str(tmp_path / "cache")}
+    # Keys of older scripts: one unused for 40 days is deleted when a wheel is kept, a recent one stays.
+    stale, recent = tmp_path / "cache" / "0000000000000000-old", tmp_path / "cache" / "1111111111111111-new"
+    for key_dir in (stale, recent):
+        key_dir.mkdir(parents=True)
+    month_and_more_ago = time.time() - 40 * 86400
+    os.utime(stale, (month_and_more_ago, month_and_more_ago))
     kept = run([SCRIPT, "--python", build_python, "--out", paths.WHEELHOUSE_DIR], timeout=300, env=env)
     assert kept.returncode == 0 and "present, not rebuilt" in kept.stderr, kept.stderr
     key = f"{hashlib.sha256(SCRIPT.read_bytes()).hexdigest()[:16]}-{GROUP_VARS['horovod_sdist_sha256'][:16]}"
     assert (tmp_path / "cache" / key / Path(wheel).name).read_bytes() == Path(wheel).read_bytes()
+    assert not stale.exists() and recent.is_dir()
     another = tmp_path / "another-clone"
     copied = run([SCRIPT, "--python", build_python, "--out", another], timeout=300, env=env)
     assert copied.returncode == 0, copied.stderr
