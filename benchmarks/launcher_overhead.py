@@ -43,7 +43,6 @@ import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from types import SimpleNamespace
 
 import psutil
 import yaml
@@ -51,8 +50,8 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 from benchmarks._trainer_common import OUT_DIR, free_loopback_port, machine  # noqa: E402
 from tests.raycluster import RayCluster  # noqa: E402
-from tests.sparkcluster import SparkStandaloneCluster, role_defaults  # noqa: E402
-from trainer.launchers._spark import CONNECT_TOKEN_ENV, spark_conf  # noqa: E402
+from tests.sparkcluster import SparkStandaloneCluster, connect_server_conf, role_defaults  # noqa: E402
+from trainer.launchers._spark import CONNECT_TOKEN_ENV  # noqa: E402
 
 # "spark" is TorchDistributor with the spark role's JVM options (spark_jvm_options, as on the nodes);
 # "spark-jvm-defaults" the same launch with the JVM's defaults; "spark-connect" a session on a Spark
@@ -70,14 +69,6 @@ def job_config(args, scratch: Path) -> Path:
     path = scratch / "job.yml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-def connect_server_conf(processes: int) -> dict[str, str]:
-    """The Connect server's application conf: what a standalone run of `processes` sets for itself."""
-    jvm_options = role_defaults()["spark_jvm_options"]
-    return spark_conf(SimpleNamespace(threads=1, device="cpu"), SimpleNamespace(
-        num_processes=processes, secret_file=None,
-        spark_conf=[f"spark.{side}.extraJavaOptions={jvm_options}" for side in ("driver", "executor")]))
 
 
 def command(launcher: str, processes: int, config: Path, out: Path, clusters) -> list[str]:

@@ -29,6 +29,7 @@ import sys
 import tempfile
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
 import jinja2
 import psutil
@@ -71,6 +72,17 @@ def render_spark_defaults(master_port: int, auth_secret: str | None, extra: dict
                                      keep_trailing_newline=True)
     template = environment.from_string((SPARK_ROLE / "templates" / "spark-defaults.conf.j2").read_text())
     return template.render(variables)
+
+
+def connect_server_conf(processes: int, threads: int = 1) -> dict[str, str]:
+    """A Spark Connect server's application conf for runs of `processes` x `threads`: what a standalone
+    run sets for itself (the launcher's spark_conf), with the spark role's JVM options, as on the nodes."""
+    from trainer.launchers._spark import spark_conf
+
+    jvm_options = role_defaults()["spark_jvm_options"]
+    return spark_conf(SimpleNamespace(threads=threads, device="cpu"), SimpleNamespace(
+        num_processes=processes, secret_file=None,
+        spark_conf=[f"spark.{side}.extraJavaOptions={jvm_options}" for side in ("driver", "executor")]))
 
 
 def free_port() -> int:

@@ -10,14 +10,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from types import SimpleNamespace
 
 import psutil
 import pytest
 
-from tests.sparkcluster import SparkStandaloneCluster, role_defaults
+from tests.sparkcluster import SparkStandaloneCluster, connect_server_conf, role_defaults
 from tests.trainer.conftest import SUBPROCESS_TIMEOUT_S, run, torchrun_command, trainer_env, write_config
-from trainer.launchers._spark import CONNECT_TOKEN_ENV, SECRET_ENV, spark_conf
+from trainer.launchers._spark import CONNECT_TOKEN_ENV, SECRET_ENV
 from trainer.launchers.spark import CONNECT_LABEL, LABEL
 from trainer.result import validate_result
 
@@ -99,11 +98,8 @@ def test_two_processes_train_on_a_connect_servers_executors_as_under_torchrun(sp
                          str(tmp_path / "torchrun")))
     reference = json.loads((tmp_path / "torchrun" / "result.json").read_text())
     jvm_options = role_defaults()["spark_jvm_options"]
-    run_conf = spark_conf(SimpleNamespace(threads=cfg.threads, device="cpu"), SimpleNamespace(
-        num_processes=2, secret_file=None, spark_conf=[f"spark.{side}.extraJavaOptions={jvm_options}"
-                                                       for side in ("driver", "executor")]))
     token = secrets.token_hex(16)
-    remote = spark_cluster.start_connect_server(token, run_conf, slots=2)
+    remote = spark_cluster.start_connect_server(token, connect_server_conf(2, cfg.threads), slots=2)
     try:
         launched = spark_launch(spark_cluster, "--config", str(write_config(cfg, tmp_path / "run.yml")),
                                 "--num-processes", "2", remote=remote, token=token)
