@@ -197,6 +197,11 @@ class Cluster:
         return str(self.require("dtlab_socket_env_file"))
 
     @property
+    def threads_per_worker(self) -> int:
+        """CPU threads of each training process (dtlab_threads_per_worker)."""
+        return int(self.var("dtlab_threads_per_worker", 1))
+
+    @property
     def python(self) -> str:
         return f"{self.venv_dir}/bin/python"
 

@@ -309,7 +309,7 @@ class UnitSpec:
     user: str | None = None  # run as this user (None = root)
     workdir: str | None = None
     env: Mapping[str, str] | None = None
-    environment_file: str | None = None  # on the node; systemd reads it into the unit's environment
+    environment_files: Sequence[str] = ()  # on the node; systemd reads them into the unit's environment
     runtime_max_s: int | None = None  # systemd kills it after this, even if the controller is gone
 
 
@@ -327,8 +327,7 @@ def unit_script(spec: UnitSpec) -> str:
         properties.append(f"WorkingDirectory={spec.workdir}")
     if spec.runtime_max_s:
         properties.append(f"RuntimeMaxSec={int(spec.runtime_max_s)}")
-    if spec.environment_file:
-        properties.append(f"EnvironmentFile={spec.environment_file}")
+    properties += [f"EnvironmentFile={path}" for path in spec.environment_files]
     start = ["systemd-run", "--quiet", "--collect", "--wait", f"--unit={spec.unit}"]
     start += [f"--property={p}" for p in properties]
     start += [f"--setenv={k}={v}" for k, v in (spec.env or {}).items()]

@@ -8,6 +8,7 @@ all at once through dtlab.remote, follows their logs, and fetches the result fro
 from __future__ import annotations
 
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,7 +153,7 @@ def trainer_config(cluster: Cluster, placement: Placement, paths: CellPaths, lab
     config = trainer_options(placement.cell)
     config.update(
         device=placement.device,
-        threads=int(cluster.var("dtlab_threads_per_worker", 1)),
+        threads=cluster.threads_per_worker,
         output_dir=paths.output_dir,
         checkpoint_dir=paths.checkpoint_dir,
         cache_dir=paths.cache_dir,
@@ -187,12 +188,14 @@ def driver_on_master(
     timeout_s: int,
     label: str,
     result_node: Node | None = None,
+    environment_files: Sequence[str] = (),
 ) -> Launch:
     """A launch whose one unit is a driver on the master that lets its platform start the N trainers.
 
     Every worker gets the attempt's dirs, since the platform (Spark, Ray) may put rank 0 on any worker;
     their drivers copy rank 0's result to their own output_dir, so the result is fetched from the master
-    unless `result_node` says where rank 0 runs (Slurm: dtlab's first placed node).
+    unless `result_node` says where rank 0 runs (Slurm: dtlab's first placed node). The driver's unit
+    reads `environment_files` (secrets it must not see in argv) after the node's socket env file.
     """
     master = cluster.require_master(f"{placement.cell.framework} cells")
     job = UnitSpec(
@@ -202,7 +205,7 @@ def driver_on_master(
         user=cluster.user,
         workdir=cluster.code_dir,
         env=env,
-        environment_file=cluster.socket_env_file,
+        environment_files=(cluster.socket_env_file, *environment_files),
         runtime_max_s=timeout_s,
     )
     return Launch(

@@ -117,7 +117,7 @@ def build(
                     user=None if docker else cluster.user,
                     workdir=cluster.code_dir,
                     env=env,
-                    environment_file=cluster.socket_env_file,
+                    environment_files=(cluster.socket_env_file,),
                     runtime_max_s=timeout_s,
                 ),
             )

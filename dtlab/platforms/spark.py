@@ -1,12 +1,15 @@
 """Spark: the Spark launcher runs on the master as the driver, against the standalone cluster, N processes.
 
 TorchDistributor places the N barrier tasks on the workers; the launcher copies rank 0's result to the
-driver's output_dir, so the result is fetched from the master.
+driver's output_dir, so the result is fetched from the master. With spark_session: connect (group_vars),
+the launcher runs each cell as a session on the master's Spark Connect server (the spark role's unit),
+whose driver and executors stay up between cells, instead of as its own application.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from dtlab import remote
@@ -29,10 +32,10 @@ from dtlab.platforms.base import (
 )
 from dtlab.roles import role_value
 from dtlab.waiting import wait_until
+from trainer.launchers._spark import CONNECT_LABEL, STANDALONE_LABEL
 
 NAME = "spark"
 REGISTER_WAIT_S = 60  # workers re-register for a while after a restart (cluster.reset, a node reboot)
-LABEL = "spark (TorchDistributor, standalone)"
 TRAINER_MODULE = "trainer.launchers.spark"
 
 
@@ -40,56 +43,83 @@ def master_url(cluster: Cluster) -> str:
     return f"spark://{cluster.require_master('Spark').address}:{cluster.spark_master_port}"
 
 
-def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
-    placement = place(cluster, cell)  # checks the inventory offers N slots; Spark picks the workers
-    paths = CellPaths(cluster, cell, attempt)
-    # No socket interface here: each executor inherits its own worker's (the spark role's spark-env.sh).
-    executor_env = {
+def connect_session(cluster: Cluster) -> bool:
+    """Whether spark cells run as sessions on the master's Spark Connect server (spark_session: connect)."""
+    return str(cluster.var("spark_session", "application")) == "connect"
+
+
+def connect_url(cluster: Cluster) -> str:
+    # "localhost": the server listens on the master's loopback, and pyspark sends its token only there.
+    return f"sc://localhost:{cluster.require('spark_connect_port')}"
+
+
+def executor_env(cluster: Cluster) -> dict[str, str]:
+    """The training processes' environment on the executors (the spark role's Connect unit sets the same).
+    No socket interface here: each executor inherits its own worker's (the spark role's spark-env.sh)."""
+    return {
         "PYTHONPATH": cluster.code_dir,
         "OMP_NUM_THREADS": "1",
         "TOKENIZERS_PARALLELISM": "false",
         "HF_HOME": f"{cluster.data_dir}/huggingface",
     }
-    argv = [
-        cluster.python,
-        "-m",
-        TRAINER_MODULE,
-        "--config",
-        paths.config_path,
-        "--num-processes",
-        str(cell.gpus),
-        "--master",
-        master_url(cluster),
-    ]
-    for key, value in executor_env.items():
-        argv += ["--spark-conf", f"spark.executorEnv.{key}={value}"]
+
+
+def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+    placement = place(cluster, cell)  # checks the inventory offers N slots; Spark picks the workers
+    paths = CellPaths(cluster, cell, attempt)
+    argv = [cluster.python, "-m", TRAINER_MODULE, "--config", paths.config_path,
+            "--num-processes", str(cell.gpus)]
     env = trainer_env(cluster, cluster.require_master("spark cells"))
+    if connect_session(cluster):  # the server's conf is the session's: its unit sets the executors' env
+        argv += ["--remote", connect_url(cluster)]
+        token_file = (str(cluster.require("spark_connect_env_file")),)  # its token, never argv
+        return driver_on_master(cluster, placement, paths, argv, env, timeout_s, CONNECT_LABEL,
+                                environment_files=token_file)
+    argv += ["--master", master_url(cluster)]
+    for key, value in executor_env(cluster).items():
+        argv += ["--spark-conf", f"spark.executorEnv.{key}={value}"]
     env["PYSPARK_PYTHON"] = cluster.python
     # SPARK_CONF_DIR's spark-defaults.conf carries spark.authenticate and its secret (never argv).
     for key in ("spark_home", "spark_conf_dir"):
         if cluster.var(key):
             env[key.upper()] = str(cluster.var(key))
-    return driver_on_master(cluster, placement, paths, argv, env, timeout_s, LABEL)
+    return driver_on_master(cluster, placement, paths, argv, env, timeout_s, STANDALONE_LABEL)
 
 
 # --- what the master says: its JSON endpoint, asked on the master itself ------------------------------
 
-def alive_worker_info(cluster: Cluster) -> list[dict]:
-    """The alive workers from the Spark master's JSON endpoint, asked on the master itself ([] if none)."""
+def master_state(cluster: Cluster) -> dict[str, Any]:
+    """The Spark master's JSON endpoint (workers, active applications), asked on the master itself ({} if
+    it does not answer)."""
     master = cluster.master
     if master is None:
-        return []
+        return {}
     url = f"http://{master.address}:{cluster.spark_master_webui_port}/json/"
     probe = (
         f'{cluster.python} -c "import json,urllib.request;'
-        f"w=json.load(urllib.request.urlopen('{url}', timeout=5)).get('workers', []);"
-        "print(json.dumps([x for x in w if x.get('state') == 'ALIVE']))\""
+        f"s=json.load(urllib.request.urlopen('{url}', timeout=5));"
+        "print(json.dumps({k: s.get(k, []) for k in ('workers', 'activeapps')}))\""
     )
     answer = remote.run(master, probe, timeout=30)
     try:
-        return json.loads(answer.stdout.strip().splitlines()[-1]) if answer.ok else []
+        return json.loads(answer.stdout.strip().splitlines()[-1]) if answer.ok else {}
     except (ValueError, IndexError):
-        return []
+        return {}
+
+
+def alive_worker_info(cluster: Cluster) -> list[dict]:
+    """The alive workers from the Spark master's JSON endpoint ([] if none)."""
+    return [worker for worker in master_state(cluster).get("workers", []) if worker.get("state") == "ALIVE"]
+
+
+def connect_cores(cluster: Cluster, state: dict[str, Any]) -> int:
+    """Cores the master has granted the Connect server's application (named as its unit)."""
+    name = str(cluster.require("spark_connect_service"))
+    return sum(int(app.get("cores", 0)) for app in state.get("activeapps", []) if app.get("name") == name)
+
+
+def cores_needed(cluster: Cluster, processes: int) -> int:
+    return processes * cluster.threads_per_worker
 
 
 def alive_workers(cluster: Cluster) -> int:
@@ -108,6 +138,18 @@ def wait_for_workers(cluster: Cluster, expected: int, timeout_s: float) -> int:
 
     alive = wait_until(count, until=lambda n: n is None or n >= expected, timeout_s=timeout_s, every_s=2)
     return alive or 0
+
+
+def wait_for_connect_cores(cluster: Cluster, needed: int, timeout_s: float) -> int:
+    """Cores granted to the Connect server once it holds `needed`, or after `timeout_s`."""
+
+    def granted() -> int | None:
+        try:
+            return connect_cores(cluster, master_state(cluster))
+        except DtlabError:  # the master does not answer: the caller reports what is granted
+            return None
+
+    return wait_until(granted, until=lambda n: n is None or n >= needed, timeout_s=timeout_s, every_s=2) or 0
 
 
 def worker_gpus(cluster: Cluster) -> int:
@@ -141,9 +183,10 @@ class Spark(Platform):
     launcher_files = ("trainer/launchers/spark.py", "trainer/launchers/_spark.py")
     roles = ("spark",)
     variable_prefixes = ("spark_",)
-    service_variables = ("spark_master_service", "spark_worker_service")
-    check_names = ("spark master", "spark GPUs")
-    reset_title = "Spark: restart the master (ends running applications), then the workers"
+    service_variables = ("spark_master_service", "spark_worker_service", "spark_connect_service")
+    check_names = ("spark master", "spark connect", "spark GPUs")
+    reset_title = ("Spark: restart the master (ends running applications), then the workers, then the Connect"
+                   " server where it runs")
 
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         return build(cluster, cell, attempt, timeout_s)
@@ -166,20 +209,53 @@ class Spark(Platform):
             master = cluster.master.name if cluster.master else None
             raise PreflightError(f"preflight: Spark master {master or '?'} has {alive} alive workers, the "
                                  f"cell needs {needed}{why_not(down)}; run `invoke cluster.reset`", master)
+        if connect_session(cluster):
+            self._preflight_connect(cluster, cores_needed(cluster, planned.cell.gpus), sessions)
+
+    def _preflight_connect(self, cluster: Cluster, needed: int, sessions: remote.Sessions | None) -> None:
+        """The Connect server runs and holds the cell's cores (after a restart, it takes a while to)."""
+        master = cluster.require_master("spark cells")
+        down = units_down([master], self.units(cluster)["spark_connect_service"], sessions)
+        granted = wait_for_connect_cores(cluster, needed, 0 if down else REGISTER_WAIT_S)
+        if granted < needed:
+            raise PreflightError(f"preflight: the Spark Connect server on {master.name} holds {granted} "
+                                 f"cores, the cell needs {needed}{why_not(down)}; run `invoke cluster.reset`",
+                                 master.name)
 
     def check_rows(self, cluster: Cluster, states: NodeStates) -> list[CheckRow]:
         master = cluster.master
         if master is None or master.name not in states:
             return []
+        return [self._master_row(cluster, states, master), *self._connect_rows(cluster, states, master)]
+
+    def _master_row(self, cluster: Cluster, states: NodeStates, master: Node) -> CheckRow:
         unit = self.units(cluster)["spark_master_service"]
         state = service_state(states, master.name, unit)
         if not state:
-            return [missing_unit_row("spark master", master, unit)]
+            return missing_unit_row("spark master", master, unit)
         alive, expected = alive_workers(cluster), len(cluster.workers)
         detail = f"{unit} {state}; {alive}/{expected} workers alive"
         if cluster.device == "cuda":
             detail += f"; GPUs offered: {worker_gpus(cluster)}"
-        return [CheckRow("spark master", master.name, alive == expected and state == "active", detail)]
+        return CheckRow("spark master", master.name, alive == expected and state == "active", detail)
+
+    def _connect_rows(self, cluster: Cluster, states: NodeStates, master: Node) -> list[CheckRow]:
+        """With spark_session: connect, the server runs and holds the largest cell's cores. Without it, no
+        server runs: one left running holds the workers' cores, and the standalone cells find none."""
+        unit = self.units(cluster)["spark_connect_service"]
+        state = service_state(states, master.name, unit)
+        if not connect_session(cluster):
+            if state == "active":
+                return [CheckRow("spark connect", master.name, False,
+                                 f"{unit} active although spark_session is application: it holds the "
+                                 "workers' cores; run ansible-playbook site.yml")]
+            return []
+        if not state:
+            return [missing_unit_row("spark connect", master, unit)]
+        granted = connect_cores(cluster, master_state(cluster))
+        needed = cores_needed(cluster, cluster.max_gpus)
+        return [CheckRow("spark connect", master.name, state == "active" and granted >= needed,
+                         f"{unit} {state}; {granted} cores granted, the largest cell needs {needed}")]
 
     def gpu_rows(self, cluster: Cluster, workers: list[Node]) -> list[CheckRow]:
         if cluster.device != "cuda":
@@ -192,10 +268,17 @@ class Spark(Platform):
         steps.run(steps.masters, restart_command(units["spark_master_service"]), "restart spark master", 120)
         steps.run(steps.cluster.workers, restart_command(units["spark_worker_service"]),
                   "restart spark workers", 120)
+        # Not installed (spark_session: application): nothing. Else its sessions end, its executors restart.
+        steps.run(steps.masters, restart_command(units["spark_connect_service"]), "restart spark connect",
+                  120)
         return []
 
     def wait_ready(self, cluster: Cluster, workers: list[Node], timeout_s: float) -> None:
+        started = time.monotonic()
         wait_for_workers(cluster, len(workers), timeout_s)
+        if connect_session(cluster):
+            left = max(0.0, timeout_s - (time.monotonic() - started))
+            wait_for_connect_cores(cluster, cores_needed(cluster, cluster.max_gpus), left)
 
     def recovery(self, cluster: Cluster) -> str:
         # A barrier ResultStage (TorchDistributor's collect) is aborted, never retried, by Spark.

@@ -83,6 +83,22 @@ def test_check_names_each_missing_service_as_the_inventory_does(tmp_path):
     assert details[("determined agent", "n1")] == (False, "site-det-agent failed")
 
 
+def test_a_connect_server_is_checked_where_the_inventory_runs_one_and_flagged_where_it_does_not(tmp_path):
+    spark = platforms.get("spark")
+    application = _cluster_naming(tmp_path / "application", spark_connect_service="site-connect")
+    # Left running from spark_session: connect, it holds the workers' cores: standalone cells find none.
+    rows = spark.check_rows(application, {"n0": {"service.site-connect": "active"}})
+    details = {row.check: (row.ok, row.detail) for row in rows}
+    assert details["spark connect"] == (False, "site-connect active although spark_session is application: "
+                                               "it holds the workers' cores; run ansible-playbook site.yml")
+    stopped = spark.check_rows(application, {"n0": {"service.site-connect": "inactive"}})
+    assert "spark connect" not in {row.check for row in stopped}
+    connect = load_cluster(write_inventory(tmp_path / "connect", CPU_CLUSTER_3, group_vars={
+        "all": "dtlab_device: cpu\nspark_session: connect\nspark_connect_service: site-connect\n"}))
+    details = {row.check: (row.ok, row.detail) for row in spark.check_rows(connect, {"n0": {}})}
+    assert details["spark connect"] == (False, "no site-connect unit; run ansible-playbook site.yml")
+
+
 def test_reset_restarts_only_an_installed_service():
     missing = subprocess.run(["sh", "-c", restart_command(MISSING_UNIT)], capture_output=True,
                              text=True, timeout=60)

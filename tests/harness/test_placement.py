@@ -1,11 +1,12 @@
 """Which nodes and GPUs a cell gets, and what each launcher starts there: from the inventory alone."""
 
 import pytest
-from harness_helpers import build_launch, write_inventory
+from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, build_launch, write_inventory
 
 from dtlab import launch, matrix
 from dtlab.cell import Cell
 from dtlab.errors import DtlabError
+from dtlab.inventory import load_cluster
 
 
 def cell(framework="ddp", gpus=1, epochs=2, seed=0):
@@ -41,7 +42,7 @@ def test_ddp_runs_torchrun_on_each_selected_worker_with_rendezvous_on_the_first(
         assert argv[-2:] == ["--config", planned.paths.config_path]
         assert argv[argv.index("-m", 3) + 1] == "trainer.launchers.torchrun"
         assert spec.unit == f"dtlab-ddp-g3-e2-s0-{node.name}" and spec.runtime_max_s == 600
-        assert spec.environment_file == "/etc/dtlab/socket.env" and spec.user == "dtlab"
+        assert spec.environment_files == ("/etc/dtlab/socket.env",) and spec.user == "dtlab"
         assert "NCCL_SOCKET_IFNAME" not in spec.env  # each node's own, from that file
     assert "--nproc_per_node=2" in planned.jobs[0][1].argv and "--nproc_per_node=1" in planned.jobs[1][1].argv
     assert planned.jobs[0][1].env["CUDA_VISIBLE_DEVICES"] == "0,1"
@@ -64,7 +65,7 @@ def test_cpu_inventory_means_one_single_thread_worker_per_gpu(cpu_cluster):
     assert config["output_dir"] == "/var/lib/dtlab/runs/ddp-g2-e2-s0/attempt-3/out"
     assert config["checkpoint_dir"] == "/var/lib/dtlab/runs/ddp-g2-e2-s0/checkpoints"  # shared by retries
     assert all(
-        spec.environment_file == "/etc/dtlab/veth9.env" and spec.env["OMP_NUM_THREADS"] == "1"
+        spec.environment_files == ("/etc/dtlab/veth9.env",) and spec.env["OMP_NUM_THREADS"] == "1"
         for _, spec in planned.jobs
     )
     assert "CUDA_VISIBLE_DEVICES" not in planned.jobs[0][1].env
@@ -89,6 +90,23 @@ def test_spark_runs_the_launcher_on_the_master_with_n_processes(cpu_cluster):
     assert spec.env["PYSPARK_PYTHON"] == "/opt/dtlab/venv/bin/python"
     assert {n.name for n in planned.prepare_nodes} == {"n0", "n1", "n2"}  # rank 0 may land on any worker
     assert planned.label == "spark (TorchDistributor, standalone)"
+
+
+def test_spark_with_a_connect_server_runs_its_cells_as_sessions_with_the_token_from_a_file(tmp_path):
+    inventory = write_inventory(tmp_path, CPU_CLUSTER_3,
+                                group_vars={"all": CPU_SITE_VARS + "spark_session: connect\n"})
+    cluster = load_cluster(inventory)
+    planned = build_launch(cluster, cell("spark", gpus=2), attempt=1, timeout_s=60)
+    [(node, spec)] = planned.jobs
+    assert node.name == "n0" and planned.result_node.name == "n0"
+    argv = spec.argv
+    assert argv[argv.index("--remote") + 1] == "sc://localhost:15002"  # the master's loopback
+    assert argv[argv.index("--num-processes") + 1] == "2"
+    # The server's conf is the session's (its unit sets the executors' env); --spark-conf would be refused.
+    assert "--master" not in argv and "--spark-conf" not in argv
+    assert spec.environment_files == (cluster.socket_env_file, "/etc/spark/connect.env")
+    assert "SPARK_CONNECT_AUTHENTICATE_TOKEN" not in spec.env
+    assert planned.label == "spark (TorchDistributor, Spark Connect)"
 
 
 def test_ray_runs_the_driver_on_the_master_with_n_workers_and_the_token_file_not_the_token(cpu_cluster):
@@ -122,7 +140,6 @@ def test_determined_without_a_master_runs_the_core_api_off_cluster_under_torchru
         "    workers: {hosts: {w1: {ansible_host: 127.0.0.3}, w2: {ansible_host: 127.0.0.4}}}\n",
         group_vars={"all": "dtlab_device: cpu\ndetermined_install_binaries: false\n"},
     )
-    from dtlab.inventory import load_cluster
 
     planned = build_launch(load_cluster(no_binaries), cell("determined", gpus=2), attempt=1, timeout_s=60)
     assert planned.external is None and len(planned.jobs) == 2
@@ -133,7 +150,6 @@ def test_determined_without_a_master_runs_the_core_api_off_cluster_under_torchru
 
 
 def test_docker_runtime_wraps_torchrun_as_the_studys_listing_4_1(tmp_path):
-    from dtlab.inventory import load_cluster
 
     path = write_inventory(
         tmp_path,
@@ -165,9 +181,7 @@ def test_prepare_command_keeps_checkpoints_on_retry_and_drops_them_on_a_fresh_ru
 
 
 def test_with_a_shared_checkpoint_dir_every_node_checkpoints_there_and_one_node_prepares_it(tmp_path):
-    from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
 
-    from dtlab.inventory import load_cluster
 
     site = CPU_SITE_VARS + "dtlab_shared_checkpoint_dir: /mnt/nfs/dtlab\n"
     cluster = load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": site}))

@@ -24,7 +24,7 @@ def test_a_cell_unit_is_named_and_bounded_and_its_script_is_valid_shell(tmp_path
         user="dtlab",
         workdir="/opt/dtlab/src",
         env={"OMP_NUM_THREADS": "1"},
-        environment_file="/etc/dtlab/socket.env",
+        environment_files=("/etc/dtlab/socket.env",),
         runtime_max_s=600,
     )
     script = remote.unit_script(spec)

@@ -5,19 +5,21 @@ The cluster runs with the spark role's spark-defaults.conf: its master UI cannot
 import contextlib
 import json
 import secrets
+import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import psutil
 import pytest
 
+from dtlab.waiting import wait_until
 from tests.sparkcluster import SparkStandaloneCluster, connect_server_conf, role_defaults
 from tests.trainer.conftest import SUBPROCESS_TIMEOUT_S, run, torchrun_command, trainer_env, write_config
-from trainer.launchers._spark import CONNECT_TOKEN_ENV, SECRET_ENV
-from trainer.launchers.spark import CONNECT_LABEL, LABEL
+from trainer.launchers._spark import CONNECT_LABEL, CONNECT_TOKEN_ENV, SECRET_ENV, STANDALONE_LABEL
 from trainer.result import validate_result
 
 pytestmark = pytest.mark.slow
@@ -36,13 +38,53 @@ def spark_launch(cluster, *args: str, secret_in_env: bool = True, defaults_file:
     """The launcher as the driver; `defaults_file`: it reads the cluster's spark-defaults.conf, as the
     harness's driver on the master reads the spark role's (SPARK_CONF_DIR). `remote`: a session on that
     Spark Connect server instead of an application of its own, with `token`."""
+    command, env = launcher_command(cluster, args, secret_in_env, defaults_file, remote, token)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+
+
+def launcher_command(cluster, args, secret_in_env=True, defaults_file=False, remote=None, token=None):
     env = {**trainer_env(), "SPARK_LOCAL_IP": "127.0.0.1"}  # the driver on loopback
     env |= {SECRET_ENV: SPARK_SECRET} if secret_in_env else {}
     env |= {"SPARK_CONF_DIR": str(cluster.spark_defaults_path.parent)} if defaults_file else {}
     env |= {CONNECT_TOKEN_ENV: token} if token else {}
     where = ["--remote", remote] if remote else ["--master", cluster.master_url]
-    command = [sys.executable, "-m", "trainer.launchers.spark", *where, *args]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    return [sys.executable, "-m", "trainer.launchers.spark", *where, *args], env
+
+
+def training_processes(cluster) -> list[psutil.Process]:
+    """The executors' training processes: TorchDistributor's torch.distributed.run under this cluster's
+    workers, and its ranks (other tests' torchrun runs beside, under xdist, are not theirs)."""
+    found = []
+    for daemon in cluster.pids():
+        with contextlib.suppress(psutil.Error):
+            for process in psutil.Process(daemon).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if "torch.distributed.run" in " ".join(process.cmdline()):
+                        found += [process, *process.children(recursive=True)]
+    return found
+
+
+def stop_mid_training(cluster, config: Path, remote: str, token: str) -> tuple[int, float]:
+    """Start a Connect run, SIGTERM its launcher (as a stopped cell's unit is) once its training processes
+    run: its exit code, and the seconds until no training process is left on the executors."""
+    command, env = launcher_command(cluster, ["--config", str(config), "--num-processes", "2"],
+                                    remote=remote, token=token)
+    launcher = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        running = wait_until(lambda: training_processes(cluster), until=lambda found: len(found) >= 4,
+                             timeout_s=120, every_s=0.5)  # two torchruns, a rank each
+        assert len(running) >= 4, f"the training processes did not start within 120 s: {running}"
+        launcher.send_signal(signal.SIGTERM)
+        code = launcher.wait(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(timeout=10)
+    stopped = time.monotonic()
+    left = wait_until(lambda: [p for p in running if p.is_running()], until=lambda alive: not alive,
+                      timeout_s=60, every_s=0.5)
+    assert not left, f"training processes still run 60 s after the launcher stopped: {left}"
+    return code, time.monotonic() - stopped
 
 
 def test_cluster_has_two_alive_workers(spark_cluster):
@@ -61,7 +103,8 @@ def test_two_processes_train_through_torch_distributor(spark_cluster, make_confi
     validate_result(result)
     jvm_options = role_defaults()["spark_jvm_options"]
     assert jvm_options.startswith("-XX:")
-    assert (result["framework"], result["framework_label"]) == ("spark", f"{LABEL} + JVM {jvm_options}")
+    label = f"{STANDALONE_LABEL} + JVM {jvm_options}"
+    assert (result["framework"], result["framework_label"]) == ("spark", label)
     assert (result["world_size"], result["device"], result["backend"]) == (2, "cpu", "gloo")
     assert len(result["epoch_metrics"]) == 1 and result["epoch_metrics"][0]["train_samples"] == 64
     assert (tmp_path / "checkpoints" / "epoch-0001" / "checkpoint.pt").is_file()
@@ -91,8 +134,9 @@ def test_two_processes_train_on_a_connect_servers_executors_as_under_torchrun(sp
                                                                               tmp_path):
     """--remote: a session on a Spark Connect server that keeps its driver and executors up (issue #29:
     Spark at its best), started with the conf a standalone run sets for itself and the role's JVM options.
-    The epochs are torchrun's, the label says Connect; a wrong token is refused in one line. The server
-    holds both slots, so it runs for this test only."""
+    The epochs are torchrun's, the label says Connect; a wrong token is refused in one line. A run stopped
+    with SIGTERM (a stopped cell) releases its session, so its training processes end and the next run
+    finds both slots. The server holds both slots, so it runs for this test only."""
     cfg = make_config(epochs=1, **SMALL)
     run(torchrun_command(2, "--config", str(write_config(cfg, tmp_path / "torchrun.yml")), "--output-dir",
                          str(tmp_path / "torchrun")))
@@ -101,6 +145,10 @@ def test_two_processes_train_on_a_connect_servers_executors_as_under_torchrun(sp
     token = secrets.token_hex(16)
     remote = spark_cluster.start_connect_server(token, connect_server_conf(2, cfg.threads), slots=2)
     try:
+        long_run = write_config(make_config(epochs=50, output_dir=str(tmp_path / "stopped"), **SMALL),
+                                tmp_path / "long.yml")
+        stopped_code, drained_s = stop_mid_training(spark_cluster, long_run, remote, token)
+        # The next run needs both slots: it passes only if the stopped run's session let them go.
         launched = spark_launch(spark_cluster, "--config", str(write_config(cfg, tmp_path / "run.yml")),
                                 "--num-processes", "2", remote=remote, token=token)
         assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
@@ -118,6 +166,8 @@ def test_two_processes_train_on_a_connect_servers_executors_as_under_torchrun(sp
     for key in ("train_loss", "val_loss", "val_accuracy", "train_samples"):  # tolerance 0
         assert [m[key] for m in result["epoch_metrics"]] == [m[key] for m in reference["epoch_metrics"]], key
     assert token not in launched.stdout + launched.stderr
+    assert stopped_code == 128 + signal.SIGTERM and drained_s < 60
+    assert not (tmp_path / "stopped" / "result.json").exists()
     assert refused.returncode == 2, refused.stdout[-3000:] + refused.stderr[-3000:]
     assert refused.stderr.strip().splitlines()[-1] == ("python -m trainer.launchers.spark: error: --remote: "
                                                        f"{remote} refused the token in ${CONNECT_TOKEN_ENV}")

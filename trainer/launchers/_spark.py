@@ -3,6 +3,7 @@ the run, or a session on a Spark Connect server; and what it reads back from Spa
 
 import gc
 import os
+import signal
 import urllib.parse
 from pathlib import Path
 
@@ -10,6 +11,10 @@ from trainer.config import ConfigError
 from trainer.launchers import _cli
 
 SECRET_ENV = "SPARK_AUTHENTICATE_SECRET"
+# How a run's result names its setup (the harness's spark platform reads them too): the report keeps the
+# two apart, so a standalone application's runs and a Connect server's sessions never share a mean.
+STANDALONE_LABEL = "spark (TorchDistributor, standalone)"
+CONNECT_LABEL = "spark (TorchDistributor, Spark Connect)"
 # Spark Connect's shared token: pyspark's client and Spark's Connect server both read this variable, so it
 # stays out of argv and the URL. Without TLS the client sends a token only to "localhost": the server
 # runs on the master beside the cell's driver and listens on loopback.
@@ -51,11 +56,24 @@ def session(cfg, args):
             if "UNAUTHENTICATED" not in str(error):
                 raise
             raise ConfigError(f"--remote: {args.remote} refused the token in ${CONNECT_TOKEN_ENV}") from None
+        release_when_stopped()
         return spark
     if not str(args.master).startswith("spark://"):
         raise ConfigError("need --master spark://HOST:PORT ($SPARK_MASTER_URL) or --remote sc://HOST:PORT")
     os.environ.pop("SPARK_REMOTE", None)  # pyspark's builder would go to a Connect server instead
     return SparkSession.builder.master(args.master).config(map=spark_conf(cfg, args)).getOrCreate()
+
+
+def release_when_stopped() -> None:
+    """SIGTERM (a stopped cell: timeout, Ctrl-C, cluster.reset) ends the launcher through the `finally`
+    that stops its session, as Ctrl-C's SIGINT does: the server then cancels the session's jobs. Killed
+    outright, the launcher would leave its barrier tasks holding the server's executors, where the next
+    cell would find no free slots."""
+
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 def spark_conf(cfg, args) -> dict[str, str]:

@@ -14,11 +14,10 @@ from pyspark.ml.torch.distributor import TorchDistributor
 
 from trainer.config import ConfigError
 from trainer.launchers import _cli
-from trainer.launchers._spark import jvm_label, session, train_on_executor
+from trainer.launchers._spark import CONNECT_LABEL, STANDALONE_LABEL, jvm_label, session, train_on_executor
 from trainer.result import write_result
 
-PROG, LABEL = "python -m trainer.launchers.spark", "spark (TorchDistributor, standalone)"
-CONNECT_LABEL = "spark (TorchDistributor, Spark Connect)"  # the report keeps the two setups apart
+PROG = "python -m trainer.launchers.spark"
 
 
 def add_spark_flags(parser):
@@ -32,7 +31,7 @@ def add_spark_flags(parser):
 
 
 def launch(cfg, args) -> None:
-    label = cfg.framework_label or (CONNECT_LABEL if args.remote else LABEL)
+    label = cfg.framework_label or (CONNECT_LABEL if args.remote else STANDALONE_LABEL)
     cfg = dataclasses.replace(cfg, framework="spark", framework_label=label)
     if args.num_processes < 1:
         raise ConfigError("need --num-processes >= 1")
