@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import jinja2
+import yaml
 
 from dtlab import paths
 from dtlab.lab.config import LabConfig
@@ -43,3 +45,16 @@ def write(config: LabConfig, bundle: str | None = None) -> bool:
     temporary.write_text(text)
     os.replace(temporary, path)
     return True
+
+
+def variant(inventory: Path, suffix: str, **host_vars) -> Path:
+    """A copy of a lab inventory beside it, <stem>-<suffix>.yml, with `host_vars` on every host: beside
+    it, its paths and group_vars resolve the same; host vars beat group_vars/all.yml, as a site's own
+    inventory sets them. For a setting tried on the same nodes (tests, benchmarks); the caller removes it."""
+    data = yaml.safe_load(inventory.read_text())
+    for group in data.values():
+        for host in (group.get("hosts") or {}).values():
+            host.update(host_vars)
+    copy = inventory.with_name(f"{inventory.stem}-{suffix}.yml")
+    copy.write_text(yaml.safe_dump(data, sort_keys=False))
+    return copy

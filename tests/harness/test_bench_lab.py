@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from dtlab import paths, platforms, provision, remote
+from dtlab.lab import inventory as lab_inventory
 from dtlab.report import build_report
 from dtlab.report.aggregate import whole_run_phases
 from dtlab.results import ResultStore
@@ -330,24 +330,12 @@ def test_ray_and_spark_cells_are_refused_in_preflight_at_once_when_a_worker_daem
     assert before <= {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
 
 
-def with_host_vars(inventory: Path, suffix: str, **host_vars) -> Path:
-    """A copy of a lab inventory beside it (so its paths and group_vars resolve the same) with `host_vars`
-    on every host: host vars beat group_vars/all.yml, as a site's own inventory would set them."""
-    data = yaml.safe_load(inventory.read_text())
-    for group in data.values():
-        for host in (group.get("hosts") or {}).values():
-            host.update(host_vars)
-    copy = inventory.with_name(f"{inventory.stem}-{suffix}.yml")
-    copy.write_text(yaml.safe_dump(data, sort_keys=False))
-    return copy
-
-
 def test_with_spark_session_connect_spark_cells_run_on_the_masters_connect_server(harness_lab):
     """Issue #29, Spark at its best: the spark role runs a Spark Connect server on the master, cluster.check
     sees it hold the largest cell's cores, a spark cell runs as its session (labelled so) to the numbers
     ddp trains to, and cluster.reset restarts it. Converging back to application removes it."""
     cluster, env = harness_lab
-    connect_inventory = with_host_vars(cluster.inventory_path, "connect", spark_session="connect")
+    connect_inventory = lab_inventory.variant(cluster.inventory_path, "connect", spark_session="connect")
     unit = str(cluster.require("spark_connect_service"))
     store = ResultStore.for_cluster(cluster.name)
     try:

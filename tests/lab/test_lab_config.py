@@ -115,6 +115,24 @@ def test_ansible_sees_each_labs_own_cluster_name(tmp_path):
     assert variables["dtlab_device"] == "cpu"  # group_vars/lab.yml applies (group `lab`)
 
 
+def test_an_inventory_variant_sets_its_host_vars_over_group_vars_and_leaves_the_original(tmp_path):
+    from dtlab.inventory import load_cluster
+
+    inventory_dir = tmp_path / "inventory"  # as the repository lays it out (../constraints.txt)
+    inventory_dir.mkdir()
+    (inventory_dir / "group_vars").symlink_to(config.paths.INVENTORY_DIR / "group_vars")
+    (tmp_path / "constraints.txt").write_text(config.paths.CONSTRAINTS_FILE.read_text())
+    original = inventory_dir / "lab-dtlabtest.yml"
+    original.write_text(inventory.render(config.load_config("dtlabtest")))
+    before = original.read_text()
+    variant = inventory.variant(original, "connect", spark_session="connect")
+    assert variant == inventory_dir / "lab-dtlabtest-connect.yml" and original.read_text() == before
+    varied, plain = load_cluster(variant), load_cluster(original)
+    assert [node.var("spark_session") for node in varied.nodes] == ["connect"] * len(varied.nodes)
+    assert plain.master.var("spark_session") == "application"  # group_vars/all.yml's
+    assert [n.address for n in varied.nodes] == [n.address for n in plain.nodes]
+
+
 def test_an_offline_labs_inventory_names_its_bundle_for_every_node():
     lab = config.load_config("dtlabtest")
     hosts = yaml.safe_load(inventory.render(lab, bundle="/srv/bundle"))["lab"]["hosts"]
