@@ -279,6 +279,8 @@ PLACEHOLDER_NETWORKS = tuple(
 )
 # Every variable named *_port (ansible_port, dtlab_rendezvous_port, spark_master_port, ...) is a TCP port.
 PORT_SUFFIX = "_port"
+# How spark cells run (spark_session): each its own application, or a session on a Connect server.
+SPARK_SESSIONS = ("application", "connect")
 YAML_SUFFIXES = (".yml", ".yaml", ".json")
 
 
@@ -492,6 +494,10 @@ def _node(where: str, host: Any, loader: Any, variables: Any, allow_placeholders
     if device not in ("cuda", "cpu"):
         raise DtlabError(f"{where}: dtlab_device must be cuda or cpu, got {device!r}")
     _check_spark_version(where, get("spark_version"))
+    spark_session = get("spark_session", "application")
+    if spark_session not in SPARK_SESSIONS:
+        raise DtlabError(f"{where}: spark_session must be {' or '.join(SPARK_SESSIONS)}, "
+                         f"got {spark_session!r}")
     ssh_args, known_hosts = _ssh_options(
         f"{get('ansible_ssh_common_args', '')} {get('ansible_ssh_extra_args', '')}"
     )

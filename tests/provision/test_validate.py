@@ -216,6 +216,9 @@ BAD_INVENTORIES = {
     "unknown device": (
         with_vars("node2", dtlab_device="tpu"), {}, "hosts.yml",
         "host node2: dtlab_device must be cuda or cpu, got 'tpu'"),
+    "unknown spark session": (
+        three_nodes(), {"group_vars/all/site.yml": "spark_session: server\n"}, "hosts.yml",
+        "host node0: spark_session must be application or connect, got 'server'"),
 }
 
 
