@@ -333,7 +333,8 @@ def test_ray_and_spark_cells_are_refused_in_preflight_at_once_when_a_worker_daem
 def test_with_spark_session_connect_spark_cells_run_on_the_masters_connect_server(harness_lab):
     """Issue #29, Spark at its best: the spark role runs a Spark Connect server on the master, cluster.check
     sees it hold the largest cell's cores, a spark cell runs as its session (labelled so) to the numbers
-    ddp trains to, and cluster.reset restarts it. Converging back to application removes it."""
+    ddp trains to, a killed training process is recovered by dtlab's retry on the same server, and
+    cluster.reset restarts it. Converging back to application removes it."""
     cluster, env = harness_lab
     connect_inventory = lab_inventory.variant(cluster.inventory_path, "connect", spark_session="connect")
     unit = str(cluster.require("spark_connect_service"))
@@ -349,6 +350,10 @@ def test_with_spark_session_connect_spark_cells_run_on_the_masters_connect_serve
         ran = invoke("bench.all", "-i", str(connect_inventory), "--only", "spark-g2", "--force",
                      "--no-report", "--skip-gate", env=env, timeout=600)
         assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+        # The faults profile's kill of a training process: the session's job fails, dtlab's retry resumes.
+        faulted = invoke("bench.faults", "-i", str(connect_inventory), "--only", "spark-g2-e2-s0-kill",
+                         "--force", "--no-report", "--skip-gate", env=env, timeout=900)
+        assert faulted.returncode == 0, faulted.stdout[-3000:] + faulted.stderr[-2000:]
         reset = invoke("cluster.reset", "-i", str(connect_inventory), env=env, timeout=600)
         assert reset.returncode == 0 and "restart spark connect" not in reset.stdout, reset.stdout[-3000:]
         assert "then the Connect server where it runs" in reset.stdout  # its step ran, and nothing failed
@@ -362,6 +367,12 @@ def test_with_spark_session_connect_spark_cells_run_on_the_masters_connect_serve
     assert unit not in listed.stdout and "No such file" in listed.stdout, listed.stdout
     spark = max(store.runs(status="ok", cell_key="spark-g2-e2-s0"), key=lambda run: run.attempt)
     assert spark.result["framework_label"].startswith("spark (TorchDistributor, Spark Connect)")
+    recovered = max(store.runs(status=None, cell_key="spark-g2-e2-s0-kill-after1"), key=lambda run: run.id)
+    record = recovered.fault_record
+    assert recovered.status == "ok" and record["outcome"] == "recovered", (recovered.reason, record)
+    assert record["attempts"] == 2 and recovered.result["resumed_from_epoch"] == 1, record
+    assert recovered.result["framework_label"].startswith("spark (TorchDistributor, Spark Connect)")
+    assert _trajectory(recovered) == _trajectory(spark)
     assert spark.result["world_size"] == 2 and spark.result["nodes"] == 2
     baseline = invoke("bench.all", "-i", str(cluster.inventory_path), "--only", "ddp-g2", "--no-report",
                       "--skip-gate", env=env, timeout=600)  # already recorded by the smoke test: nothing runs
