@@ -198,8 +198,8 @@ class Cluster:
 
     @property
     def threads_per_worker(self) -> int:
-        """CPU threads of each training process (dtlab_threads_per_worker)."""
-        return int(self.var("dtlab_threads_per_worker", 1))
+        """CPU threads of each training process (dtlab_threads_per_worker, group_vars/all.yml)."""
+        return int(self.require("dtlab_threads_per_worker"))
 
     @property
     def python(self) -> str:

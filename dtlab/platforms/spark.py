@@ -45,7 +45,7 @@ def master_url(cluster: Cluster) -> str:
 
 def connect_session(cluster: Cluster) -> bool:
     """Whether spark cells run as sessions on the master's Spark Connect server (spark_session: connect)."""
-    return str(cluster.var("spark_session", "application")) == "connect"
+    return str(cluster.require("spark_session")) == "connect"  # checked when the inventory is read
 
 
 def connect_url(cluster: Cluster) -> str:
