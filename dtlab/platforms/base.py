@@ -161,11 +161,11 @@ class Platform:
         raise NotImplementedError
 
 
-def restart_command(unit: str) -> str:
-    """Restart <unit>.service where it is installed (not installed: nothing, exit 0)."""
+def restart_command(unit: str, verb: str = "restart") -> str:
+    """Restart (or `verb`: stop) <unit>.service where it is installed (not installed: nothing, exit 0)."""
     service = shlex.quote(unit + ".service")
     return (
-        f'[ -z "$(systemctl list-unit-files --plain --no-legend {service})" ] || systemctl restart {service}'
+        f'[ -z "$(systemctl list-unit-files --plain --no-legend {service})" ] || systemctl {verb} {service}'
     )
 
 

@@ -186,7 +186,7 @@ class Spark(Platform):
     service_variables = ("spark_master_service", "spark_worker_service", "spark_connect_service")
     check_names = ("spark master", "spark connect", "spark GPUs")
     reset_title = ("Spark: restart the master (ends running applications), then the workers, then the Connect"
-                   " server where it runs")
+                   " server where it runs (under spark_session application: stopped where installed)")
 
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         return build(cluster, cell, attempt, timeout_s)
@@ -248,7 +248,8 @@ class Spark(Platform):
             if state == "active":
                 return [CheckRow("spark connect", master.name, False,
                                  f"{unit} active although spark_session is application: it holds the "
-                                 "workers' cores; run ansible-playbook site.yml")]
+                                 "workers' cores; `invoke cluster.reset` stops it, ansible-playbook site.yml "
+                                 "removes it")]
             return []
         if not state:
             return [missing_unit_row("spark connect", master, unit)]
@@ -265,12 +266,16 @@ class Spark(Platform):
 
     def reset(self, steps: ResetSteps) -> list[CheckRow]:
         units = self.units(steps.cluster)
+        connect = connect_session(steps.cluster)
+        if not connect:  # a server left from spark_session connect holds the workers' cores: stopped first
+            steps.run(steps.masters, restart_command(units["spark_connect_service"], "stop"),
+                      "stop spark connect", 120)
         steps.run(steps.masters, restart_command(units["spark_master_service"]), "restart spark master", 120)
         steps.run(steps.cluster.workers, restart_command(units["spark_worker_service"]),
                   "restart spark workers", 120)
-        # Not installed (spark_session: application): nothing. Else its sessions end, its executors restart.
-        steps.run(steps.masters, restart_command(units["spark_connect_service"]), "restart spark connect",
-                  120)
+        if connect:  # its sessions end, its executors restart
+            steps.run(steps.masters, restart_command(units["spark_connect_service"]), "restart spark connect",
+                      120)
         return []
 
     def wait_ready(self, cluster: Cluster, workers: list[Node], timeout_s: float) -> None:

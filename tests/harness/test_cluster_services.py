@@ -7,7 +7,7 @@ from harness_helpers import CPU_CLUSTER_3, write_inventory
 from dtlab import cluster as cluster_module
 from dtlab import platforms
 from dtlab.inventory import load_cluster
-from dtlab.platforms.base import restart_command
+from dtlab.platforms.base import ResetSteps, restart_command
 
 # A unit file every machine with systemd has (the controller needs systemd-container for the lab).
 INSTALLED_UNIT = "systemd-journald"
@@ -89,8 +89,9 @@ def test_a_connect_server_is_checked_where_the_inventory_runs_one_and_flagged_wh
     # Left running from spark_session: connect, it holds the workers' cores: standalone cells find none.
     rows = spark.check_rows(application, {"n0": {"service.site-connect": "active"}})
     details = {row.check: (row.ok, row.detail) for row in rows}
-    assert details["spark connect"] == (False, "site-connect active although spark_session is application: "
-                                               "it holds the workers' cores; run ansible-playbook site.yml")
+    assert details["spark connect"] == (
+        False, "site-connect active although spark_session is application: it holds the workers' cores; "
+               "`invoke cluster.reset` stops it, ansible-playbook site.yml removes it")
     stopped = spark.check_rows(application, {"n0": {"service.site-connect": "inactive"}})
     assert "spark connect" not in {row.check for row in stopped}
     connect = load_cluster(write_inventory(tmp_path / "connect", CPU_CLUSTER_3, group_vars={
@@ -105,3 +106,29 @@ def test_reset_restarts_only_an_installed_service():
     assert missing.returncode == 0 and not missing.stderr, "a service not installed is left alone"
     command = restart_command("site unit")
     assert "systemctl restart 'site unit.service'" in command
+
+
+def _spark_reset_commands(cluster) -> list[tuple[str, tuple[str, ...], str]]:
+    ran: list[tuple[str, tuple[str, ...], str]] = []
+    def run(nodes, command, what, timeout_s):
+        ran.append((what, tuple(node.name for node in nodes), command))
+
+    everyone_answers = ResetSteps(cluster, lambda line: None, run, list)
+    platforms.get("spark").reset(everyone_answers)
+    return ran
+
+
+def test_reset_stops_a_connect_server_left_running_under_application_and_restarts_it_under_connect(tmp_path):
+    application = _cluster_naming(tmp_path / "application", spark_connect_service="site-connect")
+    steps = _spark_reset_commands(application)
+    # Stopped before the master restarts: its executors would otherwise take the workers' cores again.
+    assert [(what, nodes) for what, nodes, _ in steps] == [("stop spark connect", ("n0",)),
+                                                          ("restart spark master", ("n0",)),
+                                                          ("restart spark workers", ("n1", "n2"))]
+    assert steps[0][2].endswith("systemctl stop site-connect.service")
+    connect = load_cluster(write_inventory(tmp_path / "connect", CPU_CLUSTER_3, group_vars={
+        "all": "dtlab_device: cpu\nspark_session: connect\nspark_connect_service: site-connect\n"}))
+    steps = _spark_reset_commands(connect)
+    assert [what for what, _, _ in steps] == ["restart spark master", "restart spark workers",
+                                             "restart spark connect"]
+    assert steps[-1][2].endswith("systemctl restart site-connect.service")
