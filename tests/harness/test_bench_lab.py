@@ -354,6 +354,14 @@ def test_with_spark_session_connect_spark_cells_run_on_the_masters_connect_serve
         faulted = invoke("bench.faults", "-i", str(connect_inventory), "--only", "spark-g2-e2-s0-kill",
                          "--force", "--no-report", "--skip-gate", env=env, timeout=900)
         assert faulted.returncode == 0, faulted.stdout[-3000:] + faulted.stderr[-2000:]
+        # A worker lost for a while (powered off and on): the server's executor there is lost and replaced.
+        # The replacement must wait for a free core on that worker, never take one beside the survivor.
+        import dtlab.lab
+
+        dtlab.lab.restart_node(cluster.workers[-1].name, str(cluster.var("dtlab_lab_name")))
+        after_loss = invoke("bench.all", "-i", str(connect_inventory), "--only", "spark-g2", "--force",
+                            "--no-report", "--skip-gate", env=env, timeout=600)
+        assert after_loss.returncode == 0, after_loss.stdout[-3000:] + after_loss.stderr[-2000:]
         reset = invoke("cluster.reset", "-i", str(connect_inventory), env=env, timeout=600)
         assert reset.returncode == 0 and "restart spark connect" not in reset.stdout, reset.stdout[-3000:]
         assert "then the Connect server where it runs" in reset.stdout  # its step ran, and nothing failed
@@ -365,8 +373,11 @@ def test_with_spark_session_connect_spark_cells_run_on_the_masters_connect_serve
     listed = remote.run(cluster.master, f"systemctl list-unit-files --plain --no-legend {unit}.service; "
                                         f"ls {cluster.var('spark_connect_env_file')} 2>&1 || true")
     assert unit not in listed.stdout and "No such file" in listed.stdout, listed.stdout
-    spark = max(store.runs(status="ok", cell_key="spark-g2-e2-s0"), key=lambda run: run.attempt)
-    assert spark.result["framework_label"].startswith("spark (TorchDistributor, Spark Connect)")
+    # The two Connect runs of spark-g2, before the worker's loss and after it (the smoke test's is older).
+    spark, after_loss_run = sorted(store.runs(status="ok", cell_key="spark-g2-e2-s0"),
+                                   key=lambda run: run.attempt)[-2:]
+    assert {run.result["framework_label"].startswith("spark (TorchDistributor, Spark Connect)")
+            for run in (spark, after_loss_run)} == {True}
     recovered = max(store.runs(status=None, cell_key="spark-g2-e2-s0-kill-after1"), key=lambda run: run.id)
     record = recovered.fault_record
     assert recovered.status == "ok" and record["outcome"] == "recovered", (recovered.reason, record)
@@ -374,6 +385,10 @@ def test_with_spark_session_connect_spark_cells_run_on_the_masters_connect_serve
     assert recovered.result["framework_label"].startswith("spark (TorchDistributor, Spark Connect)")
     assert _trajectory(recovered) == _trajectory(spark)
     assert spark.result["world_size"] == 2 and spark.result["nodes"] == 2
+    # After the worker's loss still one rank per worker: each worker offers one process's cores (a free
+    # second core on the survivor took the replacement executor, and both ranks ran there).
+    assert after_loss_run.result["nodes"] == 2, after_loss_run.result["hostnames"]
+    assert _trajectory(after_loss_run) == _trajectory(spark)
     baseline = invoke("bench.all", "-i", str(cluster.inventory_path), "--only", "ddp-g2", "--no-report",
                       "--skip-gate", env=env, timeout=600)  # already recorded by the smoke test: nothing runs
     assert baseline.returncode == 0, baseline.stdout[-3000:]

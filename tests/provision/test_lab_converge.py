@@ -294,6 +294,8 @@ def test_ray_head_lists_both_workers_alive_offering_what_spark_offers(provisione
                           f"http://{cluster.master.address}:{cluster.spark_master_webui_port}/json/").stdout)
     spark_cores = {w["host"]: w["cores"] for w in spark["workers"] if w["state"] == "ALIVE"}
     assert {address: resources.get("CPU") for address, resources in workers.items()} == spark_cores
+    # On the cpu lab exactly one cell process's threads (dtlab_worker_cores): no second rank fits on a worker.
+    assert set(spark_cores.values()) == {cluster.threads_per_worker}, spark_cores
     assert all("GPU" not in resources for resources in workers.values())
 
 
