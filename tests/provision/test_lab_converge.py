@@ -342,8 +342,9 @@ def test_ray_dashboard_and_jobs_api_refuse_requests_without_the_token(provisione
         time.sleep(3)
     logs = json.loads(ray_http(lab, cluster, f"/api/jobs/{submission}/logs")[1])["logs"]
     assert state["status"] == "SUCCEEDED", f"{state}\n{logs[-2000:]}"
-    nproc = sum(int(on(lab, w.name, "nproc").stdout) for w in cluster.workers)
-    assert f"RAY_CPUS {float(nproc)}" in logs.splitlines(), logs[-2000:]
+    # Each worker offers one cell process's threads (dtlab_worker_cores on the cpu lab), the head none.
+    offered = len(cluster.workers) * cluster.threads_per_worker
+    assert f"RAY_CPUS {float(offered)}" in logs.splitlines(), logs[-2000:]
     tasks = json.loads(next(line for line in logs.splitlines() if line.startswith("RAY_TASKS "))[10:])
     assert tasks == sorted([w.address, "enp1s0", cluster.code_dir] for w in cluster.workers)
 
