@@ -161,12 +161,17 @@ class Platform:
         raise NotImplementedError
 
 
-def restart_command(unit: str, verb: str = "restart") -> str:
-    """Restart (or `verb`: stop) <unit>.service where it is installed (not installed: nothing, exit 0)."""
+def unit_command(unit: str, verb: str) -> str:
+    """`systemctl <verb>` <unit>.service where it is installed (not installed: nothing, exit 0)."""
     service = shlex.quote(unit + ".service")
     return (
         f'[ -z "$(systemctl list-unit-files --plain --no-legend {service})" ] || systemctl {verb} {service}'
     )
+
+
+def restart_command(unit: str) -> str:
+    """Restart <unit>.service where it is installed (not installed: nothing, exit 0)."""
+    return unit_command(unit, "restart")
 
 
 def missing_unit_row(check: str, node: Node, unit: str) -> CheckRow:

@@ -27,6 +27,7 @@ from dtlab.platforms.base import (
     ResetSteps,
     missing_unit_row,
     restart_command,
+    unit_command,
     units_down,
     why_not,
 )
@@ -268,7 +269,7 @@ class Spark(Platform):
         units = self.units(steps.cluster)
         connect = connect_session(steps.cluster)
         if not connect:  # a server left from spark_session connect holds the workers' cores: stopped first
-            steps.run(steps.masters, restart_command(units["spark_connect_service"], "stop"),
+            steps.run(steps.masters, unit_command(units["spark_connect_service"], "stop"),
                       "stop spark connect", 120)
         steps.run(steps.masters, restart_command(units["spark_master_service"]), "restart spark master", 120)
         steps.run(steps.cluster.workers, restart_command(units["spark_worker_service"]),
