@@ -385,8 +385,8 @@ def test_with_spark_session_connect_spark_cells_run_on_the_masters_connect_serve
     assert recovered.result["framework_label"].startswith("spark (TorchDistributor, Spark Connect)")
     assert _trajectory(recovered) == _trajectory(spark)
     assert spark.result["world_size"] == 2 and spark.result["nodes"] == 2
-    # After the worker's loss still one rank per worker: each worker offers one process's cores (a free
-    # second core on the survivor took the replacement executor, and both ranks ran there).
+    # After the worker's loss still one rank per worker: each worker offers one process's cores. With a
+    # second core to spare, the survivor took the replacement executor and both ranks ran there.
     assert after_loss_run.result["nodes"] == 2, after_loss_run.result["hostnames"]
     assert _trajectory(after_loss_run) == _trajectory(spark)
     baseline = invoke("bench.all", "-i", str(cluster.inventory_path), "--only", "ddp-g2", "--no-report",
