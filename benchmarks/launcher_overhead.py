@@ -13,7 +13,12 @@ step (less sensitive to other users' load on a shared host), all from result.jso
 Launchers take turns, so that load from other users hits them alike; the median over repeats counts.
 The Spark standalone cluster (a real master + workers on 127.0.0.1, tests/sparkcluster.py) starts once
 beforehand, as the long-running service it is on a cluster; its start-up is reported on its own line.
-The Ray cluster (a real head + N worker raylets on 127.0.0.1, token auth on, tests/raycluster.py) too.
+Ray runs twice per round: `ray` with Ray's defaults (as the ray role starts it) and `ray-no-metrics` with
+its metrics collection off (RAY_enable_metrics_collection=0 for every node and the driver). Each Ray launch
+gets a fresh cluster of its own setting (a real head + N worker raylets on 127.0.0.1, token auth on,
+tests/raycluster.py), warmed by one untimed launch and stopped after it, so that one setting's idle daemons
+never run beside another launch; its start-up and warm-up are not counted. The Spark cluster starts only
+when a Spark launcher is chosen.
 So does the Spark Connect server (with the conf a standalone run sets for itself and the role's JVM
 options; its workers offer 2 slots each, so that it and a standalone run each find theirs), and its
 first job, on executors that have run nothing yet, is a warm-up that is not counted: a matrix sends every
@@ -25,8 +30,10 @@ Targets (trainer issue): steady-state <= 1.03x torchrun; TorchDistributor launch
 Where a steady step's time goes beyond the workers: during each launch a sampler reads the machine's
 busy CPU time (/proc/stat) and the training workers' own CPU time every 0.5 s; "beside the workers" is
 the CPU the rest of the machine used (launcher, agents, the idle Spark and Ray clusters, Ray's
-daemons) between rank 0's first step and the end of training, in cores. Spark's workers run a
-script TorchDistributor writes, which the sampler does not recognise: no figure for Spark.
+daemons) between rank 0's first step and the end of training, in cores; and, per training process, its
+busiest thread (the training loop) and its other threads (gloo's, and under Ray its core worker's), from
+/proc's per-thread CPU times. Spark's workers run a script TorchDistributor writes, which the sampler
+does not recognise: no figure for Spark.
 """
 
 from __future__ import annotations
@@ -56,7 +63,10 @@ from trainer.launchers._spark import CONNECT_TOKEN_ENV  # noqa: E402
 # "spark" is TorchDistributor with the spark role's JVM options (spark_jvm_options, as on the nodes);
 # "spark-jvm-defaults" the same launch with the JVM's defaults; "spark-connect" a session on a Spark
 # Connect server with the same JVM options, side by side.
-LAUNCHERS = ("torchrun", "spark", "spark-jvm-defaults", "spark-connect", "determined", "ray")
+LAUNCHERS = ("torchrun", "spark", "spark-jvm-defaults", "spark-connect", "determined", "ray",
+             "ray-no-metrics")
+# Each Ray launcher's cluster settings, for its nodes and its driver.
+RAY_SETTINGS = {"ray": {}, "ray-no-metrics": {"RAY_enable_metrics_collection": "0"}}
 REPO = Path(__file__).resolve().parent.parent
 STEADY_TARGET, SPARK_LAUNCH_TARGET_S = 1.03, 15.0
 
@@ -83,7 +93,7 @@ def command(launcher: str, processes: int, config: Path, out: Path, clusters) ->
                     for side in ("driver", "executor") if jvm_options]
         return [sys.executable, "-m", "trainer.launchers.spark", *trainer_args, *jvm_conf,
                 "--num-processes", str(processes), "--master", spark.master_url]
-    if launcher == "ray":
+    if launcher in RAY_SETTINGS:
         return [sys.executable, "-m", "trainer.launchers.ray", *trainer_args,
                 "--num-workers", str(processes), "--address", ray.address]
     module = "trainer.launchers.torchrun" if launcher == "torchrun" else "trainer.launchers.determined"
@@ -118,7 +128,9 @@ class CpuSampler(threading.Thread):
                 try:
                     if self.is_worker(process):
                         times = process.cpu_times()
-                        workers[process.pid] = times.user + times.system
+                        threads = {thread.id: thread.user_time + thread.system_time
+                                   for thread in process.threads()}
+                        workers[process.pid] = (times.user + times.system, threads)
                 except psutil.Error:  # ended between the listing and the read
                     continue
             self.samples.append((time.time(), self.busy_s(), workers))
@@ -129,8 +141,41 @@ class CpuSampler(threading.Thread):
         if len(inside) < 2 or not inside[0][2]:
             return None
         (t0, busy0, workers0), (t1, busy1, workers1) = inside[0], inside[-1]
-        worker_s = sum(workers1[pid] - workers0[pid] for pid in workers0 if pid in workers1)
+        worker_s = sum(workers1[pid][0] - workers0[pid][0] for pid in workers0 if pid in workers1)
         return (busy1 - busy0 - worker_s) / (t1 - t0)
+
+    def worker_threads_cores(self, start: float, end: float) -> tuple[float, float] | None:
+        """Cores each worker process used between start and end, on average over the workers: (its busiest
+        thread, its other threads).
+        The busiest thread runs the training loop (torchrun's main thread, Ray Train's training thread);
+        the others are gloo's, and under Ray its core worker's."""
+        inside = [sample for sample in self.samples if start <= sample[0] <= end]
+        if len(inside) < 2:
+            return None
+        (t0, _, first), (t1, _, last) = inside[0], inside[-1]
+        per_worker = []
+        for pid in first.keys() & last.keys():
+            before, after = first[pid][1], last[pid][1]
+            used = sorted((after[tid] - before.get(tid, 0.0) for tid in after), reverse=True)
+            if used:
+                per_worker.append((used[0], sum(used[1:])))
+        if not per_worker:
+            return None
+        return (statistics.mean(busiest for busiest, _ in per_worker) / (t1 - t0),
+                statistics.mean(others for _, others in per_worker) / (t1 - t0))
+
+
+def launch_on_fresh_ray(launcher: str, processes: int, config: Path, out: Path, clusters, secret: str,
+                        cluster_start_s: dict) -> dict:
+    """One timed launch on a Ray cluster of this launcher's settings, started for it and warmed by one
+    untimed launch (the lab's cluster has run jobs before a cell comes), then stopped."""
+    started = time.monotonic()
+    with RayCluster(workers=processes, extra_env=RAY_SETTINGS[launcher]) as ray:
+        cluster_start_s.setdefault(launcher, []).append(time.monotonic() - started)
+        spark, _, connect_url = clusters
+        on_ray = (spark, ray, connect_url)
+        launch(launcher, processes, config, out.with_name(out.name + "-warm-up"), on_ray, secret)
+        return launch(launcher, processes, config, out, on_ray, secret)
 
 
 def launch(launcher: str, processes: int, config: Path, out: Path, clusters, secret: str) -> dict:
@@ -158,15 +203,19 @@ def launch(launcher: str, processes: int, config: Path, out: Path, clusters, sec
         raise SystemExit(f"{launcher} failed:\n{''.join(tail)}")
     result = json.loads((out / "result.json").read_text())
     timeline, steps = result["timeline_unix"], result["epoch_metrics"][0]["train_samples"] // (8 * processes)
-    return {"launcher": launcher, "label": result["framework_label"], "world_size": result["world_size"],
+    run = {"launcher": launcher, "label": result["framework_label"], "world_size": result["world_size"],
             "launch_to_session_ready_s": distributor_started_at and distributor_started_at - launched_at,
             "launch_to_train_process_s": timeline["process_started"] - launched_at,
+            "launch_to_core_s": timeline["core_entered"] - launched_at,
             "launch_to_first_step_s": timeline["first_step_done"] - launched_at,
             "steady_step_s": result["steady_step_time_s"], "wall_s": exited_at - launched_at,
             "training_end_to_exit_s": exited_at - timeline["training_ended"],
             "steps": steps, "cpu_step_s": result["epoch_metrics"][0]["train_cpu_time_s"] / steps,
             "beside_workers_cores": sampler.beside_workers_cores(timeline["first_step_done"],
                                                                  timeline["training_ended"])}
+    threads = sampler.worker_threads_cores(timeline["first_step_done"], timeline["training_ended"])
+    run["training_thread_cores"], run["other_threads_cores"] = threads or (None, None)
+    return run
 
 
 def main() -> None:
@@ -187,33 +236,38 @@ def main() -> None:
             ExitStack() as clusters_up:
         scratch = Path(scratch_name)
         config = job_config(args, scratch)
-        started = time.monotonic()
-        spark = clusters_up.enter_context(SparkStandaloneCluster(workers=args.processes, auth_secret=secret,
-                                                                 cores_per_worker=2))
-        cluster_start_s = {"spark": time.monotonic() - started}
-        connect_url = ray = None
+        cluster_start_s, spark = {}, None
+        if any(launcher.startswith("spark") for launcher in launchers):
+            started = time.monotonic()
+            spark = clusters_up.enter_context(SparkStandaloneCluster(
+                workers=args.processes, auth_secret=secret, cores_per_worker=2))
+            cluster_start_s["spark"] = time.monotonic() - started
+        connect_url = None
         if "spark-connect" in launchers:
             started = time.monotonic()
             connect_url = spark.start_connect_server(secret, connect_server_conf(args.processes),
                                                      slots=args.processes)
             cluster_start_s["spark connect server"] = time.monotonic() - started
-        if "ray" in launchers:
-            started = time.monotonic()
-            ray = clusters_up.enter_context(RayCluster(workers=args.processes))
-            cluster_start_s["ray"] = time.monotonic() - started
-        clusters = (spark, ray, connect_url)
+        clusters = (spark, None, connect_url)
         # The token cache, built once before any timed launch; the Connect server's first job.
         for warm_up in ("torchrun", "spark-connect")[:1 + bool(connect_url)]:
             launch(warm_up, args.processes, config, scratch / f"warm-up-{warm_up}", clusters, secret)
         for repeat in range(args.repeats):
             for launcher in launchers:
                 out = scratch / f"{launcher}-{repeat}"
-                run = launch(launcher, args.processes, config, out, clusters, secret)
+                if launcher in RAY_SETTINGS:
+                    run = launch_on_fresh_ray(launcher, args.processes, config, out, clusters, secret,
+                                              cluster_start_s)
+                else:
+                    run = launch(launcher, args.processes, config, out, clusters, secret)
                 runs.append(run | {"round": repeat})
-                beside = run["beside_workers_cores"]
+                beside, threads = run["beside_workers_cores"], run["training_thread_cores"]
                 print(f"  {launcher:<18} first step after {run['launch_to_first_step_s']:6.2f} s, "
                       f"steady step {run['steady_step_s'] * 1000:6.1f} ms, CPU beside the workers "
-                      f"{'n/a' if beside is None else f'{beside:.2f} cores'}", flush=True)
+                      f"{'n/a' if beside is None else f'{beside:.2f} cores'}; per worker, training thread "
+                      + ("n/a" if threads is None
+                         else f"{threads:.2f} and other threads {run['other_threads_cores']:.2f} cores"),
+                      flush=True)
     report(args, launchers, runs, cluster_start_s, machine_before, machine())
 
 
@@ -239,7 +293,9 @@ def report(args, launchers: list[str], runs: list[dict], cluster_start_s: dict, 
     print(f"\nmachine: {machine_before} (after: {machine_after.split('load average ')[1]})")
     print(f"job: {args.processes} processes x 1 thread, {runs[0]['steps']} steps, {args.repeats} rounds; "
           "median [min-max] over the rounds; cluster start-up, not counted: "
-          + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in cluster_start_s.items()) + "\n")
+          + ", ".join(f"{name} {seconds:.1f} s" if isinstance(seconds, float)
+                      else f"{name} {statistics.median(seconds):.1f} s (median of {len(seconds)})"
+                      for name, seconds in cluster_start_s.items()) + "\n")
     print(f"{'launcher':<20}{'launch->process':>22}{'launch->1st step':>24}{'steady step':>26}"
           f"{'step ratio':>22}{'CPU/step ratio':>22}{'training end->exit':>24}")
     for launcher in launchers:
@@ -262,9 +318,24 @@ def report(args, launchers: list[str], runs: list[dict], cluster_start_s: dict, 
         f"{launcher} {spread(values)}" if (values := [v for v in of(launcher, 'beside_workers_cores')
                                                        if v is not None]) else f"{launcher} n/a"
         for launcher in launchers))
-    if "ray" in launchers:
-        print(f"ray vs torchrun, launch -> first step: {spread(ratios('ray', 'launch_to_first_step_s'))}x; "
-              f"steady step: {spread(ratios('ray', 'steady_step_s'), digits=3)}x")
+    for key, what in (("training_thread_cores", "its busiest thread (the training loop)"),
+                      ("other_threads_cores", "its other threads (gloo's; under Ray its core worker's)")):
+        print(f"Cores each training process used during training, {what}, median [min-max]: " + "; ".join(
+            f"{launcher} {spread(values)}" if (values := [v for v in of(launcher, key) if v is not None])
+            else f"{launcher} n/a" for launcher in launchers))
+    print("Launch -> first step in three parts, medians: launch -> training process; -> train() called "
+          "(imports, and the framework's own set-up in that process); -> first step (train()'s set-up)")
+    for launcher in launchers:
+        process, core, first = (median(launcher, key) for key in (
+            "launch_to_train_process_s", "launch_to_core_s", "launch_to_first_step_s"))
+        print(f"  {launcher:<20}{process:6.1f} s {core - process:6.1f} s {first - core:6.1f} s")
+    for ray in (launcher for launcher in launchers if launcher in RAY_SETTINGS):
+        print(f"{ray} vs torchrun, launch -> first step: {spread(ratios(ray, 'launch_to_first_step_s'))}x; "
+              f"steady step: {spread(ratios(ray, 'steady_step_s'), digits=3)}x")
+    if set(RAY_SETTINGS) <= set(launchers):
+        on, off = of("ray", "steady_step_s"), of("ray-no-metrics", "steady_step_s")
+        print("ray's steady step with metrics collection off over on, per round: "
+              f"{spread([b / a for a, b in zip(on, off, strict=True)], digits=3)}")
     sparks = [row for row in rows if row["launcher"] in ("spark", "spark-connect")]
     for spark in sparks:
         name = spark["launcher"]

@@ -7,7 +7,7 @@ containers' ones included. Ray's temp dir is short (its unix sockets have a 107-
 
     with RayCluster(workers=2) as cluster:
         cluster.address      # 127.0.0.1:<port>, for ray.init / --address
-        cluster.env          # RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH, for a driver
+        cluster.env          # RAY_AUTH_MODE=token, RAY_AUTH_TOKEN_PATH and extra_env, for a driver
 """
 
 from __future__ import annotations
@@ -41,7 +41,9 @@ def free_port() -> int:
 
 
 class RayCluster:
-    def __init__(self, workers: int = 2, cpus_per_worker: int = 1, startup_timeout_s: float = 120.0):
+    def __init__(self, workers: int = 2, cpus_per_worker: int = 1, startup_timeout_s: float = 120.0,
+                 extra_env: dict[str, str] | None = None):
+        """extra_env: Ray settings (RAY_... variables) for every node and, through `env`, for a driver."""
         self.workers, self.cpus_per_worker = workers, cpus_per_worker
         self.startup_timeout_s = startup_timeout_s
         self.gcs_port, self.dashboard_port = free_port(), free_port()
@@ -50,7 +52,8 @@ class RayCluster:
         self.token_path = self.scratch / "auth_token"
         self.token_path.touch(mode=0o600)
         self.token_path.write_text(secrets.token_hex(24))
-        self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path)}
+        self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(self.token_path),
+                    **(extra_env or {})}
         self.processes: list[subprocess.Popen] = []
 
     def __enter__(self) -> RayCluster:

@@ -108,6 +108,9 @@ def prepared(cfg: TrainConfig, hooks: TrainHooks | None = None):
     """A process group, device, data, model and optimizer ready to train: what train() runs, and
     what benchmarks/gpu_trainer.py times phase by phase."""
     process_started = psutil.Process().create_time()  # launch-to-first-step includes imports
+    # Between the two: the imports, and under Ray or Spark what the launcher's framework does in this
+    # process before it calls train() (benchmarks/launcher_overhead.py splits the launch there).
+    core_entered = time.time()
     cfg.validate()
     hooks = hooks or TrainHooks()
     hooks.cfg = cfg
@@ -126,7 +129,7 @@ def prepared(cfg: TrainConfig, hooks: TrainHooks | None = None):
     try:  # both settings are given back however the run ends, a refused device or world size included
         device = resolve_device(cfg)
         with process_group(device):
-            run = _Run(cfg, hooks, device, process_started)
+            run = _Run(cfg, hooks, device, process_started, core_entered)
             run.build()
             yield run
     finally:
@@ -137,9 +140,10 @@ def prepared(cfg: TrainConfig, hooks: TrainHooks | None = None):
 # --- one run ---------------------------------------------------------------------------------------
 
 class _Run:
-    def __init__(self, cfg: TrainConfig, hooks: TrainHooks, device: torch.device, process_started: float):
+    def __init__(self, cfg: TrainConfig, hooks: TrainHooks, device: torch.device, process_started: float,
+                 core_entered: float):
         self.cfg, self.hooks, self.device = cfg, hooks, device
-        self.process_started = process_started
+        self.process_started, self.core_entered = process_started, core_entered
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.is_cuda = device.type == "cuda"
         self.config_hash = config_hash(cfg)
@@ -484,7 +488,8 @@ class _Run:
             mixed_precision=_PRECISION_NAMES.get(self.autocast_dtype, "no"), pad_multiple=self.pad_multiple,
             time_total=time_total, epoch_metrics=epoch_metrics, step_times=self.step_times,
             gpu_utilization=self.gpu_utilization, per_rank=per_rank, resumed_from=resumed_from,
-            timeline_unix={"process_started": self.process_started, "training_started": training_started_at,
+            timeline_unix={"process_started": self.process_started, "core_entered": self.core_entered,
+                           "training_started": training_started_at,
                            "first_step_done": self.first_step_done_at,
                            "training_ended": self.training_ended_at})
         path = result.write_result(run_result, self.cfg.output_dir)

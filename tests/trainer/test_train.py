@@ -30,7 +30,7 @@ def test_single_process_run_writes_a_valid_result(make_config, tmp_path):
     assert result["peak_memory_mb"]["rss"] > 100
     assert result["resumed_from_epoch"] is None
     marks = result["timeline_unix"]  # the node's half of the whole-run clock
-    in_order = ("process_started", "training_started", "first_step_done", "training_ended")
+    in_order = ("process_started", "core_entered", "training_started", "first_step_done", "training_ended")
     assert [marks[name] for name in in_order] == sorted(marks[name] for name in in_order)
     assert not dist.is_initialized()  # the core removes the group it created
 
