@@ -235,7 +235,9 @@ FAST_TESTS = "-m 'not lab and not slow' -n auto"
 # both are CPU-bound, and 33 minutes in, the lab's part had finished its first test of 68 (its converge and
 # the smoke matrix) while the other part was at 92 %. pytest-xdist's --dist loadgroup, the other way to
 # keep the lab's tests together, does not group under pytest 9.2 (it writes the group into the node id,
-# which pytest no longer reads).
+# which pytest no longer reads). On a faster 2-core machine (2026-11-28) one run each way: the two parts side
+# by side 34.6 min, one process 40.2 min; one run against the trial above, so not adopted
+# (benchmarks/README.md, Tests).
 # The whole suite's temporary files (the lab's results, inventories) in a folder of its own: pytest keeps
 # the 3 newest session folders under /tmp and deletes older ones as each session starts, so a quick
 # `--fast` run beside a long full one used to delete the full one's files mid-run.
