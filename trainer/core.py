@@ -108,8 +108,8 @@ def prepared(cfg: TrainConfig, hooks: TrainHooks | None = None):
     """A process group, device, data, model and optimizer ready to train: what train() runs, and
     what benchmarks/gpu_trainer.py times phase by phase."""
     process_started = psutil.Process().create_time()  # launch-to-first-step includes imports
-    # Between the two: the imports, and under Ray or Spark what the launcher's framework does in this
-    # process before it calls train() (benchmarks/launcher_overhead.py splits the launch there).
+    # Between the two: the imports, and under Ray what Ray Train does in this process (its worker, the
+    # process group) before it calls train() (benchmarks/launcher_overhead.py splits the launch there).
     core_entered = time.time()
     cfg.validate()
     hooks = hooks or TrainHooks()
