@@ -163,7 +163,9 @@ def versions() -> dict:
     nccl = None
     if torch.cuda.is_available() and hasattr(torch.cuda, "nccl"):  # CUDA-only: the NCCL build version
         nccl = ".".join(str(part) for part in torch.cuda.nccl.version())
-    return {"python": platform.python_version(), "torch": torch.__version__,
+    # str(): torch.__version__ is a TorchVersion, which pickles by reference, so a driver unpickling the
+    # returned result (Spark's, Ray's) would import torch for it (1.06 s each time).
+    return {"python": platform.python_version(), "torch": str(torch.__version__),
             "transformers": transformers.__version__, "cuda": cuda, "nccl": nccl, **gpu_description()}
 
 
