@@ -26,7 +26,15 @@ cell through one server.
 Determined runs off-cluster (no master here): the Core API entry under torchrun, dummy contexts.
 Ratios against torchrun are taken per round (each launcher against torchrun's launch of the same
 round) and printed as median [min-max] over the rounds.
-Targets (trainer issue): steady-state <= 1.03x torchrun; TorchDistributor launch <= 15 s.
+Targets (trainer issue): steady-state <= 1.03x torchrun; TorchDistributor launch <= 15 s, teardown <= 3 s.
+With --split-teardown, Spark's event log is on for every Spark application (the Connect server's
+included), and every EXIT_WATCH_S a watcher notes which of the launch's processes are still alive: the
+training processes, torchrun's agents (torch.distributed.run) and, under Spark, TorchDistributor's wrapper
+around each agent. Each Spark launch is then split at its barrier job's events: launch -> the job's tasks
+launched -> the training processes started; and its teardown, training ended -> the training processes
+gone -> the agents gone -> the wrappers gone -> the tasks finished -> the job ended -> the session stopped
+(the launcher's "result:" line, printed after spark.stop()) -> the launcher exited. torchrun's teardown is
+split at the same processes.
 Where a steady step's time goes beyond the workers: during each launch a sampler reads the machine's
 busy CPU time (/proc/stat) and the training workers' own CPU time every 0.5 s; "beside the workers" is
 the CPU the rest of the machine used (launcher, agents, the idle Spark and Ray clusters, Ray's
@@ -50,6 +58,7 @@ import threading
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import yaml
@@ -68,7 +77,15 @@ LAUNCHERS = ("torchrun", "spark", "spark-jvm-defaults", "spark-connect", "determ
 # Each Ray launcher's cluster settings, for its nodes and its driver.
 RAY_SETTINGS = {"ray": {}, "ray-no-metrics": {"RAY_enable_metrics_collection": "0"}}
 REPO = Path(__file__).resolve().parent.parent
-STEADY_TARGET, SPARK_LAUNCH_TARGET_S = 1.03, 15.0
+STEADY_TARGET, SPARK_LAUNCH_TARGET_S, SPARK_TEARDOWN_TARGET_S = 1.03, 15.0, 3.0
+
+
+class Clusters(NamedTuple):
+    spark: SparkStandaloneCluster | None
+    ray: RayCluster | None
+    connect_url: str | None
+    spark_conf: dict[str, str]  # conf every Spark application gets (the event log's, with --split-teardown)
+    watch_exits: bool  # --split-teardown: when each layer of the launch's processes ends
 
 
 def job_config(args, scratch: Path) -> Path:
@@ -81,21 +98,21 @@ def job_config(args, scratch: Path) -> Path:
     return path
 
 
-def command(launcher: str, processes: int, config: Path, out: Path, clusters) -> list[str]:
+def command(launcher: str, processes: int, config: Path, out: Path, clusters: Clusters) -> list[str]:
     trainer_args = ["--config", str(config), "--output-dir", str(out)]
-    spark, ray, connect_url = clusters
     if launcher == "spark-connect":
         return [sys.executable, "-m", "trainer.launchers.spark", *trainer_args,
-                "--num-processes", str(processes), "--remote", connect_url]
+                "--num-processes", str(processes), "--remote", clusters.connect_url]
     if launcher.startswith("spark"):
         jvm_options = "" if launcher == "spark-jvm-defaults" else role_defaults()["spark_jvm_options"]
         jvm_conf = [f"--spark-conf=spark.{side}.extraJavaOptions={jvm_options}"
                     for side in ("driver", "executor") if jvm_options]
+        jvm_conf += [f"--spark-conf={key}={value}" for key, value in clusters.spark_conf.items()]
         return [sys.executable, "-m", "trainer.launchers.spark", *trainer_args, *jvm_conf,
-                "--num-processes", str(processes), "--master", spark.master_url]
+                "--num-processes", str(processes), "--master", clusters.spark.master_url]
     if launcher in RAY_SETTINGS:
         return [sys.executable, "-m", "trainer.launchers.ray", *trainer_args,
-                "--num-workers", str(processes), "--address", ray.address]
+                "--num-workers", str(processes), "--address", clusters.ray.address]
     module = "trainer.launchers.torchrun" if launcher == "torchrun" else "trainer.launchers.determined"
     return [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={processes}",
             "--master_addr=127.0.0.1", f"--master_port={free_loopback_port()}", "-m", module, *trainer_args]
@@ -165,39 +182,76 @@ class CpuSampler(threading.Thread):
                 statistics.mean(others for _, others in per_worker) / (t1 - t0))
 
 
-def launch_on_fresh_ray(launcher: str, processes: int, config: Path, out: Path, clusters, secret: str,
-                        cluster_start_s: dict) -> dict:
+class ExitWatcher(threading.Thread):
+    """Every EXIT_WATCH_S, the first and the last time each layer of a launch's processes was seen alive:
+    the training processes (an agent's children), torchrun's agents, TorchDistributor's wrappers around the
+    agents."""
+
+    EXIT_WATCH_S = 0.1
+    AGENT, WRAPPER = "torch.distributed.run", "pyspark.ml.torch.torch_run_process_wrapper"
+
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.first_seen: dict[str, float] = {}
+        self.last_seen: dict[str, float] = {}
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.EXIT_WATCH_S):
+            alive = {}
+            for process in psutil.process_iter(["cmdline", "ppid"]):
+                command = " ".join(process.info["cmdline"] or ())
+                layer = "wrappers" if self.WRAPPER in command else "agents" if self.AGENT in command else None
+                if layer:
+                    alive[process.pid] = layer
+            now = time.time()
+            layers = set(alive.values())
+            if any(alive.get(process.info["ppid"]) == "agents" for process in psutil.process_iter(["ppid"])):
+                layers.add("workers")
+            for layer in layers:
+                self.first_seen.setdefault(layer, now)
+                self.last_seen[layer] = now
+
+
+def launch_on_fresh_ray(launcher: str, processes: int, config: Path, out: Path, clusters: Clusters,
+                        secret: str, cluster_start_s: dict) -> dict:
     """One timed launch on a Ray cluster of this launcher's settings, started for it and warmed by one
     untimed launch (the lab's cluster has run jobs before a cell comes), then stopped."""
     started = time.monotonic()
     with RayCluster(workers=processes, extra_env=RAY_SETTINGS[launcher]) as ray:
         cluster_start_s.setdefault(launcher, []).append(time.monotonic() - started)
-        spark, _, connect_url = clusters
-        on_ray = (spark, ray, connect_url)
+        on_ray = clusters._replace(ray=ray)
         launch(launcher, processes, config, out.with_name(out.name + "-warm-up"), on_ray, secret)
         return launch(launcher, processes, config, out, on_ray, secret)
 
 
-def launch(launcher: str, processes: int, config: Path, out: Path, clusters, secret: str) -> dict:
-    env = {**os.environ, **(clusters[1].env if clusters[1] else {}), "OMP_NUM_THREADS": "1",
+def launch(launcher: str, processes: int, config: Path, out: Path, clusters: Clusters, secret: str) -> dict:
+    env = {**os.environ, **(clusters.ray.env if clusters.ray else {}), "OMP_NUM_THREADS": "1",
            "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(REPO),  # Ray's workers import the trainer from here (the driver forwards it)
            "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_AUTHENTICATE_SECRET": secret, CONNECT_TOKEN_ENV: secret,
            # Determined's chief-worker messaging ports (default 12360+): free ones.
            "INTER_TRAIN_PROCESS_COMM_PORT_1": str(free_loopback_port()),
            "INTER_TRAIN_PROCESS_COMM_PORT_2": str(free_loopback_port())}
-    launched_at, distributor_started_at, tail = time.time(), None, []
+    launched_at, distributor_started_at, result_line_at, tail = time.time(), None, None, []
     with subprocess.Popen(command(launcher, processes, config, out, clusters), env=env, text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as process:
-        sampler = CpuSampler(process.pid)
+        sampler, watcher = CpuSampler(process.pid), ExitWatcher() if clusters.watch_exits else None
         sampler.start()
+        if watcher:
+            watcher.start()
         for line in process.stdout:  # timestamps TorchDistributor's "Started distributed training" line
             if distributor_started_at is None and line.startswith("Started distributed training"):
                 distributor_started_at = time.time()
+            if line.startswith("result: "):  # the Spark launcher's, after its session has stopped
+                result_line_at = time.time()
             tail = [*tail[-40:], line]
         returncode = process.wait(timeout=1800)
         sampler.done.set()
         sampler.join(timeout=10)
+        if watcher:
+            watcher.done.set()
+            watcher.join(timeout=10)
     exited_at = time.time()
     if returncode != 0:
         raise SystemExit(f"{launcher} failed:\n{''.join(tail)}")
@@ -210,6 +264,12 @@ def launch(launcher: str, processes: int, config: Path, out: Path, clusters, sec
             "launch_to_first_step_s": timeline["first_step_done"] - launched_at,
             "steady_step_s": result["steady_step_time_s"], "wall_s": exited_at - launched_at,
             "training_end_to_exit_s": exited_at - timeline["training_ended"],
+            # Absolute times, to place the run's Spark events (--split-teardown) in its teardown.
+            "launched_at": launched_at, "process_started_at": timeline["process_started"],
+            "training_ended_at": timeline["training_ended"],
+            "result_line_at": result_line_at, "exited_at": exited_at,
+            **({f"{layer}_gone_at": seen for layer, seen in watcher.last_seen.items()} if watcher else {}),
+            **({f"{layer}_seen_at": seen for layer, seen in watcher.first_seen.items()} if watcher else {}),
             "steps": steps, "cpu_step_s": result["epoch_metrics"][0]["train_cpu_time_s"] / steps,
             "beside_workers_cores": sampler.beside_workers_cores(timeline["first_step_done"],
                                                                  timeline["training_ended"])}
@@ -225,6 +285,9 @@ def main() -> None:
     parser.add_argument("--train-size", type=int, default=1024, help="generated training reviews")
     parser.add_argument("--launchers", default=",".join(LAUNCHERS),
                         help=f"comma-separated, torchrun first (default: all of {','.join(LAUNCHERS)})")
+    parser.add_argument("--split-teardown", action="store_true",
+                        help="Spark's event log on and the launch's processes watched, to split each "
+                             "launch's teardown (and Spark's launch) at its job's events and its processes")
     args = parser.parse_args()
     launchers = args.launchers.split(",")
     if launchers[0] != "torchrun" or not set(launchers) <= set(LAUNCHERS):
@@ -236,6 +299,14 @@ def main() -> None:
             ExitStack() as clusters_up:
         scratch = Path(scratch_name)
         config = job_config(args, scratch)
+        event_dir = scratch / "spark-events"
+        spark_conf = {}
+        if args.split_teardown:
+            event_dir.mkdir()
+            spark_conf = {"spark.eventLog.enabled": "true", "spark.eventLog.dir": event_dir.as_uri(),
+                          # One plain file of JSON lines per application, read below (Spark 4's
+                          # defaults are a directory of rolled, compressed files).
+                          "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
         cluster_start_s, spark = {}, None
         if any(launcher.startswith("spark") for launcher in launchers):
             started = time.monotonic()
@@ -245,10 +316,10 @@ def main() -> None:
         connect_url = None
         if "spark-connect" in launchers:
             started = time.monotonic()
-            connect_url = spark.start_connect_server(secret, connect_server_conf(args.processes),
+            connect_url = spark.start_connect_server(secret, connect_server_conf(args.processes) | spark_conf,
                                                      slots=args.processes)
             cluster_start_s["spark connect server"] = time.monotonic() - started
-        clusters = (spark, None, connect_url)
+        clusters = Clusters(spark, None, connect_url, spark_conf, watch_exits=args.split_teardown)
         # The token cache, built once before any timed launch; the Connect server's first job.
         for warm_up in ("torchrun", "spark-connect")[:1 + bool(connect_url)]:
             launch(warm_up, args.processes, config, scratch / f"warm-up-{warm_up}", clusters, secret)
@@ -268,7 +339,98 @@ def main() -> None:
                       + ("n/a" if threads is None
                          else f"{threads:.2f} and other threads {run['other_threads_cores']:.2f} cores"),
                       flush=True)
+        clusters_up.close()  # the Connect server's event log is complete once its application has ended
+        if args.split_teardown:
+            place_spark_events(runs, read_spark_events(event_dir))
     report(args, launchers, runs, cluster_start_s, machine_before, machine())
+
+
+def read_spark_events(event_dir: Path) -> dict:
+    """From Spark's event logs (one JSON object per line; every application's, the Connect server's
+    included): each job's end and stages, each task's launch and finish, each application's end. Unix
+    seconds (Spark's milliseconds on this machine's clock)."""
+    jobs, tasks, app_ends = {}, [], []
+    for log in sorted(event_dir.iterdir()):
+        for line in log.read_text().splitlines():
+            event = json.loads(line)
+            kind = event["Event"]
+            if kind == "SparkListenerJobStart":
+                jobs[(log.name, event["Job ID"])] = {"stages": set(event["Stage IDs"]), "ended_at": None}
+            elif kind == "SparkListenerJobEnd":
+                jobs[(log.name, event["Job ID"])]["ended_at"] = event["Completion Time"] / 1000
+            elif kind == "SparkListenerTaskEnd":
+                info, metrics = event["Task Info"], event["Task Metrics"]
+                # The executor's own account: its deserialisation of the task, then its run (the Python
+                # worker's whole UDF), from when the driver launched it.
+                ran_until = (info["Launch Time"] + metrics["Executor Deserialize Time"]
+                             + metrics["Executor Run Time"])
+                tasks.append({"log": log.name, "stage": event["Stage ID"],
+                              "launched_at": info["Launch Time"] / 1000, "run_ended_at": ran_until / 1000,
+                              "finished_at": info["Finish Time"] / 1000})
+            elif kind == "SparkListenerApplicationEnd":
+                app_ends.append(event["Timestamp"] / 1000)
+    return {"jobs": [{"log": log, **job} for (log, _), job in jobs.items() if job["ended_at"]],
+            "tasks": tasks, "app_ends": app_ends}
+
+
+def place_spark_events(runs: list[dict], events: dict) -> None:
+    """Each Spark run's barrier job (the last job to end while it ran): when its tasks were launched and
+    finished, and when the job and (its own application's) application ended."""
+    for run in (run for run in runs if run["launcher"].startswith("spark")):
+        start, end = run["launched_at"], run["exited_at"]
+        jobs = sorted((job for job in events["jobs"] if start <= job["ended_at"] <= end),
+                      key=lambda job: job["ended_at"])
+        if not jobs:
+            raise SystemExit(f"{run['launcher']} round {run['round']}: no Spark job ended while it ran "
+                             "(is the event log written?)")
+        job = jobs[-1]
+        tasks = [task for task in events["tasks"]
+                 if task["log"] == job["log"] and task["stage"] in job["stages"]]
+        run |= {"tasks_launched_at": max(task["launched_at"] for task in tasks),
+                "tasks_run_ended_at": max(task["run_ended_at"] for task in tasks),
+                "tasks_finished_at": max(task["finished_at"] for task in tasks),
+                "job_ended_at": job["ended_at"],
+                "app_ended_at": next((at for at in events["app_ends"] if start <= at <= end), None)}
+
+
+def teardown_split(launchers: list[str], runs: list[dict]) -> None:
+    """Each launch's teardown at the ends of its processes (to ExitWatcher.EXIT_WATCH_S) and, under Spark,
+    its barrier job's events; and Spark's launch at those events (--split-teardown)."""
+    def spread(values: list[float]) -> str:
+        return f"{statistics.median(values):.2f} s [{min(values):.2f}-{max(values):.2f}]"
+
+    gone = [("training ended -> the training processes gone (train()'s return, the process's exit)",
+             "training_ended_at", "workers_gone_at"),
+            ("-> torchrun's agents gone (its exit barrier and shutdown)",
+             "workers_gone_at", "agents_gone_at")]
+    spark_parts = [("launch -> the barrier job's tasks launched", "launched_at", "tasks_launched_at"),
+                   ("-> TorchDistributor's wrappers seen (the Python worker, TorchDistributor's set-up)",
+                    "tasks_launched_at", "wrappers_seen_at"),
+                   ("-> torchrun's agents seen", "wrappers_seen_at", "agents_seen_at"),
+                   ("-> the training processes started (torchrun's import, rendezvous and spawn)",
+                    "agents_seen_at", "process_started_at"),
+                   *gone,
+                   ("-> TorchDistributor's wrappers gone", "agents_gone_at", "wrappers_gone_at"),
+                   ("-> the tasks' runs ended, by the executors' run times (the output read, the result "
+                    "through the Python worker)", "wrappers_gone_at", "tasks_run_ended_at"),
+                   ("-> the tasks finished at the driver", "tasks_run_ended_at", "tasks_finished_at"),
+                   ("-> the job ended", "tasks_finished_at", "job_ended_at"),
+                   ("-> the session stopped ('result:' line: the result to the client, spark.stop())",
+                    "job_ended_at", "result_line_at"),
+                   ("-> the launcher exited", "result_line_at", "exited_at")]
+    torchrun_parts = [*gone[:1],
+                      ("-> the launcher (torchrun's agent) exited", "workers_gone_at", "exited_at")]
+    for launcher in (name for name in launchers if name == "torchrun" or name.startswith("spark")):
+        mine = [run for run in runs if run["launcher"] == launcher]
+        job = "" if launcher == "torchrun" else " and its barrier job's events"
+        print(f"{launcher}, split at its processes' ends{job}, median [min-max] over {len(mine)} rounds:")
+        for what, start, end in (torchrun_parts if launcher == "torchrun" else spark_parts):
+            print(f"  {what}: {spread([run[end] - run[start] for run in mine])}")
+        print(f"  teardown, training ended -> the launcher exited: "
+              f"{spread([run['exited_at'] - run['training_ended_at'] for run in mine])}")
+        if all(run.get("app_ended_at") for run in mine):
+            after_job = [run["app_ended_at"] - run["job_ended_at"] for run in mine]
+            print(f"  (its own application ended {spread(after_job)} after the job)")
 
 
 def report(args, launchers: list[str], runs: list[dict], cluster_start_s: dict, machine_before: str,
@@ -364,6 +526,12 @@ def report(args, launchers: list[str], runs: list[dict], cluster_start_s: dict, 
         print(f"TorchDistributor launch -> first step, {spark['launcher']}: {spark_launch:.1f} s "
               f"(target <= {SPARK_LAUNCH_TARGET_S:.0f} s, ratio {ratio:.2f}) -> "
               f"{'met' if spark_launch <= SPARK_LAUNCH_TARGET_S else 'MISSED'}")
+        teardown = spark["training_end_to_exit_s"]
+        print(f"Spark teardown (training ended -> launcher exited), {spark['launcher']}: {teardown:.1f} s "
+              f"(target <= {SPARK_TEARDOWN_TARGET_S:.0f} s) -> "
+              f"{'met' if teardown <= SPARK_TEARDOWN_TARGET_S else 'MISSED'}")
+    if args.split_teardown:
+        teardown_split(launchers, runs)
     OUT_DIR.mkdir(exist_ok=True)
     out = OUT_DIR / "launcher_overhead.json"
     out.write_text(json.dumps({"machine": machine_before, "machine_after": machine_after, "args": vars(args),
