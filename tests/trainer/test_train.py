@@ -39,7 +39,8 @@ def test_single_process_run_writes_a_valid_result(make_config, tmp_path):
 
 
 def not_builtin(value, path: str = "result") -> list[str]:
-    """Where a JSON-like value holds a type that is not exactly a builtin (a subclass pickles by reference)."""
+    """Where a JSON-like value holds a type that is not exactly a builtin (a subclass pickles by
+    reference)."""
     if type(value) is dict:
         return [found for key, item in value.items() for found in not_builtin(item, f"{path}[{key!r}]")]
     if type(value) is list:
