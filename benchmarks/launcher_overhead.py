@@ -30,11 +30,13 @@ Targets (trainer issue): steady-state <= 1.03x torchrun; TorchDistributor launch
 With --split-teardown, Spark's event log is on for every Spark application (the Connect server's
 included), and every EXIT_WATCH_S a watcher notes which of the launch's processes are still alive: the
 training processes, torchrun's agents (torch.distributed.run) and, under Spark, TorchDistributor's wrapper
-around each agent. Each Spark launch is then split at its barrier job's events: launch -> the job's tasks
-launched -> the training processes started; and its teardown, training ended -> the training processes
-gone -> the agents gone -> the wrappers gone -> the tasks finished -> the job ended -> the session stopped
-(the launcher's "result:" line, printed after spark.stop()) -> the launcher exited. torchrun's teardown is
-split at the same processes.
+around each agent. Each Spark launch is then split at its barrier job's events and those processes: launch
+-> the job's tasks launched -> the wrappers seen -> the agents seen -> the training processes started; and
+its teardown, training ended -> the training processes gone -> the agents gone -> the wrappers gone -> the
+tasks' runs ended (the event log's launch + deserialise + run times) -> the tasks finished at the driver ->
+the job ended -> the session stopped (the launcher's "result:" line, printed after spark.stop()) -> the
+launcher exited. torchrun's teardown is split at the same processes. The watcher walks the process table
+ten times a second beside the training: take steady steps from a run without it.
 Where a steady step's time goes beyond the workers: during each launch a sampler reads the machine's
 busy CPU time (/proc/stat) and the training workers' own CPU time every 0.5 s; "beside the workers" is
 the CPU the rest of the machine used (launcher, agents, the idle Spark and Ray clusters, Ray's
