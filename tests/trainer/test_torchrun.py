@@ -154,9 +154,14 @@ def test_a_rank_whose_node_holds_the_newest_checkpoint_is_the_one_every_rank_res
 
 
 @pytest.mark.slow
-def test_the_harness_agent_is_torchrun_with_its_output_and_exit_status(tmp_path):
-    """dtlab starts torchrun as trainer.launchers.agent (no collection at exit): same output and status."""
+def test_the_harness_agent_is_torchrun_with_its_output_and_exit_status(tmp_path, monkeypatch):
+    """dtlab starts torchrun as trainer.launchers.agent (no collection at exit): same output and status, and
+    no torchelastic_* directory left in the node's temporary directory."""
     import sys
+
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temporary))
 
     def agent(*args: str) -> subprocess.CompletedProcess:
         command = torchrun_command(1, *args)
@@ -166,7 +171,10 @@ def test_the_harness_agent_is_torchrun_with_its_output_and_exit_status(tmp_path)
 
     helped = agent("--help")
     assert helped.returncode == 0 and "--config" in helped.stdout
+    assert list(temporary.iterdir()) == []  # torchrun's log directory went with the agent
     stock = run(torchrun_command(1, "--no-such-flag"), check=False)
+    # Stock torchrun leaves its log directory behind: the check above could fail.
+    assert [path.name.startswith("torchelastic_") for path in temporary.iterdir()] == [True]
     wrapped = agent("--no-such-flag")
     assert stock.returncode == wrapped.returncode != 0
     assert "--no-such-flag" in wrapped.stderr
