@@ -10,7 +10,8 @@ group_vars), its torch build, and what its roles install there. Each part says w
     wheels/      the trainer venv's wheels for the nodes' Python and platform (pip), and those a platform's
                  roles build rather than fetch (Platform.build_offline_wheels: Horovod's), built here
     apt/         every apt package the roles install, with its dependencies down to libc (apt-get, as if
-                 nothing were installed), as a flat repository (Packages, Release)
+                 nothing were installed), as a flat repository (Packages, Release); the repositories the
+                 roles add (Docker's, NVIDIA's container toolkit) are added to the resolver
     <platform>/  the releases a platform's roles download (Platform.offline_releases): Spark's tarball and its
                  published sha512 where it installs from the tarball, Determined's master and agent packages
     hf/          a Hugging Face hub cache holding the profile's models and datasets (none for generated ones)
@@ -40,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ansible.template import trust_as_template
 
 from dtlab import gpucompat, paths, platforms, roles
 from dtlab.errors import DtlabError
@@ -56,6 +58,7 @@ GPU_TASK_FILES = ("nvidia/tasks/gpu.yml", "docker/tasks/nvidia_toolkit.yml")
 # The platforms pip may take wheels for (the trainer role's list, for another Python than the controller's).
 NODE_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "linux_x86_64")
 OS_RELEASE = Path("/etc/os-release")
+APT_SOURCE_PARTS = Path("/etc/apt/sources.list.d")  # this controller's own, which the resolver keeps
 DOWNLOAD_SOCKET_TIMEOUT_S = 60  # no byte for this long: the download fails (a whole release may take minutes)
 PIP_TIMEOUT_S = 3600
 APT_TIMEOUT_S = 1800
@@ -77,6 +80,17 @@ class Entry:
     bytes: int = 0
 
 
+# What a GPU node's roles read from the node itself, which a bundle built in advance must be told in the
+# inventory: (role, variable, the role's condition for needing it, why).
+ADVANCE_VARS = (
+    ("nvidia", "nvidia_kernel_flavour", "true",
+     "the kernel line (generic, generic-hwe-24.04, virtual) the nvidia role otherwise reads from the node's"
+     " dpkg, which the headers' and the prebuilt modules' metapackages follow"),
+    ("nvidia", "dtlab_node_kernel", "nvidia_module_is_dkms",
+     "the nodes' running kernel (`uname -r`), whose headers DKMS builds the driver against"),
+)
+
+
 @dataclass
 class Plan:
     """What a bundle for this inventory holds, worked out before anything is fetched or written."""
@@ -89,6 +103,8 @@ class Plan:
     built_wheels: dict[str, list[str]]  # platform -> the wheels it builds (Platform.offline_wheels)
     apt_packages: list[str]
     releases: list[dict[str, str | None]]  # each platform's (Platform.offline_releases), with its name
+    apt_sources: list[dict[str, Any]] = field(default_factory=list)  # the roles' repositories, rendered
+    node_kernel: str = ""  # a GPU inventory's dtlab_node_kernel (its DKMS headers); "" otherwise
     hf_models: list[str] = field(default_factory=list)
     hf_datasets: list[str] = field(default_factory=list)
     profiles: list[str] = field(default_factory=list)
@@ -123,6 +139,8 @@ def plan(cluster: Cluster, profiles: Iterable[str] | None = None) -> Plan:
         requirements=_trainer_requirements(build_name),
         built_wheels={p.name: p.offline_wheels(cluster) for p in platforms.ALL if p.offline_wheels(cluster)},
         apt_packages=apt_packages(cluster),
+        apt_sources=apt_sources(cluster),
+        node_kernel=str(cluster.var("dtlab_node_kernel", "") or "") if cluster.device != "cpu" else "",
         releases=[{"platform": platform.name, **asdict(release)}
                   for platform in platforms.ALL for release in platform.offline_releases(cluster)],
         hf_models=sorted(m for m in models if m and not m.startswith("generated")),
@@ -153,33 +171,104 @@ def _trainer_requirements(build_name: str) -> list[str]:
     return [torch if package == "torch" else str(package) for package in defaults["trainer_python_packages"]]
 
 
+def node_facts(cluster: Cluster) -> dict[str, Any]:
+    """The node's own facts the roles read, as far as the inventory says them before the node exists."""
+    node_os = str(cluster.require("dtlab_node_os"))
+    distribution, _, major = roles.DISTRIBUTION_VARS.get(node_os, "-").partition("-")
+    facts = {"distribution": distribution, "distribution_major_version": major,
+             "distribution_release": node_os.partition("-")[2], "architecture": "x86_64"}
+    if cluster.var("dtlab_node_kernel", ""):
+        facts["kernel"] = str(cluster.var("dtlab_node_kernel"))
+    return {"ansible_facts": facts}
+
+
+def _role_tasks_on_nodes(cluster: Cluster, tasks: Iterable[roles.RoleTask]) -> Iterable[tuple[Any, ...]]:
+    """(task, node, layers) for each task on each node where its `when:` may hold, with the role's layers:
+    defaults, vars, and its set_fact expressions over the node's facts (node_facts). A cpu inventory leaves
+    out the GPU task files (GPU_TASK_FILES), as the roles skip them there."""
+    layers: dict[str, tuple[dict, dict, dict]] = {}
+    for task in tasks:
+        if cluster.device == "cpu" and task.task_file in GPU_TASK_FILES:
+            continue
+        role = task.task_file.split("/", 1)[0]
+        if role not in layers:
+            layers[role] = _role_layers(cluster, role)
+        for node in cluster.nodes:
+            if roles.holds(node, *layers[role][:2], task.when, layers[role][2]) is not False:
+                yield task, node, layers[role]
+
+
 def apt_packages(cluster: Cluster) -> list[str]:
     """Every apt package the roles' apt tasks name, rendered for each node with the role's variables.
 
-    The union over roles and nodes: a package some node does not install costs only disk. A cpu
-    inventory leaves out the GPU roles' packages (GPU_TASK_FILES), as the roles skip those tasks there."""
-    node_os = str(cluster.require("dtlab_node_os"))
+    The union over roles and nodes: a package some node does not install costs only disk. A task whose
+    `when:` is false on a node (another install source, a DKMS-free module) is left out there."""
+    _require_advance_vars(cluster)
     packages: set[str] = set()
-    for task_file, expression in roles.apt_tasks():
-        if cluster.device == "cpu" and task_file in GPU_TASK_FILES:
+    for task, node, layers in _role_tasks_on_nodes(cluster, roles.apt_tasks()):
+        names = _render(node, layers, task.arguments, f"roles/{task.task_file}", "the packages")
+        names = [names] if isinstance(names, str) else list(names)
+        packages.update(str(name) for name in names if str(name))
+    # A .deb from a path is fetched by an earlier task (a platform's release); one from a URL is refused.
+    for task, node, layers in _role_tasks_on_nodes(cluster, roles.apt_deb_tasks()):
+        if not re.match(r"[a-z+]+://|\{\{", str(task.arguments)):
             continue
-        role = task_file.split("/", 1)[0]
-        defaults, role_vars = roles.role_layers(role, node_os)
-        for node in cluster.nodes:
-            packages.update(_render_names(node, defaults, role_vars, expression, f"roles/{task_file}"))
+        url = str(_render(node, layers, task.arguments, f"roles/{task.task_file}", "the package"))
+        if "://" in url and not url.startswith("file://"):
+            raise DtlabError(f"bundle: roles/{task.task_file}: {node.name} installs {url.rsplit('/', 1)[-1]}"
+                             f" from {url}, which no repository holds, so a bundle cannot; choose the role's"
+                             f" install from a repository (roles/{task.task_file.split('/')[0]}/README.md)")
     return sorted(packages)
 
 
-def _render_names(node: Node, defaults: dict, role_vars: dict, expression: Any, where: str) -> list[str]:
-    """A task's package names on one node (dtlab.roles.render: role defaults < inventory < role vars)."""
+def apt_sources(cluster: Cluster) -> list[dict[str, Any]]:
+    """The apt repositories the roles add (deb822_repository), rendered for the nodes, by name: the bundle's
+    resolver adds them to this controller's own sources, as the roles add them to the node's."""
+    found: dict[str, dict[str, Any]] = {}
+    for task, node, layers in _role_tasks_on_nodes(cluster, roles.repository_tasks()):
+        arguments = _render(node, layers, task.arguments, f"roles/{task.task_file}", "the repository")
+        found.setdefault(str(arguments["name"]), {
+            "name": str(arguments["name"]),
+            "types": [str(t) for t in arguments.get("types", ["deb"])],
+            "uris": [str(u) for u in arguments["uris"]],
+            "suites": [str(s) for s in arguments["suites"]],
+            "components": [str(c) for c in arguments.get("components", [])],
+            "signed_by": str(arguments.get("signed_by", "")),
+        })
+    return [found[name] for name in sorted(found)]
+
+
+def _role_layers(cluster: Cluster, role: str) -> tuple[dict, dict, dict]:
+    """A role's defaults, its vars, and its set_fact expressions over the node's facts (node_facts)."""
+    defaults, role_vars = roles.role_layers(role, str(cluster.require("dtlab_node_os")))
+    # dtlab_bundle "": what the roles fetch without a bundle, which is what the bundle must hold.
+    return defaults, role_vars, {**roles.role_facts(role), **node_facts(cluster), "dtlab_bundle": ""}
+
+
+def _require_advance_vars(cluster: Cluster) -> None:
+    """A GPU inventory names what its roles would otherwise ask the node (ADVANCE_VARS), or is refused."""
+    if cluster.device == "cpu":
+        return
+    node = cluster.nodes[0]
+    for role, name, condition, why in ADVANCE_VARS:
+        defaults, role_vars, facts = _role_layers(cluster, role)
+        if not roles.holds(node, defaults, role_vars, [trust_as_template(condition)], facts):
+            continue
+        value = trust_as_template(f"{{{{ {name} | default('') }}}}")
+        if not roles.render(node, defaults, role_vars, value, facts):
+            raise DtlabError(f"bundle: inventory {cluster.inventory_path}: {name} is empty; a GPU node's"
+                             f" bundle is built before the node can be asked, so set it: {why}"
+                             f" (roles/{role}/README.md, docs/offline.md)")
+
+
+def _render(node: Node, layers: tuple[dict, dict, dict], expression: Any, where: str, what: str) -> Any:
+    """A task's argument on one node (dtlab.roles.render: defaults < inventory < role vars < set_facts)."""
     try:
-        value = roles.render(node, defaults, role_vars, expression)
+        return roles.render(node, *layers[:2], expression, layers[2])
     except Exception as error:  # noqa: BLE001 (Ansible raises many kinds; each becomes one line)
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise DtlabError(f"bundle: {where}: the packages {str(expression)!r} do not render for {node.name}"
+        raise DtlabError(f"bundle: {where}: {what} {str(expression)!r} do not render for {node.name}"
                          f" before the node exists ({first}); a bundle cannot hold them yet") from None
-    names = [value] if isinstance(value, str) else list(value)
-    return [str(name) for name in names if str(name)]
 
 
 # --- what this controller can build --------------------------------------------------------------------
@@ -265,6 +354,7 @@ def write_manifest(out: Path, cluster_name: str, the_plan: Plan, entries: list[E
         "node_os": the_plan.node_os,
         "node_python": the_plan.node_python,
         "torch_build": the_plan.torch_build,
+        "node_kernel": the_plan.node_kernel,
         "plan": asdict(the_plan),
         "files": [asdict(e) for e in sorted(entries, key=lambda e: e.path)],
     }
@@ -335,7 +425,8 @@ def _build_wheels(cluster: Cluster, the_plan: Plan, out: Path, say: Say) -> list
 
 def _build_apt(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
     """Every package and its dependencies, resolved as if the node had nothing installed (an empty dpkg
-    status), with this machine's own apt sources and keys, into a flat repository."""
+    status), with this machine's own apt sources and keys and the repositories the roles add
+    (Plan.apt_sources, with their keys), into a flat repository."""
     repo = out / "apt"
     repo.mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="dtlab-bundle-apt-") as scratch:
@@ -346,8 +437,12 @@ def _build_apt(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
         options = ["-o", f"Dir::State::Lists={state / 'lists'}",
                    "-o", f"Dir::State::status={state / 'status'}",
                    "-o", f"Dir::Cache::archives={state / 'archives'}", "-o", f"Dir::Cache={state}",
+                   "-o", f"Dir::Etc::SourceParts={_source_parts(the_plan, state)}",
                    "-o", "APT::Install-Recommends=false", "-o", "Debug::NoLocking=true"]
         _run(["apt-get", *options, "-q", "update"], "apt-get update (the bundle's own lists)", APT_TIMEOUT_S)
+        # Each package's URL, for the manifest: asked while the scratch cache is empty, so apt names them all.
+        printed = _run(["apt-get", *options, "-qq", "--print-uris", "install", *the_plan.apt_packages],
+                       "apt-get install --print-uris", APT_TIMEOUT_S).stdout
         # The bundle's packages go into the scratch cache first: a rebuild downloads only what changed.
         for deb in repo.glob("*.deb"):
             os.link(deb, state / "archives" / deb.name) if deb.stat().st_dev == state.stat().st_dev \
@@ -369,12 +464,50 @@ def _build_apt(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
     entries = []
     for deb in sorted(repo.glob("*.deb")):
         name, version, _arch = (deb.stem.split("_") + ["", ""])[:3]
-        entries.append(Entry(f"apt/{deb.name}", "apt", name, version.replace("%3a", ":"), the_plan.node_os))
+        entries.append(Entry(f"apt/{deb.name}", "apt", name, version.replace("%3a", ":"),
+                             _package_uris(printed).get(deb.name, the_plan.node_os)))
     entries += [Entry(f"apt/{index_file}", "apt", index_file, "", "dpkg-scanpackages")
                 for index_file in ("Packages", "Packages.gz", "Release")]
     named = ", ".join(the_plan.apt_packages)
-    say(f"bundle: apt: {len(entries) - 3} packages: {named} and their dependencies")
+    added = "".join(f" + {source['name']}'s repository" for source in the_plan.apt_sources)
+    say(f"bundle: apt: {len(entries) - 3} packages: {named} and their dependencies"
+        f" ({the_plan.node_os}{added})")
     return entries
+
+
+def _source_parts(the_plan: Plan, state: Path) -> Path:
+    """A sources.list.d for the resolver: this machine's own parts, and each repository the roles add, as a
+    deb822 file signed by its key (fetched into the scratch directory when the role names it by URL)."""
+    parts = state / "sources.list.d"
+    parts.mkdir()
+    for own in sorted(APT_SOURCE_PARTS.glob("*")):
+        if own.suffix in (".list", ".sources"):
+            shutil.copy2(own, parts / own.name)
+    for source in the_plan.apt_sources:
+        key = source["signed_by"]
+        if re.match(r"[a-z]+://", key):
+            fetched = state / "keys" / source["name"]
+            _download(key, fetched, f"apt: the signing key of repository {source['name']}")
+            # apt reads an armored key only by its .asc name, a binary one by .gpg
+            armored = fetched.read_bytes().lstrip().startswith(b"-----")
+            key_file = fetched.with_suffix(".asc" if armored else ".gpg")
+            fetched.rename(key_file)
+            key = str(key_file)
+        fields = {"Types": source["types"], "URIs": source["uris"], "Suites": source["suites"],
+                  "Components": source["components"], "Signed-By": [key] if key else []}
+        (parts / f"dtlab-{source['name']}.sources").write_text(
+            "".join(f"{name}: {' '.join(values)}\n" for name, values in fields.items() if values))
+    return parts
+
+
+def _package_uris(printed: str) -> dict[str, str]:
+    """apt-get --print-uris's lines (`'URL' FILE SIZE HASH`) as {file name: URL}."""
+    found = {}
+    for line in printed.splitlines():
+        fields = line.split()
+        if len(fields) >= 2 and fields[0].startswith("'") and fields[1].endswith(".deb"):
+            found[fields[1]] = fields[0].strip("'")
+    return found
 
 
 def _release(repo: Path, node_os: str) -> str:
@@ -496,9 +629,10 @@ def verify(cluster: Cluster, bundle: Path, profiles: Iterable[str] | None = None
         problems.append(f"bundle {bundle}: format {manifest.get('format')}, this dtlab reads {BUNDLE_FORMAT}")
     the_plan = plan(cluster, profiles or manifest.get("plan", {}).get("profiles"))
     for key, wanted in (("node_os", the_plan.node_os), ("node_python", the_plan.node_python),
-                        ("torch_build", the_plan.torch_build)):
-        if manifest.get(key) != wanted:
-            problems.append(f"bundle {bundle}: built for {key} {manifest.get(key)}, inventory: {wanted}")
+                        ("torch_build", the_plan.torch_build), ("node_kernel", the_plan.node_kernel)):
+        built_for = manifest.get(key, "" if key == "node_kernel" else None)  # a CPU bundle names no kernel
+        if built_for != wanted:
+            problems.append(f"bundle {bundle}: built for {key} {built_for or '(none)'}, inventory: {wanted}")
     listed = {e.path for e in entries}
     for entry in entries:
         path = bundle / entry.path

@@ -3,14 +3,16 @@ node exists (the offline bundle, the platforms' releases): a role's variables re
 the apt packages its tasks install.
 
     role_value(node, "spark", "spark_tarball_url", "ubuntu-noble")   # defaults < inventory < vars, templated
-    apt_tasks()                                    # [(task file under roles/, its apt `name:`), ...]
+    apt_tasks()              # [RoleTask(task file under roles/, its apt `name:`, its `when:`), ...]
+    repository_tasks()       # the same for the apt repositories the roles add (deb822_repository)
+    role_facts("nvidia")     # the expressions of a role's set_fact tasks, rendered as the role would
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from dtlab import paths
 
@@ -19,6 +21,8 @@ if TYPE_CHECKING:
 
 ROLES_DIR = paths.REPO_ROOT / "roles"
 APT_MODULES = ("ansible.builtin.apt", "apt")
+REPOSITORY_MODULES = ("ansible.builtin.deb822_repository", "deb822_repository")
+SET_FACT_MODULES = ("ansible.builtin.set_fact", "set_fact")
 # dtlab_node_os (<ID>-<VERSION_CODENAME>) -> the roles' vars/<Distribution>-<major>.yml
 DISTRIBUTION_VARS = {"debian-bookworm": "Debian-12", "ubuntu-noble": "Ubuntu-24"}
 
@@ -57,12 +61,28 @@ def role_layers(role: str, node_os: str) -> tuple[dict, dict]:
     return read(ROLES_DIR / role / "defaults/main.yml"), role_vars
 
 
-def render(node: Node, defaults: dict, role_vars: dict, expression: Any) -> Any:
-    """`expression` on one node, with Ansible's templar over role defaults < inventory < role vars."""
+def render(node: Node, defaults: dict, role_vars: dict, expression: Any, facts: dict | None = None) -> Any:
+    """`expression` on one node, with Ansible's templar over role defaults < inventory < role vars < `facts`
+    (what the role's set_fact tasks and the node's own facts would say, where the caller knows them)."""
+    return _templar(node, defaults, role_vars, facts).template(expression)
+
+
+def holds(node: Node, defaults: dict, role_vars: dict, conditions: list[str], facts: dict | None = None
+          ) -> bool | None:
+    """Whether a task's `when:` holds on one node; None where it cannot be told before the node exists (a
+    registered result, check mode)."""
+    templar = _templar(node, defaults, role_vars, facts)
+    try:
+        return all(templar.evaluate_conditional(condition) for condition in conditions)
+    except Exception:  # noqa: BLE001 (Ansible raises many kinds for an undefined name)
+        return None
+
+
+def _templar(node: Node, defaults: dict, role_vars: dict, facts: dict | None):
     from ansible.template import Templar
 
-    variables = {**defaults, **node.hostvars, **role_vars, "inventory_hostname": node.name}
-    return Templar(loader=_loader(), variables=variables).template(expression)
+    variables = {**defaults, **node.hostvars, **role_vars, **(facts or {}), "inventory_hostname": node.name}
+    return Templar(loader=_loader(), variables=variables)
 
 
 def role_value(node: Node, role: str, key: str, node_os: str, extra: dict | None = None) -> str:
@@ -73,16 +93,54 @@ def role_value(node: Node, role: str, key: str, node_os: str, extra: dict | None
     return str(render(node, defaults, role_vars, value)).strip()
 
 
-def apt_tasks() -> list[tuple[str, Any]]:
-    """(task file relative to roles/, its `name:`: a template or a list) of every role task that installs apt
-    packages by name, read from the roles themselves, so a package a role adds is in the next bundle."""
+class RoleTask(NamedTuple):
+    """One task of a role, as its file says it."""
+
+    task_file: str  # relative to roles/
+    arguments: Any  # the module's argument named by the reader (apt: `name`), or all its arguments
+    when: list[Any]  # its conditions, all of which must hold, as written (trusted, as the role's)
+
+
+def apt_tasks() -> list[RoleTask]:
+    """Every role task that installs apt packages by name (`name:`: a template or a list), read from the roles
+    themselves, so a package a role adds is in the next bundle."""
+    return [task._replace(arguments=task.arguments["name"]) for task in _module_tasks(APT_MODULES)
+            if "name" in task.arguments]
+
+
+def apt_deb_tasks() -> list[RoleTask]:
+    """Every role task that installs a .deb from a path or URL (apt's `deb:`), which no repository holds."""
+    return [task._replace(arguments=task.arguments["deb"]) for task in _module_tasks(APT_MODULES)
+            if "deb" in task.arguments]
+
+
+def repository_tasks() -> list[RoleTask]:
+    """Every role task that adds an apt repository (deb822_repository), with all its arguments."""
+    return _module_tasks(REPOSITORY_MODULES)
+
+
+def role_facts(role: str) -> dict[str, Any]:
+    """The expressions a role's set_fact tasks assign, by name, as templates: the templar renders each only
+    when it is read, so a fact that needs the node (a registered command's output) fails only if asked."""
+    facts: dict[str, Any] = {}
+    for task_file in sorted((ROLES_DIR / role / "tasks").glob("*.yml")):
+        for task in _tasks(read_role_file(task_file) or []):
+            for module in SET_FACT_MODULES:
+                if isinstance(task.get(module), dict):
+                    facts.update({k: v for k, v in task[module].items() if k != "cacheable"})
+    return facts
+
+
+def _module_tasks(modules: tuple[str, ...]) -> list[RoleTask]:
     found = []
     for task_file in sorted(ROLES_DIR.glob("*/tasks/*.yml")):
         for task in _tasks(read_role_file(task_file) or []):
-            for module in APT_MODULES:
+            for module in modules:
                 arguments = task.get(module)
-                if isinstance(arguments, dict) and "name" in arguments:
-                    found.append((str(task_file.relative_to(ROLES_DIR)), arguments["name"]))
+                if isinstance(arguments, dict):
+                    when = task.get("when", [])
+                    conditions = when if isinstance(when, list) else [when]
+                    found.append(RoleTask(str(task_file.relative_to(ROLES_DIR)), arguments, conditions))
     return found
 
 
