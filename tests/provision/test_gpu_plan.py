@@ -179,6 +179,12 @@ PLAN_HOSTS = {  # host: (linux-image metapackages, host vars, Secure Boot state)
     "bare": ({}, {}, "SecureBoot disabled"),
     "override": ({}, {"nvidia_kernel_flavour": "virtual"}, "SecureBoot disabled"),
     "secure_boot": ({"linux-image-generic": KERNEL}, {}, "SecureBoot enabled"),
+    # An offline bundle holds the headers of dtlab_node_kernel only (docs/offline.md).
+    "bundle_kernel": ({"linux-image-generic": KERNEL},
+                      {"dtlab_bundle": "/srv/b", "dtlab_node_kernel": KERNEL}, "SecureBoot disabled"),
+    "bundle_other_kernel": ({"linux-image-generic": KERNEL},
+                            {"dtlab_bundle": "/srv/b", "dtlab_node_kernel": "6.8.0-99-generic"},
+                            "SecureBoot disabled"),
 }
 HOLD_HOSTS = {"ubuntu_node": UBUNTU_580_NODE, "debian_node": DEBIAN_535_NODE}
 GTX_1060 = ("NVIDIA GeForce GTX 1060 3GB", "6.1")
@@ -250,7 +256,7 @@ def test_the_running_kernels_metapackage_names_the_headers_ga_and_hwe(role_parts
     assert plans["hwe"]["prebuilt"][-1] == "linux-modules-nvidia-580-server-generic-hwe-24.04"
     assert plans["pending"]["headers"][-1] == "linux-headers-virtual-hwe-24.04"
     assert plans["override"]["headers"] == [f"linux-headers-{KERNEL}", "linux-headers-virtual"]
-    assert {"bare", "secure_boot"}.isdisjoint(plans)  # refused, below
+    assert {"bare", "secure_boot", "bundle_other_kernel"}.isdisjoint(plans)  # refused, below
 
 
 def test_a_node_without_a_kernel_metapackage_is_refused_in_one_line(role_parts):
@@ -262,6 +268,21 @@ def test_a_node_without_a_kernel_metapackage_is_refused_in_one_line(role_parts):
         "(installed metapackages: none), so the kernel headers for DKMS cannot follow its later kernels; "
         "set nvidia_kernel_flavour to the node's kernel line (e.g. generic, generic-hwe-24.04)")
     assert refusal["hwe"].get("skipped")
+
+
+def test_with_a_bundle_a_node_on_another_kernel_than_its_headers_is_refused(role_parts):
+    by_task, _ = role_parts
+    refusal = by_task["Refuse a node that runs another kernel than the offline bundle's headers"]
+    assert refusal["bundle_other_kernel"]["failed"]
+    assert refusal["bundle_other_kernel"]["msg"] == (
+        f"nvidia: bundle_other_kernel runs kernel {KERNEL}, and the offline bundle /srv/b holds the headers"
+        " of 6.8.0-99-generic (dtlab_node_kernel), which DKMS builds the driver against: set"
+        " dtlab_node_kernel to the node's `uname -r` and build the bundle again (docs/offline.md),"
+        " or boot that kernel")
+    assert refusal["bundle_kernel"].get("skipped") and refusal["ga"].get("skipped")  # ga: no bundle
+    plans = {host: json.loads(result["msg"].removeprefix("PLAN "))
+             for host, result in by_task["Print it as JSON"].items()}
+    assert plans["bundle_kernel"]["headers"] == [f"linux-headers-{KERNEL}", "linux-headers-generic"]
 
 
 def test_secure_boot_on_is_refused_naming_every_way_out(role_parts):
