@@ -239,7 +239,7 @@ def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, st
 
 # --- bundle: everything the nodes install, for an offline cluster (docs/offline.md) ----------------------
 
-BUNDLE_PARTS_HELP = "only these parts, comma-separated: wheels,apt,releases,hf (default: all)"
+BUNDLE_PARTS_HELP = "only these parts, comma-separated: wheels,apt,releases,hf,images (default: all)"
 
 
 @task(name="build", help={"out": "the bundle's directory (created, or completed where it holds a bundle)",

@@ -15,6 +15,8 @@ group_vars), its torch build, and what its roles install there. Each part says w
     <platform>/  the releases a platform's roles download (Platform.offline_releases): Spark's tarball and its
                  published sha512 where it installs from the tarball, Determined's master and agent packages
     hf/          a Hugging Face hub cache holding the profile's models and datasets (none for generated ones)
+    images/      the trainer's Docker image (the DDP docker runtime, Determined's trials), built here from the
+                 trainer role's Dockerfile and saved with its ID, where the inventory builds it
 
 manifest.json lists every file with its part, name, version, source and sha256. A part this controller
 cannot build (Ubuntu's packages from a Debian controller, a download it cannot reach) is refused in one
@@ -51,7 +53,7 @@ from dtlab.pins import pinned
 
 BUNDLE_FORMAT = 1
 MANIFEST = "manifest.json"
-PARTS = ("wheels", "apt", "releases", "hf")
+PARTS = ("wheels", "apt", "releases", "hf", "images")
 # The task files whose packages only a GPU node installs (the nvidia role; Docker's NVIDIA toolkit):
 # left out of a cpu inventory's bundle, as the roles skip them there.
 GPU_TASK_FILES = ("nvidia/tasks/gpu.yml", "docker/tasks/nvidia_toolkit.yml")
@@ -105,6 +107,7 @@ class Plan:
     releases: list[dict[str, str | None]]  # each platform's (Platform.offline_releases), with its name
     apt_sources: list[dict[str, Any]] = field(default_factory=list)  # the roles' repositories, rendered
     node_kernel: str = ""  # a GPU inventory's dtlab_node_kernel (its DKMS headers); "" otherwise
+    images: list[dict[str, str]] = field(default_factory=list)  # the trainer image: name, archive, base
     hf_models: list[str] = field(default_factory=list)
     hf_datasets: list[str] = field(default_factory=list)
     profiles: list[str] = field(default_factory=list)
@@ -141,6 +144,7 @@ def plan(cluster: Cluster, profiles: Iterable[str] | None = None) -> Plan:
         apt_packages=apt_packages(cluster),
         apt_sources=apt_sources(cluster),
         node_kernel=str(cluster.var("dtlab_node_kernel", "") or "") if cluster.device != "cpu" else "",
+        images=_trainer_images(cluster),
         releases=[{"platform": platform.name, **asdict(release)}
                   for platform in platforms.ALL for release in platform.offline_releases(cluster)],
         hf_models=sorted(m for m in models if m and not m.startswith("generated")),
@@ -169,6 +173,21 @@ def _trainer_requirements(build_name: str) -> list[str]:
     defaults = yaml.safe_load((roles.ROLES_DIR / "trainer/defaults/main.yml").read_text())
     torch = f"torch=={pinned('torch')}" + ("" if build_name == gpucompat.PYPI else f"+{build_name}")
     return [torch if package == "torch" else str(package) for package in defaults["trainer_python_packages"]]
+
+
+def _trainer_images(cluster: Cluster) -> list[dict[str, str]]:
+    """The trainer role's image, where some node builds it (trainer_docker_image_build): its name:tag, the
+    archive the role loads it from (trainer_docker_image_archive) and its base image."""
+    node_os = str(cluster.require("dtlab_node_os"))
+    for node in cluster.nodes:
+        if str(roles.role_value(node, "trainer", "trainer_docker_image_build", node_os)).lower() == "true":
+            def value(key: str, node=node) -> str:
+                return roles.role_value(node, "trainer", key, node_os)
+
+            return [{"name": f"{value('trainer_docker_image_name')}:{value('trainer_docker_image_tag')}",
+                     "archive": value("trainer_docker_image_archive"),
+                     "base": value("trainer_docker_base_image")}]
+    return []
 
 
 def node_facts(cluster: Cluster) -> dict[str, Any]:
@@ -300,6 +319,12 @@ def refusals(the_plan: Plan, parts: Iterable[str]) -> list[str]:
     if "apt" in parts and the_plan.apt_packages and os.geteuid() != 0:
         found.append("bundle: apt: apt-get resolves the packages as root (its own lists and cache, the"
                      " system's untouched); run as root")
+    if "images" in parts and the_plan.images and not _docker_answers():
+        found.append("bundle: images: the trainer image (trainer_docker_image_build) is built and saved here"
+                     " with Docker, and this controller has no Docker daemon (docker info); build this part"
+                     " where Docker and the base image's registry can be reached (`invoke bundle.build"
+                     " --parts images --out DIR`), or set trainer_docker_image_build: false"
+                     " (docs/offline.md)")
     controller_python = _controller_python()
     for name in the_plan.built_wheels if "wheels" in parts else ():
         if controller_python != the_plan.node_python:
@@ -307,6 +332,13 @@ def refusals(the_plan: Plan, parts: Iterable[str]) -> list[str]:
                          f" {the_plan.node_python}, but this controller runs {controller_python}; build the"
                          f" bundle with a Python {the_plan.node_python} venv (scripts/setup.sh there)")
     return found
+
+
+def _docker_answers() -> bool:
+    try:
+        return subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
 def _controller_python() -> str:
@@ -331,7 +363,8 @@ def build(cluster: Cluster, out: Path, parts: Iterable[str] = PARTS, profiles: I
     previous = {e.path: e for e in read_manifest(out)} if (out / MANIFEST).exists() else {}
     entries: dict[str, Entry] = {path: e for path, e in previous.items() if e.part not in wanted}
     builders = {"wheels": functools.partial(_build_wheels, cluster), "apt": _build_apt,
-                "releases": _build_releases, "hf": _build_hf}
+                "releases": _build_releases, "hf": _build_hf,
+                "images": functools.partial(_build_images, cluster)}
     for part in wanted:
         say(f"bundle: {part} ...")
         for entry in builders[part](the_plan, out, say):
@@ -562,6 +595,41 @@ def _build_releases(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
     return entries
 
 
+def _build_images(cluster: Cluster, the_plan: Plan, out: Path, say: Say) -> list[Entry]:
+    """The trainer image, built as the trainer role builds it (its Dockerfile, the plan's requirements, the
+    pins), saved to its archive with its ID beside it (<archive>.id), which the role loads it by."""
+    entries = []
+    node_os = str(cluster.require("dtlab_node_os"))
+    for image in the_plan.images:
+        archive, id_file = out / image["archive"], out / f"{image['archive']}.id"
+        with tempfile.TemporaryDirectory(prefix="dtlab-bundle-image-") as scratch:
+            context = Path(scratch)
+            defaults, role_vars = roles.role_layers("trainer", node_os)
+            template = trust_as_template((roles.ROLES_DIR / "trainer/templates/Dockerfile.j2").read_text())
+            managed = {"ansible_managed": "dtlab bundle (roles/trainer/templates/Dockerfile.j2)"}
+            dockerfile = roles.render(cluster.nodes[0], defaults, role_vars, template, managed)
+            (context / "Dockerfile").write_text(dockerfile)
+            index = [f"--extra-index-url {the_plan.torch_index_url}"] if the_plan.torch_index_url else []
+            (context / "requirements.txt").write_text("\n".join(index + the_plan.requirements) + "\n")
+            shutil.copy2(paths.CONSTRAINTS_FILE, context / "constraints.txt")
+            _run(["docker", "build", "--network", "host", "--tag", image["name"], str(context)],
+                 f"images: docker build {image['name']}", PIP_TIMEOUT_S)
+        image_id = _run(["docker", "image", "inspect", "--format", "{{.Id}}", image["name"]],
+                        f"images: docker image inspect {image['name']}", 60).stdout.strip()
+        if not (archive.exists() and id_file.exists() and id_file.read_text().strip() == image_id):
+            archive.parent.mkdir(parents=True, exist_ok=True)
+            partial = archive.with_name(archive.name + ".partial")
+            _run(["docker", "save", "--output", str(partial), image["name"]],
+                 f"images: docker save {image['name']}", APT_TIMEOUT_S)
+            partial.replace(archive)
+            atomic_write_text(id_file, image_id + "\n")
+        source = f"built here: FROM {image['base']}, the trainer's requirements and constraints.txt"
+        entries += [Entry(image["archive"], "images", image["name"], image_id, source),
+                    Entry(f"{image['archive']}.id", "images", f"{image['name']}.id", image_id, source)]
+        say(f"bundle: images: {image['name']} ({image_id[:19]}) from {image['base']}")
+    return entries
+
+
 def published_sha512(text: str) -> str:
     """The hash of an Apache .sha512 file, in either of its layouts: `HASH  NAME` (sha512sum) or the older
     `NAME: 3A6D 91F2 ...` (gpg --print-md, upper case in groups over several lines)."""
@@ -672,6 +740,10 @@ def _check_versions(bundle: Path, the_plan: Plan, entries: list[Entry]) -> list[
                    for e in entries):
             problems.append(f"bundle {bundle}: releases: no {release['name']} {release['version']}"
                             f" ({release['platform']}'s roles install it)")
+    for image in the_plan.images:
+        if not any(e.part == "images" and e.name == image["name"] for e in entries):
+            problems.append(f"bundle {bundle}: images: no {image['name']} (the trainer role loads it;"
+                            " trainer_docker_image_build)")
     for repo_id in the_plan.hf_models + the_plan.hf_datasets:
         if not any(e.part == "hf" and e.name.endswith(f":{repo_id}") for e in entries):
             profiles = ", ".join(the_plan.profiles)

@@ -86,11 +86,15 @@ def _templar(node: Node, defaults: dict, role_vars: dict, facts: dict | None):
 
 
 def role_value(node: Node, role: str, key: str, node_os: str, extra: dict | None = None) -> str:
-    """One of a role's variables on one node, rendered to text; `extra` as the role's importer sets them."""
+    """One of a role's variables on one node, rendered to text, as the role reads it: its vars, else the
+    inventory's, else its defaults; `extra` as the role's importer sets them."""
+    from ansible.template import trust_as_template
+
     defaults, role_vars = role_layers(role, node_os)
     role_vars = {**role_vars, **(extra or {})}
-    value = role_vars[key] if key in role_vars else defaults[key]
-    return str(render(node, defaults, role_vars, value)).strip()
+    if key not in {**defaults, **node.hostvars, **role_vars}:
+        raise KeyError(f"roles/{role}: no variable {key} (defaults, vars or the inventory)")
+    return str(render(node, defaults, role_vars, trust_as_template(f"{{{{ {key} }}}}"))).strip()
 
 
 class RoleTask(NamedTuple):

@@ -60,7 +60,7 @@ def test_the_lab_bundle_holds_every_package_its_roles_install_and_no_gpu_ones(la
     assert "ray[default,train]" in the_plan.requirements
     assert the_plan.built_wheels == {"horovod": ["horovod", "cloudpickle"]}  # the lab runs Horovod
     # The lab installs Spark from pyspark and no Determined binaries; smoke generates its model and data.
-    assert the_plan.releases == []
+    assert the_plan.releases == [] and the_plan.images == []  # the lab builds no trainer image
     assert (the_plan.hf_models, the_plan.hf_datasets) == ([], [])
 
 
@@ -78,6 +78,24 @@ def test_a_cluster_bundle_names_the_releases_the_roles_download(tmp_path):
            "checksum_url": None} for component in ("master", "agent"))]
     assert (the_plan.hf_models, the_plan.hf_datasets) == (["prajjwal1/bert-tiny"], ["stanfordnlp/imdb"])
     assert (the_plan.node_os, the_plan.node_python) == ("ubuntu-noble", "3.12")
+    # The trainer image, by the names the trainer role loads it by (trainer_docker_image_archive).
+    assert the_plan.images == [{"name": "dtlab-trainer:latest", "archive": "images/dtlab-trainer_latest.tar",
+                                "base": "python:3.11-slim-bookworm"}]
+
+
+def test_the_trainer_image_is_refused_in_one_line_where_no_docker_daemon_answers(tmp_path):
+    if bundle._docker_answers():
+        pytest.skip("this machine runs a Docker daemon: the images part would be built")
+    cluster = load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": CPU_SITE_VARS}))
+    out = tmp_path / "bundle"
+    with pytest.raises(DtlabError) as refused:
+        bundle.build(cluster, out, parts=["images"], say=lambda line: None)
+    assert str(refused.value).startswith("bundle: images: the trainer image (trainer_docker_image_build) is"
+                                         " built and saved here with Docker, and this controller has no")
+    assert "\n" not in str(refused.value) and not out.exists()
+    without = load_cluster(write_inventory(tmp_path / "off", CPU_CLUSTER_3, group_vars={
+        "all": CPU_SITE_VARS + "trainer_docker_image_build: false\n"}))
+    assert bundle.plan(without).images == []
 
 
 def test_a_gpu_inventory_must_pin_its_torch_build_in_one_line(gpu_cluster):
@@ -113,7 +131,7 @@ def test_bad_parts_and_a_missing_bundle_are_one_line_with_exit_codes(tmp_path):
     made = invoke("bundle.build", "--out", str(tmp_path / "b"), "--parts", "wheels,debs")
     assert made.returncode == 2 and not (tmp_path / "b").exists()
     assert made.stderr.strip() == ("error: bundle: unknown part debs;"
-                                   " parts are wheels, apt, releases, hf")
+                                   " parts are wheels, apt, releases, hf, images")
     missing = invoke("bundle.verify", str(tmp_path / "none"))
     assert missing.returncode == 1
     assert missing.stdout.strip() == f"bundle {tmp_path / 'none'}: no such directory"
@@ -135,6 +153,8 @@ def _complete_bundle(cluster, out: Path) -> bundle.Plan:
     for release in the_plan.releases:
         entries.append(bundle.Entry(f"{release['platform']}/{release['url'].rsplit('/', 1)[-1]}", "releases",
                                     release["name"], release["version"], release["url"]))
+    for image in the_plan.images:
+        entries.append(bundle.Entry(image["archive"], "images", image["name"], "sha256:0", image["base"]))
     for entry in entries:
         (out / entry.path).parent.mkdir(parents=True, exist_ok=True)
         (out / entry.path).write_text(f"stand-in for {entry.name}\n")
@@ -155,7 +175,7 @@ def test_a_complete_bundle_passes_and_says_what_it_holds(made_bundle):
     assert bundle.verify(cluster, out) == []
     checked = invoke("bundle.verify", str(out), "--inventory", str(cluster.inventory_path))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert re.fullmatch(rf"bundle {out}: complete for three: \d+ files \(apt, releases, wheels\),"
+    assert re.fullmatch(rf"bundle {out}: complete for three: \d+ files \(apt, images, releases, wheels\),"
                         " checksums and pins right", checked.stdout.strip())
 
 
@@ -194,13 +214,17 @@ def test_versions_off_the_pins_and_another_node_os_are_refused(made_bundle):
 def test_a_missing_part_is_named(made_bundle):
     cluster, out = made_bundle
     manifest = json.loads((out / "manifest.json").read_text())
-    manifest["files"] = [item for item in manifest["files"] if item["name"] not in ("postgresql", "datasets")]
+    gone = ("postgresql", "datasets", "dtlab-trainer:latest")
+    manifest["files"] = [item for item in manifest["files"] if item["name"] not in gone]
     (out / "manifest.json").write_text(json.dumps(manifest))
-    for leftover in [*out.glob("apt/postgresql_*.deb"), *out.glob("wheels/datasets-*.whl")]:
+    for leftover in [*out.glob("apt/postgresql_*.deb"), *out.glob("wheels/datasets-*.whl"),
+                     *out.glob("images/*")]:
         leftover.unlink()
     assert bundle.verify(cluster, out) == [
         f"bundle {out}: wheels: no datasets (the trainer venv needs it)",
         f"bundle {out}: apt: no postgresql (the roles install them)",
+        f"bundle {out}: images: no dtlab-trainer:latest (the trainer role loads it;"
+        " trainer_docker_image_build)",
     ]
 
 
@@ -275,9 +299,9 @@ def test_the_platforms_releases_are_fetched_checked_and_listed(tmp_path, release
         f"determined/determined-agent_{determined}_linux_amd64.deb"])
     assert (out / "spark" / tarball.name).read_bytes() == tarball.read_bytes()
     problems = bundle.verify(cluster, out)
-    # Only wheels and apt are missing: those parts were not asked for.
+    # Only wheels, apt and images are missing: those parts were not asked for.
     assert not [p for p in problems if ": releases: " in p], problems
-    assert problems and all(": wheels: " in p or ": apt: " in p for p in problems), problems
+    assert problems and all(re.search(": (wheels|apt|images): ", p) for p in problems), problems
 
 
 def test_a_tarball_that_is_not_its_published_sha512_is_refused(tmp_path, release_server):
