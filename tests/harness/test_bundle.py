@@ -83,6 +83,15 @@ def test_a_cluster_bundle_names_the_releases_the_roles_download(tmp_path):
                                 "base": "python:3.11-slim-bookworm"}]
 
 
+def test_a_url_the_inventory_sets_over_a_role_default_is_the_one_fetched(tmp_path):
+    """As Ansible layers them: the inventory's spark_tarball_url beats the spark role's default."""
+    mirror = "https://mirror.lab.example/spark/spark-bin.tgz"
+    cluster = load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={
+        "all": CPU_SITE_VARS + f"spark_tarball_url: {mirror}\n"}))
+    spark = [r for r in bundle.plan(cluster).releases if r["platform"] == "spark"]
+    assert [(r["url"], r["checksum_url"]) for r in spark] == [(mirror, f"{mirror}.sha512")]
+
+
 def test_the_trainer_image_is_refused_in_one_line_where_no_docker_daemon_answers(tmp_path):
     if bundle._docker_answers():
         pytest.skip("this machine runs a Docker daemon: the images part would be built")
