@@ -21,7 +21,9 @@ command -v apt-get >/dev/null || die "needs apt-get (Debian or Ubuntu)"
 # by a real nft in a network namespace of the test's own; the host's own ruleset is never touched).
 APT_PACKAGES=(debootstrap systemd-container iproute2 openssh-client rsync ca-certificates cmake g++
               openjdk-17-jre-headless python3 python3-venv python3-dev gcc openssh-server nftables
-              python3-debian)  # python3-debian: deb822_repository in the GPU roles' check-mode tests
+              python3-debian dpkg-dev gnupg)
+# python3-debian: deb822_repository in the GPU roles' check-mode tests; dpkg-dev: the offline bundle's
+# repository index (dpkg-scanpackages) and the tests' stand-in packages; gnupg: their signed repositories.
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
