@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from harness_helpers import GPU_CLUSTER_4X2, write_inventory
 
-from dtlab import bundle, paths
+from dtlab import bundle
 from dtlab.errors import DtlabError
 from dtlab.inventory import load_cluster
 
@@ -166,13 +166,20 @@ def vendor_repositories(tmp_path):
     server.shutdown()
 
 
-def debian_kernel() -> str:
-    """The kernel Debian 12's linux-headers-amd64 names now (this machine's apt lists), as a node runs it."""
-    depends = subprocess.run(["apt-cache", "depends", "linux-headers-amd64"], capture_output=True, text=True,
-                             timeout=60).stdout
+def debian_kernel(scratch: Path) -> str:
+    """The kernel Debian 12's linux-headers-amd64 names now, as a node runs it: asked of Debian's archive
+    through lists of the test's own (a fresh machine may have none)."""
+    lists = scratch / "lists"
+    (lists / "partial").mkdir(parents=True)
+    options = ["-o", f"Dir::State::Lists={lists}", "-o", "Debug::NoLocking=true"]
+    updated = subprocess.run(["apt-get", *options, "-q", "update"], capture_output=True, text=True,
+                             timeout=600)
+    assert updated.returncode == 0, updated.stdout + updated.stderr
+    depends = subprocess.run(["apt-cache", *options, "depends", "linux-headers-amd64"], capture_output=True,
+                             text=True, timeout=60).stdout
     found = [line.split("linux-headers-", 1)[1].strip()
              for line in depends.splitlines() if "Depends:" in line]
-    assert found, f"apt-cache knows no linux-headers-amd64 here (apt-get update first):\n{depends}"
+    assert found, f"Debian's archive names no linux-headers-amd64 dependency:\n{depends}"
     return found[0]
 
 
@@ -180,7 +187,7 @@ def debian_kernel() -> str:
 @pytest.mark.skipif(os.geteuid() != 0, reason="the bundle's apt part resolves as root (own lists and cache)")
 def test_the_apt_part_of_a_gpu_bundle_comes_through_the_roles_signed_repositories(tmp_path,
                                                                                   vendor_repositories):
-    kernel = debian_kernel()
+    kernel = debian_kernel(tmp_path / "apt")
     cluster = load_cluster(write_inventory(tmp_path / "inv", GPU_CLUSTER_4X2, group_vars={"all": gpu_vars(
         dtlab_node_os="debian-bookworm", dtlab_node_python='"3.11"', nvidia_kernel_flavour="amd64",
         dtlab_node_kernel=kernel, **{key: json.dumps(value) for key, value in vendor_repositories.items()})}))
@@ -191,10 +198,6 @@ def test_the_apt_part_of_a_gpu_bundle_comes_through_the_roles_signed_repositorie
     assert gpu_part <= set(the_plan.apt_packages)
     the_plan = dataclasses.replace(the_plan, apt_packages=sorted(gpu_part))
     out = tmp_path / "bundle"
-    lab_debs = paths.STATE_DIR / "bundles" / "dtlabtest" / "apt"  # its compiler, if built: fewer downloads
-    (out / "apt").mkdir(parents=True)
-    for deb in lab_debs.glob("*.deb") if lab_debs.is_dir() else ():
-        os.link(deb, out / "apt" / deb.name)
     said = []
     entries = bundle._build_apt(the_plan, out, said.append)
 
