@@ -198,6 +198,7 @@ def test_the_apt_part_of_a_gpu_bundle_comes_through_the_roles_signed_repositorie
     assert gpu_part <= set(the_plan.apt_packages)
     the_plan = dataclasses.replace(the_plan, apt_packages=sorted(gpu_part))
     out = tmp_path / "bundle"
+    out.mkdir()  # as build() makes it
     said = []
     entries = bundle._build_apt(the_plan, out, said.append)
 
