@@ -2,7 +2,9 @@
 
 The code goes over Fabric's sftp as one tarball per node and replaces dtlab_code_dir in one rename, so
 a node never has half a trainer. Where dtlab_trainer_runtime is docker, the study's DDP image (Listing
-4.1) is rebuilt on each worker from the trainer role's Dockerfile; the code itself is mounted at /app.
+4.1) is rebuilt on each worker from the trainer role's Dockerfile; the code itself is mounted at /app. With
+an offline bundle (dtlab_bundle) nothing can be built (no base image, no package index): the trainer role
+loaded the bundle's image, and each worker is only asked that it has it.
 """
 
 from __future__ import annotations
@@ -93,6 +95,16 @@ def build_image(cluster: Cluster, node: Node) -> None:
         )
 
 
+def require_image(node: Node, image: str) -> None:
+    """The offline bundle's image, which the trainer role loads (docs/offline.md), is on the node."""
+    answer = remote.run(node, f"docker image inspect --format '{{{{.Id}}}}' {shlex.quote(image)}", timeout=60)
+    if not answer.ok:
+        raise DtlabError(
+            f"host {node.name}: no docker image {image}; with the offline bundle the trainer role loads it"
+            " from the bundle's images/ (ansible-playbook site.yml --tags trainer; docs/offline.md)"
+        )
+
+
 def deploy(cluster: Cluster, say=print) -> dict[str, object]:
     """Push, verify identical environments, build the image where chosen; one line per problem."""
     data, revision = bundle()
@@ -129,14 +141,14 @@ def deploy(cluster: Cluster, say=print) -> dict[str, object]:
     )
 
     if cluster.trainer_runtime == "docker":
-        failures = remote.fan_out(cluster.workers, lambda node: build_image(cluster, node))
+        from dtlab.platforms.ddp import trainer_image
+
+        offline = bool(cluster.var("dtlab_bundle", ""))
+        failures = remote.fan_out(cluster.workers, lambda node: require_image(node, trainer_image(cluster))
+                                  if offline else build_image(cluster, node))
         problems = [str(a) for a in failures.values() if isinstance(a, BaseException)]
         if problems:
             raise DtlabError(problems[0])
-        from dtlab.platforms.ddp import trainer_image
-
-        say(
-            f"docker image {trainer_image(cluster)} built on "
-            f"{', '.join(n.name for n in cluster.workers)}"
-        )
+        where = "from the offline bundle, on" if offline else "built on"
+        say(f"docker image {trainer_image(cluster)} {where} {', '.join(n.name for n in cluster.workers)}")
     return {"revision": revision, "versions": versions}

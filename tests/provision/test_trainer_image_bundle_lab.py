@@ -8,9 +8,15 @@ neither is here, and the lab's nspawn nodes cannot run a build's containers. So 
 imported on the node itself (`docker import` of a file tree), saved with `docker save` into a scratch bundle
 directory, as bundle.build saves the trainer's. The load, the ID check and the rerun are the role's own."""
 
+import dataclasses
+import re
+
 import pytest
 
 from dtlab import provision
+from dtlab.deploy import deploy, require_image
+from dtlab.errors import DtlabError
+from dtlab.inventory import load_cluster
 from dtlab.lab.access import run_on_node
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -66,5 +72,24 @@ def test_the_trainer_role_loads_its_image_from_the_bundle_by_its_id(provisioned_
         said = (f"trainer: {node}: {IMAGE}:{TAG} is {second_id} after loading {ARCHIVE}, whose .id says"
                 f" sha256:{'0' * 64}: build the bundle's images part again")
         assert said in refused.output, refused.output[-3000:]
+
+        # trainer.deploy builds nothing offline: it asks each worker for the bundle's image.
+        host = load_cluster(lab.inventory_path).node(node)
+        require_image(host, f"{IMAGE}:{TAG}")
+        on_node(f"docker rmi {IMAGE}:{TAG}")
+        with pytest.raises(DtlabError) as missing:
+            require_image(host, f"{IMAGE}:{TAG}")
+        assert str(missing.value).startswith(f"host {node}: no docker image {IMAGE}:{TAG}; with the offline"
+                                             " bundle the trainer role loads it")
+        # The whole of trainer.deploy for the docker runtime on this offline lab (dtlab_bundle): it asks the
+        # workers for the image (the lab loads none: trainer_docker_image_build is off), and builds nothing.
+        lab_cluster = load_cluster(lab.inventory_path)
+        docker_runtime = dataclasses.replace(lab_cluster, nodes=tuple(
+            dataclasses.replace(n, hostvars={**n.hostvars, "dtlab_trainer_runtime": "docker"})
+            for n in lab_cluster.nodes))
+        with pytest.raises(DtlabError) as offline:
+            deploy(docker_runtime, say=lambda line: None)
+        assert re.fullmatch(r"host node\d: no docker image dtlab-trainer:latest; with the offline bundle the"
+                            r" trainer role loads it from the bundle's images/ .*", str(offline.value))
     finally:
         on_node(f"rm -rf {SCRATCH}; docker rmi {IMAGE}:{TAG} >/dev/null 2>&1 || true")
