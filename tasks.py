@@ -264,13 +264,19 @@ def bundle_verify(c, path, inventory=None):
 # --- top level ---------------------------------------------------------------
 
 @task(help={"lint": "run ruff, lint-imports, yamllint and ansible-lint (default: yes)",
-            "fast": "the inner loop: skip the lab, the Spark cluster and every slow test (about 5 minutes)",
+            "fast": "the inner loop: no lab, no cluster, no slow test, on every core (about 2 minutes)",
+            "all": "the full tier: every lab and slow test (about an hour); run it before resolving a change "
+                   "to roles/, dtlab/lab, dtlab/platforms or trainer/strategies",
             "pytest_args": "extra pytest arguments, e.g. '-k report -x'"})
-def test(c, lint=True, fast=False, pytest_args=""):
-    """The whole test suite, the linters beside it (this is what CI runs); --fast for the inner loop."""
+def test(c, lint=True, fast=False, all_=False, pytest_args=""):
+    """The default tier and the linters (what CI runs; README's table); --fast, --all for the other tiers."""
     from dtlab import commands
 
-    if not commands.run_tests(c, lint=lint, fast=fast, pytest_args=pytest_args):
+    if fast and all_:
+        print("error: test: --fast and --all are two different tiers; give one", file=sys.stderr)
+        sys.exit(2)
+    tier = "fast" if fast else "all" if all_ else "default"
+    if not commands.run_tests(c, lint=lint, tier=tier, pytest_args=pytest_args):
         sys.exit(1)
 
 

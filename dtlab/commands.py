@@ -228,19 +228,26 @@ LINTERS = ("ruff check .", "lint-imports", "yamllint -s .", ANSIBLE_LINT)
 # version; --fast skips it until one of them changes. The whole suite (CI's command) always runs it.
 ANSIBLE_LINT_PASSED = paths.STATE_DIR / "ansible-lint.passed"
 ANSIBLE_LINT_CONFIG = paths.REPO_ROOT / ".ansible-lint"
-# The inner loop: no lab, no Spark cluster, nothing marked slow, the tests on every core (pytest-xdist).
-FAST_TESTS = "-m 'not lab and not slow' -n auto"
-# The whole suite is one pytest process: the lab's tests share one lab and its converge, in order. Tried
-# on 2 cores (2026-11-26), the lab's tests as a second process beside the others were slower, not faster:
-# both are CPU-bound, and 33 minutes in, the lab's part had finished its first test of 68 (its converge and
-# the smoke matrix) while the other part was at 92 %. pytest-xdist's --dist loadgroup, the other way to
-# keep the lab's tests together, does not group under pytest 9.2 (it writes the group into the node id,
-# which pytest no longer reads). On a faster 2-core machine (2026-11-28) one run each way: the two parts side
-# by side 34.6 min, one process 40.2 min; one run against the trial above, so not adopted
-# (benchmarks/README.md, Tests).
-# The whole suite's temporary files (the lab's results, inventories) in a folder of its own: pytest keeps
-# the 3 newest session folders under /tmp and deletes older ones as each session starts, so a quick
-# `--fast` run beside a long full one used to delete the full one's files mid-run.
+# The three selections. The tier a lab or slow test belongs to is its markers' choice (pyproject.toml):
+# `core` puts it in the default tier, the one path that proves a capability end to end; without it, only
+# `--all` runs it. tests/test_tiers.py checks that the default tier keeps what README's table promises.
+TIERS = {
+    # The inner loop: no lab, no Spark cluster, nothing marked slow, the tests on every core (pytest-xdist).
+    "fast": "-m 'not lab and not slow' -n auto",
+    # The README's test command and CI's: every quick test, one lab converged once, and the core tests.
+    "default": "-m 'not (lab or slow) or core'",
+    # Everything: every fault on every platform, re-converges, check mode, a second lab, the clusters.
+    "all": "",
+}
+DEFAULT_TIER_MARKERS = "not (lab or slow) or core"  # TIERS["default"]'s expression, for the tier test
+# Each tier is one pytest process: the lab's tests share one lab and its converge, in order. Tried on 2
+# cores (2026-11-26), the lab's tests as a second process beside the others were slower, not faster: both
+# are CPU-bound. pytest-xdist's --dist loadgroup, the other way to keep the lab's tests together, does not
+# group under pytest 9.2 (it writes the group into the node id, which pytest no longer reads).
+# (benchmarks/README.md, Tests.)
+# The default and full tiers' temporary files (the lab's results, inventories) in a folder of their own:
+# pytest keeps the 3 newest session folders under /tmp and deletes older ones as each session starts, so a
+# quick `--fast` run beside a long one used to delete the long one's files mid-run.
 FULL_SUITE_BASETEMP = paths.STATE_DIR / "pytest-full"
 
 
@@ -274,9 +281,10 @@ def ansible_lint_inputs_digest() -> str | None:
     return digest.hexdigest()
 
 
-def run_tests(c, *, lint: bool, fast: bool, pytest_args: str) -> bool:
-    """pytest (the whole suite, or --fast's inner loop) with the linters beside it; True when everything
-    passed. `c` is the invoke Context."""
+def run_tests(c, *, lint: bool, tier: str, pytest_args: str) -> bool:
+    """pytest on one of TIERS with the linters beside it; True when everything passed. `c` is the invoke
+    Context."""
+    fast = tier == "fast"
     linters = list(LINTERS)
     lint_inputs = ansible_lint_inputs_digest() if lint else None
     kept_pass = ANSIBLE_LINT_PASSED.read_text() if ANSIBLE_LINT_PASSED.is_file() else None
@@ -285,7 +293,7 @@ def run_tests(c, *, lint: bool, fast: bool, pytest_args: str) -> bool:
         print("ansible-lint: not run, it passed on these same files before (--fast keeps a pass; "
               "the whole suite always runs it)")
     linting = c.run(" && ".join(linters), asynchronous=True, hide=True, warn=True) if lint else None
-    selection = FAST_TESTS if fast else f"--basetemp={FULL_SUITE_BASETEMP}"
+    selection = TIERS[tier] if fast else f"{TIERS[tier]} --basetemp={FULL_SUITE_BASETEMP}".strip()
     passed = c.run(f"pytest {selection} {pytest_args}".strip(), echo=True, pty=False, warn=True).ok
     if linting is not None:
         linted = linting.join()

@@ -116,7 +116,9 @@ def lab_torch_python(lab):
 LAB_TEST_TIMEOUT_S = 3600
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m and -k deselect: tests/test_tiers.py reads the whole suite
 def pytest_collection_modifyitems(config, items):
+    config.dtlab_collected_items = list(items)
     for item in items:
         if item.get_closest_marker("lab") and item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(LAB_TEST_TIMEOUT_S))

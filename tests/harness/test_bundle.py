@@ -237,6 +237,7 @@ def test_a_missing_part_is_named(made_bundle):
     ]
 
 
+@pytest.mark.core
 @pytest.mark.slow  # ansible-playbook: about 5 s
 def test_site_yml_refuses_a_damaged_or_relative_bundle_in_its_first_play(made_bundle):
     cluster, out = made_bundle

@@ -244,7 +244,7 @@ def test_the_whole_suite_keeps_its_temporary_files_where_a_quick_run_beside_it_c
     full_suite_temp = tmp_path / "pytest-full"
     monkeypatch.setattr(commands, "FULL_SUITE_BASETEMP", full_suite_temp)
     quiet = Context(Config(overrides={"run": {"in_stream": False, "hide": True}}))
-    passed = commands.run_tests(quiet, lint=False, fast=False,
+    passed = commands.run_tests(quiet, lint=False, tier="default",
                                 pytest_args=f"-q -p no:cacheprovider {tmp_path / 'test_where.py'}")
     assert passed
     assert Path((tmp_path / "where.txt").read_text()).is_relative_to(full_suite_temp)
@@ -280,7 +280,7 @@ def test_fast_skips_ansible_lint_only_while_the_files_it_passed_on_are_unchanged
 
     def fast_run_lints() -> bool:
         ran.unlink(missing_ok=True)
-        assert commands.run_tests(quiet, lint=True, fast=True, pytest_args="")
+        assert commands.run_tests(quiet, lint=True, tier="fast", pytest_args="")
         return ran.exists()
 
     assert fast_run_lints(), "no pass kept yet"
@@ -293,7 +293,7 @@ def test_fast_skips_ansible_lint_only_while_the_files_it_passed_on_are_unchanged
     (repo / "roles/r/tasks/extra.yml").write_text("---\n")
     assert fast_run_lints(), "a new, untracked role file is read"
     ran.unlink()
-    assert commands.run_tests(quiet, lint=True, fast=False, pytest_args="")
+    assert commands.run_tests(quiet, lint=True, tier="default", pytest_args="")
     assert ran.exists(), "the whole suite always lints"
 
 

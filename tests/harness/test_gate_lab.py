@@ -39,6 +39,7 @@ def tree(directory: Path) -> dict[str, bytes | None]:
     }
 
 
+@pytest.mark.core
 def test_bench_all_on_nodes_that_do_not_answer_refuses_with_one_line_per_failure_and_writes_nothing(
     harness_lab, tmp_path
 ):

@@ -36,6 +36,7 @@ def on_node(lab, node, command, timeout=60, input_text=None):
     return access.run_on_node(lab, node, command, timeout=timeout, input_text=input_text)
 
 
+@pytest.mark.core
 def test_guard_blackholes_the_whole_lab_range_while_up(lab):
     routes = subprocess.run(["ip", "route", "show", "type", "blackhole"], capture_output=True, text=True,
                             check=True).stdout
@@ -79,6 +80,7 @@ def test_each_node_has_its_address_on_a_nic_named_like_a_kvm_guests(lab):
         assert on_node(lab, node, "ip link show dev eth0").returncode != 0  # no eth0 to fall back on
 
 
+@pytest.mark.core
 def test_nodes_have_no_way_out_and_no_dns(lab):
     # `ip route get` asks the node's kernel only: no packet is sent.
     result = on_node(lab, "node1", "ip route show default; wc -c < /etc/resolv.conf; ip route get 192.0.2.1")

@@ -267,6 +267,7 @@ def test_every_node_admits_the_nodes_and_the_controller_the_bridge(provisioned_l
         assert sets["trusted_ipv4"] == [] and sets["nodes_ipv6"] == [], node.name
 
 
+@pytest.mark.core
 @lab_test
 def test_an_outsider_on_the_network_reaches_ssh_and_no_other_port(provisioned_lab, lab_cluster):
     """A host on the cluster's own network, not a node: every port that listens on a node is refused,

@@ -58,6 +58,7 @@ def secret(cluster, name):
 
 # --- converge, idempotence, check mode ---------------------------------------------------------------
 
+@pytest.mark.core
 def test_every_role_applies_on_every_node(provisioned_lab):
     lab, first = provisioned_lab
     assert first.ok, first.summary()
@@ -127,6 +128,7 @@ def test_docker_keeps_a_daemon_json_that_nvidia_ctk_rewrote(provisioned_lab, sec
 
 # --- the offline bundle (the session lab is an offline lab: tests/conftest.py, docs/offline.md) -----------
 
+@pytest.mark.core
 def test_every_node_installed_from_the_bundle_alone(provisioned_lab, cluster):
     """No apt proxy ran during the converge (the lab has none); apt on every node reads the bundle alone;
     the trainer units read Hugging Face's offline switches; pip and Horovod took the bundle's wheels."""

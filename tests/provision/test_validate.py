@@ -236,6 +236,7 @@ def test_the_harness_refuses_a_bad_inventory_with_one_line(tmp_path, case):
     assert message.startswith(expected_line(tmp_path, case)), message
 
 
+@pytest.mark.core
 @pytest.mark.slow  # an ansible-playbook run per case (2 s each, a minute in all)
 @pytest.mark.parametrize("case", BAD_INVENTORIES)
 def test_both_entry_points_refuse_a_bad_inventory_with_the_same_line(tmp_path, case):

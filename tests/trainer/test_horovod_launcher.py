@@ -73,6 +73,7 @@ def test_two_ranks_under_horovodrun_train_exactly_as_ddp_does(horovod_env, tmp_p
         assert [m[key] for m in horovod["epoch_metrics"]] == [m[key] for m in ddp["epoch_metrics"]], key
 
 
+@pytest.mark.core
 @pytest.mark.parametrize("option", ["sparse_embedding_sync", "ddp_static_graph"])
 def test_a_ddp_only_option_is_refused_in_one_line(horovod_env, make_config, tmp_path, option):
     config = write_config(make_config(**{option: True}), tmp_path / "ddp-option.yml")

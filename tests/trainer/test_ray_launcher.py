@@ -175,6 +175,7 @@ def test_cluster_processes_are_stopped_by_pid():
     (["--address", "127.0.0.1:{closed}"],
      "--address: nothing answers at 127.0.0.1:{closed} (Connection refused); is Ray's GCS running there?"),
 ])
+@pytest.mark.core
 def test_bad_flags_fail_with_one_line_before_ray_starts(argv, line, tmp_path):
     closed = free_loopback_port()  # nothing listens there
     argv = [word.format(closed=closed) for word in argv]

@@ -47,6 +47,7 @@ def test_local_model_directory_and_staged_dataset(make_config, staged, dataset):
     (["--model", "generated:bert-tiny", "--dataset", "stanfordnlp/imdb"],
      "trainer: error: dataset: cannot load stanfordnlp/imdb"),
 ])
+@pytest.mark.core
 def test_hub_sources_offline_fail_with_one_line(tmp_path, flags, message):
     completed = subprocess.run(
         [sys.executable, "-m", "trainer.launchers.torchrun", *flags, "--output-dir", str(tmp_path / "out"),

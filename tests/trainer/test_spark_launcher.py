@@ -183,6 +183,7 @@ def test_two_processes_train_on_a_connect_servers_executors_as_under_torchrun(sp
      "--spark-conf: a Spark Connect session runs with its server's conf; set it where the server starts"),
     (["--remote", "sc://localhost:1"], "--remote: nothing answers at localhost:1 ("),
 ])
+@pytest.mark.core
 def test_bad_flags_fail_before_spark_starts(tmp_path, flags, said):
     launched = subprocess.run([sys.executable, "-m", "trainer.launchers.spark", "--num-processes", "2",
                                *flags, "--output-dir", str(tmp_path)],

@@ -99,6 +99,7 @@ def test_the_two_ddp_options_are_refused_together(make_config):
         make_config(sparse_embedding_sync=True, ddp_static_graph=True)
 
 
+@pytest.mark.core
 @pytest.mark.slow
 def test_tensor_parallelism_over_workers_that_do_not_divide_the_heads_is_refused_in_one_line(
         make_config, tmp_path):

@@ -57,6 +57,7 @@ def test_the_pipeline_idle_fraction_is_measured_and_the_others_have_none(runs):
     assert runs["ddp"]["idle_fraction"] is None and runs["fsdp"]["idle_fraction"] is None
 
 
+@pytest.mark.core
 def test_a_contender_that_is_not_a_strategy_is_refused_in_one_line():
     with pytest.raises(SystemExit, match="'pipe' is not one of"):
         strategies_benchmark.contender_options("pipe")

@@ -121,6 +121,7 @@ def test_checkpoint_from_another_config_is_refused(make_config, tmp_path):
     assert not dist.is_initialized()
 
 
+@pytest.mark.core
 @pytest.mark.slow  # its teardown waits ~25 s on 2 cores: not in `invoke test --fast`
 def test_checkpoint_trained_on_other_tokens_is_refused(make_config, tmp_path):
     # Same config, other tokens: e.g. a checkpoint from before the tokenizer changed, or a re-staged dataset.

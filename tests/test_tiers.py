@@ -1,0 +1,72 @@
+"""The test tiers (dtlab/commands.py TIERS, the README's table): which lab and slow tests the default tier,
+`invoke test`, keeps. The whole suite's collection comes from tests/conftest.py, before -m deselects."""
+
+from pathlib import Path
+
+import pytest
+from _pytest.mark import MarkMatcher  # pytest's own -m evaluation, so the check and the selection agree
+from _pytest.mark.expression import Expression
+
+from dtlab.commands import DEFAULT_TIER_MARKERS, TIERS
+
+TESTS_DIR = Path(__file__).parent
+
+# The default tier's lab tests, one per capability it proves end to end (README, "Tests"). A new lab test
+# belongs in the full tier; one that joins these has to be named here, with the capability it proves.
+CORE_LAB_TESTS = {
+    "tests/lab/test_lab.py::test_guard_blackholes_the_whole_lab_range_while_up": "the guard route",
+    "tests/lab/test_lab.py::test_nodes_have_no_way_out_and_no_dns": "the lab is offline",
+    "tests/provision/test_lab_converge.py::test_every_role_applies_on_every_node": "site.yml converges",
+    "tests/provision/test_lab_converge.py::test_every_node_installed_from_the_bundle_alone": "the bundle",
+    "tests/provision/test_firewall.py::test_an_outsider_on_the_network_reaches_ssh_and_no_other_port":
+        "the firewall",
+    "tests/harness/test_bench_lab.py::test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing":
+        "every platform's 2-worker cell, the same numbers",
+    "tests/harness/test_bench_lab.py::test_a_killed_ddp_worker_resumes_from_its_checkpoint_to_the_undisturbed"
+    "_numbers": "a killed worker resumed",
+    "tests/harness/test_gate_lab.py::test_bench_all_on_nodes_that_do_not_answer_refuses_with_one_line_per_"
+    "failure_and_writes_nothing": "bad input: a cluster that does not answer",
+}
+
+
+def in_default_tier(item) -> bool:
+    return Expression.compile(DEFAULT_TIER_MARKERS).evaluate(MarkMatcher.from_markers(item.iter_markers()))
+
+
+@pytest.fixture(scope="module")
+def whole_suite(request):
+    items = getattr(request.config, "dtlab_collected_items", [])
+    if not set(TESTS_DIR.rglob("test_*.py")) <= {item.path for item in items}:
+        pytest.skip("this session collected part of the suite; the tiers are checked on the whole of tests/")
+    return items
+
+
+def test_invoke_test_selects_the_expression_checked_here():
+    assert TIERS["default"] == f"-m '{DEFAULT_TIER_MARKERS}'"
+    assert TIERS["all"] == ""  # --all deselects nothing
+
+
+def test_core_is_only_on_lab_or_slow_tests(whole_suite):
+    misplaced = [item.nodeid for item in whole_suite if item.get_closest_marker("core")
+                 and not (item.get_closest_marker("lab") or item.get_closest_marker("slow"))]
+    assert misplaced == [], "core picks lab or slow tests for the default tier; these are in it anyway"
+
+
+def test_every_lab_test_is_in_exactly_one_tier(whole_suite):
+    lab = [item for item in whole_suite if item.get_closest_marker("lab")]
+    default = {item.nodeid for item in lab if in_default_tier(item)}
+    full_only = {item.nodeid for item in lab if not in_default_tier(item)}
+    assert default | full_only == {item.nodeid for item in lab} and not default & full_only
+    # In the default tier exactly when marked core: a lab test with neither core nor slow is in the full
+    # tier too (tests/lab/test_lab.py's are lab alone).
+    assert default == {item.nodeid for item in lab if item.get_closest_marker("core")}
+    assert {item.nodeid.split("[")[0] for item in lab if item.get_closest_marker("core")} == set(CORE_LAB_TESTS)
+    assert len(full_only) > len(default)
+
+
+def test_every_other_test_that_is_neither_lab_nor_slow_stays_in_the_default_tier(whole_suite):
+    plain = [item for item in whole_suite
+             if not (item.get_closest_marker("lab") or item.get_closest_marker("slow"))]
+    assert plain and all(in_default_tier(item) for item in plain)
+    slow_default = [item for item in whole_suite if item.get_closest_marker("slow") and in_default_tier(item)]
+    assert all(item.get_closest_marker("core") for item in slow_default)
