@@ -1,7 +1,17 @@
-"""How long the inner loop takes: `invoke test --fast` on this tree and on a baseline commit, taking turns
-in one run (target: <= 150 s, issue 29).
+"""How long the test commands take.
 
+    .venv/bin/python benchmarks/test_command.py --tiers default,all [--rounds 3] [--fresh]
     .venv/bin/python benchmarks/test_command.py --baseline REV [--rounds 3] [--args '--fast']
+
+--tiers: each tier's command (`invoke test`, `invoke test --all`, `invoke test --fast`) on this tree, in
+turns, each round; per tier the wall time and the core-minutes the whole machine was busy meanwhile
+(/proc/stat), min/median/max over rounds, against the targets (default tier <= 20 min with setup.sh, full
+tier <= 60 min; issue 50). --fresh removes, before every run, what dtlab builds once per machine (the lab's
+node image, the Horovod wheel and its cache, the test lab's bundle, the wheelhouse and the lab test venv),
+so that each run pays what a fresh machine pays but for setup.sh (pip's cache and the venv stay).
+
+--baseline: the inner loop, `invoke test --fast`, on this tree and on a baseline commit, taking turns
+in one run (target: <= 150 s, issue 29).
 
 Three contenders per round: the baseline; this tree with ansible-lint run (its kept pass deleted first,
 as after a change to a role); this tree with the pass kept (the usual inner loop: no Ansible file changed).
@@ -60,6 +70,60 @@ def timed_run(tree: Path, args: list[str]) -> tuple[float, bool, str]:
     return time.monotonic() - started, finished.returncode == 0, summary
 
 
+# What --fresh removes: dtlab's once-per-machine builds (a fresh machine has none of them).
+FRESH_PATHS = (Path("/var/cache/dtlab/images"), Path.home() / ".cache/dtlab/horovod-wheels",
+               REPO / ".dtlab/bundles", REPO / ".dtlab/wheelhouse", REPO / ".dtlab/lab-testvenv",
+               REPO / ".dtlab/horovod-build-venv", REPO / ".dtlab/horovod-prebuild-venv")
+TIER_ARGS = {"default": [], "all": ["--all"], "fast": ["--fast"]}
+TIER_TARGET_S = {"default": 20 * 60, "all": 60 * 60}
+
+
+def busy_core_seconds() -> float:
+    """Seconds of CPU time the whole machine has spent busy since boot (all cores; not idle, not iowait)."""
+    fields = [int(value) for value in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def tiers_main(tiers: list[str], rounds: int, fresh: bool) -> int:
+    import shutil
+
+    print(f"load average at the start: {os.getloadavg()[0]:.2f} (figures need < 1.5); "
+          f"tiers {', '.join(tiers)}, {rounds} round(s){', fresh' if fresh else ''}", flush=True)
+    walls: dict[str, list[float]] = {tier: [] for tier in tiers}
+    cores: dict[str, list[float]] = {tier: [] for tier in tiers}
+    failed = []
+    for round_index in range(rounds):
+        for tier in tiers if round_index % 2 == 0 else tiers[::-1]:
+            if fresh:
+                for path in FRESH_PATHS:
+                    shutil.rmtree(path, ignore_errors=True)
+            busy = busy_core_seconds()
+            seconds, ok, summary = timed_run(REPO, TIER_ARGS[tier])
+            walls[tier].append(seconds)
+            cores[tier].append((busy_core_seconds() - busy) / 60)
+            print(f"round {round_index + 1} {tier:8s} {seconds / 60:6.1f} min, "
+                  f"{cores[tier][-1]:5.1f} core-min  {summary}{'' if ok else '  FAILED'}", flush=True)
+            if not ok:
+                failed.append(f"round {round_index + 1} {tier}")
+    print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
+    missed = []
+    for tier in tiers:
+        wall, core = walls[tier], cores[tier]
+        target = TIER_TARGET_S.get(tier)
+        print(f"{tier:8s} wall {statistics.median(wall) / 60:.1f} min "
+              f"[{min(wall) / 60:.1f}-{max(wall) / 60:.1f}], busy {statistics.median(core):.1f} core-min "
+              f"[{min(core):.1f}-{max(core):.1f}], n={len(wall)}"
+              + (f"; target <= {target / 60:.0f} min, setup.sh's own time not included" if target else ""))
+        if target and statistics.median(wall) > target:
+            missed.append(tier)
+    if failed:
+        print(f"failed runs: {', '.join(failed)}")
+    if missed:
+        print(f"targets missed: {', '.join(missed)}")
+    return 1 if failed or missed else 0
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):6.1f} s [{min(values):.1f}-{max(values):.1f}] n={len(values)}"
 
@@ -67,12 +131,23 @@ def spread(values: list[float]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--baseline", required=True, help="the commit to compare with (e.g. HEAD~3)")
+    parser.add_argument("--tiers", help="comma-separated tiers to time: default, all, fast")
+    parser.add_argument("--fresh", action="store_true",
+                        help="with --tiers: remove dtlab's once-per-machine builds before each run")
+    parser.add_argument("--baseline", help="the commit to compare --args with (e.g. HEAD~3)")
     parser.add_argument("--rounds", type=int, default=3, help="each runs every contender once (default 3)")
     parser.add_argument("--args", default="--fast", help="what follows `invoke test` (default: --fast)")
     arguments = parser.parse_args()
     if arguments.rounds < 1:
         parser.error(f"--rounds {arguments.rounds}: needs at least 1")
+    if arguments.tiers:
+        tiers = [tier.strip() for tier in arguments.tiers.split(",") if tier.strip()]
+        unknown = [tier for tier in tiers if tier not in TIER_ARGS]
+        if unknown or not tiers:
+            parser.error(f"--tiers {arguments.tiers}: tiers are {', '.join(TIER_ARGS)}")
+        return tiers_main(tiers, arguments.rounds, arguments.fresh)
+    if not arguments.baseline:
+        parser.error("give --tiers, or --baseline for the inner loop's comparison")
     resolved = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet",
                                f"{arguments.baseline}^{{commit}}"], capture_output=True, text=True)
     if resolved.returncode != 0:

@@ -201,10 +201,16 @@ def demo(name: str | None, faults: bool = False) -> list[CellOutcome]:
     from dtlab.deploy import deploy
     from dtlab.provision import converge
 
-    config = dtlab.lab.up(name)
-    inventory = str(config.inventory_path)
-    print(f"demo 1/4: lab {config.name} up ({inventory}); provisioning with ansible-playbook site.yml")
-    converged = converge(inventory, progress=print)
+    # The platforms' controller builds (Horovod's compile) start first and overlap the lab's image and
+    # the converge's first roles; the roles' own build steps wait for them. Any lab's group_vars will do.
+    builds = _start_controller_builds(load_cluster(paths.INVENTORY_DIR / "lab.yml"))
+    try:
+        config = dtlab.lab.up(name)
+        inventory = str(config.inventory_path)
+        print(f"demo 1/4: lab {config.name} up ({inventory}); provisioning with ansible-playbook site.yml")
+        converged = converge(inventory, progress=print)
+    finally:
+        _stop_builds(builds)
     if not converged.ok:
         raise DtlabError(f"demo: site.yml did not converge: {converged.summary()}")
     print(f"provisioned: {converged.summary()}")
@@ -216,6 +222,34 @@ def demo(name: str | None, faults: bool = False) -> list[CellOutcome]:
         print("demo --faults: bench.faults (a worker killed after epoch 1, per platform), then the report")
         outcomes += bench_all(inventory, BenchOptions(profile="faults"), needs_fault_plan=True)
     return outcomes
+
+
+def _start_controller_builds(cluster: Cluster) -> list:
+    from dtlab import platforms
+
+    builds = []
+    for platform in platforms.ALL:
+        log = paths.STATE_DIR / "logs" / f"{platform.name}-controller-build.log"
+        build = platform.start_controller_build(cluster, log)
+        if build:
+            print(f"demo: {platform.name}'s controller build started beside the lab's start (log: {log})")
+            builds.append(build)
+    return builds
+
+
+def _stop_builds(builds: list) -> None:
+    """A build the converge did not wait for (it failed or was interrupted first) is ended, by its group."""
+    import signal
+    import subprocess
+
+    for build in builds:
+        if build.poll() is None:
+            os.killpg(build.pid, signal.SIGTERM)
+            try:
+                build.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(build.pid, signal.SIGKILL)
+                build.wait(timeout=30)
 
 
 # --- invoke test ---------------------------------------------------------------

@@ -2,8 +2,11 @@
 
 import fcntl
 import os
+import signal
 import subprocess
+import sys
 
+import lab_session
 import pytest
 
 # --- one process for torch and Ansible -----------------------------------------------------------------
@@ -49,46 +52,102 @@ def _lab_test_venv_dir():
     return paths.STATE_DIR / "lab-testvenv"
 
 
-def _lab_bundle(name: str):
-    """The test lab's offline bundle (dtlab.bundle, docs/offline.md), built or brought up to date; its plan
-    comes from the default lab's inventory, which has the test lab's shape and group_vars."""
-    from dtlab import bundle, paths
-    from dtlab.inventory import load_cluster
+class LabPreparation:
+    """The session lab's two slow builds (tests/lab_session.py), each a process started when collection is
+    done; `wait()` returns when both have ended and fails the calling test with the log of one that failed.
+    """
 
-    cluster = load_cluster(paths.INVENTORY_DIR / "lab.yml")
-    directory = paths.STATE_DIR / "bundles" / name
-    bundle.build(cluster, directory, say=lambda line: None)
-    problems = bundle.verify(cluster, directory)
-    if problems:
-        pytest.fail("the test lab's offline bundle does not verify:\n" + "\n".join(problems))
-    return directory
+    def __init__(self, name: str):
+        self.name = name
+        self.processes = {}
+        for step in lab_session.STEPS:
+            log = lab_session.log_path(name, step)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("w") as out:
+                self.processes[step] = subprocess.Popen(
+                    [sys.executable, lab_session.__file__, step, name], stdout=out, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def wait(self, step: str | None = None) -> None:
+        for each in [step] if step else lab_session.STEPS:
+            process = self.processes[each]
+            try:
+                process.wait(timeout=lab_session.PREPARE_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self.stop()
+            if process.returncode != 0:
+                log = lab_session.log_path(self.name, each)
+                pytest.fail(f"the test lab's {each} did not build (exit {process.returncode}); {log}:\n"
+                            + log.read_text(errors="replace")[-4000:])
+
+    def stop(self) -> None:
+        """Ends a build still running (by its own process group), as the session ends early."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGTERM)
+                try:
+                    process.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait(timeout=30)
+
+
+def pytest_collection_finish(session):
+    """With lab tests selected (and root): claim the session's lab name, start its builds, and run the lab
+    tests last, so that the tests that need no lab run while the bundle and the image build."""
+    lab_items = [item for item in session.items if item.get_closest_marker("lab")]
+    session.config.dtlab_lab = None
+    if not lab_items or os.geteuid() != 0 or session.config.option.collectonly:
+        return
+    name, session_lock = _claim_test_lab_name()  # parallel sessions never share (and wipe) one lab
+    session.config.dtlab_lab = (name, session_lock, LabPreparation(name))
+    session.items[:] = [item for item in session.items if not item.get_closest_marker("lab")] + lab_items
+
+
+def pytest_unconfigure(config):
+    claimed = getattr(config, "dtlab_lab", None)
+    if claimed:
+        _, session_lock, preparation = claimed
+        preparation.stop()
+        session_lock.close()
 
 
 @pytest.fixture(scope="session")
-def lab():
+def lab_preparation(request) -> LabPreparation | None:
+    """The session lab's builds when this session started them (None in a session without lab tests)."""
+    claimed = getattr(request.config, "dtlab_lab", None)
+    return claimed[2] if claimed else None
+
+
+@pytest.fixture(scope="session")
+def lab(request, lab_preparation):
     """The up test lab (a dtlab.lab.LabConfig): `lab.inventory_path`, `lab.node_names`, `lab.name`, ...
 
     An offline lab (`invoke lab.up --bundle`): no apt proxy, so its nodes have no way out, and every converge
-    installs from the bundle built here first; every lab test, the smoke matrix among them, runs on nodes that
-    fetched nothing from outside (#32). Fresh nodes each session (unless DTLAB_TEST_LAB_KEEP=1); always
-    brought down at the end, also when a test or lab.up itself fails. Needs root.
+    installs from the bundle built first (tests/lab_session.py); every lab test, the smoke matrix among them,
+    runs on nodes that fetched nothing from outside (#32). Fresh nodes each session (unless
+    DTLAB_TEST_LAB_KEEP=1); always brought down at the end, also when a test or lab.up itself fails. Needs
+    root.
     """
     import dtlab.lab
 
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
+    if lab_preparation is None:  # a lab test reached without the lab marker: prepare it now
+        pytest.fail("a test that uses the session lab must be marked lab (tests/conftest.py prepares it)")
+    name = lab_preparation.name
     _lab_test_venv_dir().mkdir(parents=True, exist_ok=True)  # filled on demand by lab_torch_python
-    name, session_lock = _claim_test_lab_name()  # parallel sessions never share (and wipe) one lab
+    lab_preparation.wait()
+    problems = lab_session.verify_bundle(name)
+    if problems:
+        pytest.fail("the test lab's offline bundle does not verify:\n" + "\n".join(problems))
     try:
         if not KEEP_TEST_LAB:
             dtlab.lab.down(name, wipe=True)  # a crashed session's leftovers
         yield dtlab.lab.up(name, binds={str(_lab_test_venv_dir()): LAB_TEST_VENV_MOUNT},
-                           bundle=_lab_bundle(name))
+                           bundle=lab_session.bundle_dir(name))
     finally:
-        try:
-            dtlab.lab.down(name, wipe=not KEEP_TEST_LAB)
-        finally:
-            session_lock.close()
+        dtlab.lab.down(name, wipe=not KEEP_TEST_LAB)
 
 
 @pytest.fixture(scope="session")

@@ -60,7 +60,8 @@ def test_every_lab_test_is_in_exactly_one_tier(whole_suite):
     # In the default tier exactly when marked core: a lab test with neither core nor slow is in the full
     # tier too (tests/lab/test_lab.py's are lab alone).
     assert default == {item.nodeid for item in lab if item.get_closest_marker("core")}
-    assert {item.nodeid.split("[")[0] for item in lab if item.get_closest_marker("core")} == set(CORE_LAB_TESTS)
+    core = {item.nodeid.split("[")[0] for item in lab if item.get_closest_marker("core")}
+    assert core == set(CORE_LAB_TESTS)
     assert len(full_only) > len(default)
 
 

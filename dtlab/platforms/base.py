@@ -14,6 +14,7 @@ What a platform owns:
 - the cluster: `probe_lines` (its part of cluster.check's one probe script per node), `check_rows`,
   `gpu_rows`, `reset` (its step of cluster.reset) and `wait_ready` (after the reset);
 - faults: `recovery` (what recovers a lost worker, as dtlab configures it);
+- the controller: `start_controller_build` (a build its roles run on the controller, started early);
 - an offline cluster: `offline_wheels` / `build_offline_wheels` (wheels its roles build, built for the
   bundle) and `offline_releases` (files its roles download), which dtlab.bundle puts in the bundle.
 """
@@ -149,6 +150,12 @@ class Platform:
     def build_offline_wheels(self, cluster: Cluster, wheels: Path, torch: str, run: Run, say: Say) -> None:
         """Build offline_wheels into `wheels` on this controller (the nodes' Python), against the bundle's
         `torch` requirement; `run(argv, what, timeout_s)` runs a step and makes its failure one line."""
+
+    def start_controller_build(self, cluster: Cluster, log: Path) -> subprocess.Popen | None:
+        """Start a build that its roles would otherwise run on the controller during the converge, as a
+        process of its own logging to `log`, so it overlaps the lab's image and the converge's first roles
+        (the role's own step then waits for it, or finds its output); None when there is nothing to build."""
+        return None
 
     def offline_releases(self, cluster: Cluster) -> list[Release]:
         """What its roles would download on this inventory beyond apt and pip packages (bundled anyway)."""

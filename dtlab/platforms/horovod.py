@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from dtlab.cell import Cell
 from dtlab.checks import CheckRow, NodeStates
 from dtlab.inventory import Cluster, Node
 from dtlab.launch import CellPaths, Launch, Placement, driver_on_master, place, trainer_env
+from dtlab.pins import pinned
 from dtlab.platforms.base import DTLAB_RETRY, Platform, PreflightError, ResetSteps, Run, Say
 from trainer import progress, strategies
 
@@ -125,6 +127,31 @@ class Horovod(Platform):
         shutil.copy2(wheel, wheels / wheel.name)
         run([sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--no-deps",
              "--only-binary=:all:", "--dest", str(wheels), cloudpickle], "pip download cloudpickle", 600)
+
+    def start_controller_build(self, cluster: Cluster, log: Path) -> subprocess.Popen | None:
+        """Horovod's compile (minutes on 2 cores) where the horovod role would run it on the controller (a
+        wheelhouse cluster: the lab), against the pinned torch in a venv of its own, into the wheelhouse the
+        role builds into: the role's build step waits on the script's lock, then finds the wheel."""
+        if not installed(cluster) or cluster.var("dtlab_bundle") or \
+                cluster.var("trainer_install_source") != "wheelhouse":
+            return None
+        venv = paths.STATE_DIR / "horovod-prebuild-venv"
+        cloudpickle = f"cloudpickle=={cluster.var('horovod_cloudpickle_version')}"
+        requirements = [f"torch=={pinned('torch')}", cloudpickle, "psutil", "pyyaml", "packaging", "cffi",
+                        "setuptools>=70.1"]
+        script = " && ".join([
+            shlex.join([sys.executable, "-m", "venv", str(venv)]),
+            shlex.join([str(venv / "bin/python"), "-m", "pip", "install", "--quiet", "--no-compile",
+                        "--disable-pip-version-check", "-c", str(paths.CONSTRAINTS_FILE), *requirements]),
+            shlex.join([str(paths.REPO_ROOT / "scripts/build-horovod-wheel.sh"), "--python",
+                        str(venv / "bin/python"), "--out", str(paths.WHEELHOUSE_DIR),
+                        "--version", str(cluster.var("horovod_version")),
+                        "--sha256", str(cluster.var("horovod_sdist_sha256"))])])
+        paths.WHEELHOUSE_DIR.mkdir(parents=True, exist_ok=True)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as out:
+            return subprocess.Popen(["bash", "-c", script], stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
 
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         return build(cluster, cell, attempt, timeout_s)

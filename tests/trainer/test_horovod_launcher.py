@@ -28,8 +28,10 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def horovod_env(tmp_path_factory) -> dict[str, str]:
+def horovod_env(tmp_path_factory, lab_preparation) -> dict[str, str]:
     """The environment a process needs to import the built Horovod beside this venv's torch."""
+    if lab_preparation:  # the session lab's bundle compiles the wheel: take it (this venv cannot build it)
+        lab_preparation.wait("bundle")
     site = tmp_path_factory.mktemp("horovod-site")
     built = subprocess.run(
         [str(paths.REPO_ROOT / "scripts" / "build-horovod-wheel.sh"), "--python", sys.executable,
@@ -73,7 +75,6 @@ def test_two_ranks_under_horovodrun_train_exactly_as_ddp_does(horovod_env, tmp_p
         assert [m[key] for m in horovod["epoch_metrics"]] == [m[key] for m in ddp["epoch_metrics"]], key
 
 
-@pytest.mark.core
 @pytest.mark.parametrize("option", ["sparse_embedding_sync", "ddp_static_graph"])
 def test_a_ddp_only_option_is_refused_in_one_line(horovod_env, make_config, tmp_path, option):
     config = write_config(make_config(**{option: True}), tmp_path / "ddp-option.yml")
