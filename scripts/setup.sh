@@ -24,30 +24,43 @@ APT_PACKAGES=(debootstrap systemd-container iproute2 openssh-client rsync ca-cer
               python3-debian dpkg-dev gnupg)
 # python3-debian: deb822_repository in the GPU roles' check-mode tests; dpkg-dev: the offline bundle's
 # repository index (dpkg-scanpackages) and the tests' stand-in packages; gnupg: their signed repositories.
-missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-done
-apt_updated=no
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup.sh: apt-get install ${missing[*]}"
-  apt-get update -qq && apt_updated=yes
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-  if [[ " ${missing[*]} " == *" openssh-server "* ]] && [ -d /run/systemd/system ]; then
-    systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true
+install_system_packages() {
+  missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+  done
+  apt_updated=no
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup.sh: apt-get install ${missing[*]}"
+    apt-get update -qq && apt_updated=yes
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    if [[ " ${missing[*]} " == *" openssh-server "* ]] && [ -d /run/systemd/system ]; then
+      systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true
+    fi
   fi
-fi
-# Headless Chromium checks the HTML report in a real browser (tests/report/test_report_in_browser.py).
-# Debian ships it as a package, Ubuntu only as a snap: installed where apt has it, else that test skips.
-BROWSER=chromium-headless-shell
-if ! dpkg-query -W -f='${Status}' "$BROWSER" 2>/dev/null | grep -q "ok installed"; then
-  [ "$apt_updated" = yes ] || apt-get update -qq
-  if apt-cache show "$BROWSER" >/dev/null 2>&1; then
-    echo "setup.sh: apt-get install $BROWSER"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$BROWSER" >/dev/null
-  else
-    echo "setup.sh: apt has no $BROWSER here: the report's browser test will be skipped"
+  # Headless Chromium checks the HTML report in a real browser (tests/report/test_report_in_browser.py).
+  # Debian ships it as a package, Ubuntu only as a snap: installed where apt has it, else that test skips.
+  BROWSER=chromium-headless-shell
+  if ! dpkg-query -W -f='${Status}' "$BROWSER" 2>/dev/null | grep -q "ok installed"; then
+    [ "$apt_updated" = yes ] || apt-get update -qq
+    if apt-cache show "$BROWSER" >/dev/null 2>&1; then
+      echo "setup.sh: apt-get install $BROWSER"
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$BROWSER" >/dev/null
+    else
+      echo "setup.sh: apt has no $BROWSER here: the report's browser test will be skipped"
+    fi
   fi
+}
+# pip needs only Python's venv and headers from apt: where the machine has them, the other packages
+# (debootstrap, Java, Chromium, ...) install beside pip's minutes instead of before them.
+apt_log=$(mktemp)
+apt_pid=""
+venv_packages=$(dpkg-query -W -f='${Status}\n' python3-venv python3-dev 2>/dev/null | grep -c "ok installed" || true)
+if [ "$venv_packages" = 2 ]; then
+  install_system_packages >"$apt_log" 2>&1 &
+  apt_pid=$!
+else
+  install_system_packages
 fi
 
 PYTHON=${PYTHON:-python3}
@@ -60,9 +73,17 @@ stamp=.venv/.dtlab-installed
 want=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -c constraints.txt -e '.[test]'
+  # --no-compile: Python compiles what it imports on first use; compiling every module of torch, Ray and
+  # Spark up front cost minutes on a fresh machine.
+  .venv/bin/pip install -q --no-compile -c constraints.txt -e '.[test]'
   echo "$want" > "$stamp"
 fi
+
+if [ -n "$apt_pid" ]; then
+  wait "$apt_pid" || { cat "$apt_log" >&2; rm -f "$apt_log"; die "apt-get install failed (its output is above)"; }
+  cat "$apt_log"
+fi
+rm -f "$apt_log"
 
 if [ "${1:-}" = "--relock" ]; then
   { sed -n '1,3p' constraints.txt
