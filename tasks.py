@@ -197,13 +197,14 @@ def bench_all(c, inventory=None, profile=None, only=None, force=False, retries=1
 
 @task(name="run", help={"cell": "cell key, e.g. ddp-g2-e2-s0 (see bench.all's list)",
                         **{k: v for k, v in BENCH_HELP.items()
-                           if k not in ("only", "force", "report", "skip_gate")}})
-def bench_run(c, cell, inventory=None, profile=None, retries=1, timeout=None, verbose=False, matrix=None):
-    """Run one matrix cell now (even if recorded) and record it."""
+                           if k not in ("only", "force", "report")}})
+def bench_run(c, cell, inventory=None, profile=None, retries=1, timeout=None, verbose=False, matrix=None,
+              skip_gate=False):
+    """Run one matrix cell now (even if recorded) and record it; the health gate first, as bench.all."""
     from dtlab import commands
 
     options = _harness_call(commands.bench_options, profile, None, True, retries, timeout, verbose, matrix,
-                            False)
+                            False, skip_gate)
     outcome = _harness_call(commands.bench_run, inventory, cell, options)
     sys.exit(0 if outcome.status == "ok" else 1)
 

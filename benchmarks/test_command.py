@@ -53,13 +53,17 @@ def baseline_tree(rev: str, scratch: Path) -> Path:
     return tree
 
 
-def timed_run(tree: Path, args: list[str]) -> tuple[float, bool, str]:
-    """(seconds, passed, pytest's summary line, or on a failure also the lines that say why)."""
+def timed_run(tree: Path, args: list[str], keep: Path | None = None) -> tuple[float, bool, str]:
+    """(seconds, passed, pytest's summary line, or on a failure also the lines that say why); the whole
+    output goes to `keep` when given (pytest's slowest tests are at its end)."""
     # PYTHONPATH first: the venv's editable install of dtlab points at this tree, not the worktree.
     env = {**os.environ, "PYTHONPATH": str(tree)}
     started = time.monotonic()
     finished = subprocess.run([str(REPO / ".venv/bin/invoke"), "test", *args], cwd=tree, env=env,
                               capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    if keep:
+        keep.parent.mkdir(parents=True, exist_ok=True)
+        keep.write_text(finished.stdout + finished.stderr)
     summary = next((line for line in reversed(finished.stdout.splitlines()) if " in " in line and
                     ("passed" in line or "failed" in line)), "(no pytest summary)")
     summary = summary.strip("= ")
@@ -99,11 +103,13 @@ def tiers_main(tiers: list[str], rounds: int, fresh: bool) -> int:
                 for path in FRESH_PATHS:
                     shutil.rmtree(path, ignore_errors=True)
             busy = busy_core_seconds()
-            seconds, ok, summary = timed_run(REPO, TIER_ARGS[tier])
+            keep = REPO / ".dtlab" / "logs" / f"test-command-{tier}-round{round_index + 1}.log"
+            seconds, ok, summary = timed_run(REPO, TIER_ARGS[tier], keep)
             walls[tier].append(seconds)
             cores[tier].append((busy_core_seconds() - busy) / 60)
             print(f"round {round_index + 1} {tier:8s} {seconds / 60:6.1f} min, "
-                  f"{cores[tier][-1]:5.1f} core-min  {summary}{'' if ok else '  FAILED'}", flush=True)
+                  f"{cores[tier][-1]:5.1f} core-min  {summary}{'' if ok else '  FAILED'} (output: {keep})",
+                  flush=True)
             if not ok:
                 failed.append(f"round {round_index + 1} {tier}")
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")

@@ -272,7 +272,7 @@ class Bench:
         """The health gate, then every selected cell in the matrix's stable order; recorded ones skipped
         unless --force, and those that need a node drained during the matrix."""
         self.check_cells(selected)  # a strategy refused or a fault plan's node wrong: before the gate
-        self.store.check(writable=False)  # a store that cannot be read is one line before the gate
+        self.store.check(writable=True)  # this machine's own problem first: one line before any node is asked
         passed = None if self.options.skip_gate else self.run_gate()  # refused: nothing written yet
         self.check_before_start(selected)
         self.gate = doctor.GateFile.write(self.store.root / paths.GATE_DIRNAME, passed,

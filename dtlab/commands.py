@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -149,7 +150,12 @@ def bench_run(inventory: str | None, cell_key: str, options: BenchOptions) -> Ce
             f"bench.run {cell_key}: no such cell in profile {selected.profile}; cells: "
             f"{', '.join(c.key for c in selected.cells)}"
         )
-    bench.check_before_start(replace(selected, cells=tuple(matching)))
+    one = replace(selected, cells=tuple(matching))
+    bench.check_cells(one)  # this machine's checks first, then the nodes': as bench.all does them
+    bench.store.check(writable=True)
+    if not options.skip_gate:  # an unreachable cluster is refused before an attempt is reserved
+        bench.run_gate()
+    bench.check_before_start(one)
     bench.display = Display(1, options.verbose)
     bench.display.pending = list(matching)
     with bench.display:
@@ -185,9 +191,14 @@ def bench_report(
             # Only the cluster's name is read, no node is contacted: the example's placeholders pass.
             results_dir = results_dir_for(load_cluster(inventory, allow_placeholders=True).name)
         files = generate_report(results_dir, out, profile=profile, priorities=chosen)
+    for line in files.left_out:  # the report's header names them too; the console must not hide them
+        print(f"bench.report: left out {line}", file=sys.stderr)
     print(f"report: {files.markdown}")
     print(f"        {files.html}")
     print(f"        {len(files.csv)} CSV tables in {files.csv[0].parent}, {len(files.figures)} figure files")
+    if files.left_out:
+        raise DtlabError(f"bench.report: {len(files.left_out)} stored run(s) could not be read and are left "
+                         "out of the report (named above); the report was written without them")
     return files
 
 

@@ -489,6 +489,7 @@ def _node(where: str, host: Any, loader: Any, variables: Any, allow_placeholders
             " inventory/cluster.example.yml); set the node's real address"
         )
     ports = {key: _port(where, key, get(key)) for key in sorted(raw) if key.endswith(PORT_SUFFIX)}
+    _check_distinct_ports(where, ports)
     gpu_indices = _gpu_indices(where, get("gpu_indices", []))
     device = str(get("dtlab_device", "cuda"))
     if device not in ("cuda", "cpu"):
@@ -523,6 +524,28 @@ def _is_placeholder(address: str) -> bool:
     except ValueError:
         return False  # a host name
     return any(ip in net for net in PLACEHOLDER_NETWORKS if net.version == ip.version)
+
+
+# A range of ports one service takes a port from, by its first and last port's variables.
+PORT_RANGES = (("ray_min_worker_port", "ray_max_worker_port"),)
+
+
+def _check_distinct_ports(where: str, ports: dict[str, int]) -> None:
+    """Two services on one port (or one inside another's range) would fail at start, on the node: refused
+    here, before a secret is generated or a node contacted."""
+    owner: dict[int, str] = {}
+    for key, number in ports.items():
+        if number in owner:
+            raise DtlabError(f"{where}: {owner[number]} and {key} are both {number}; give each service "
+                             "a port of its own")
+        owner[number] = key
+    for first, last in PORT_RANGES:
+        if first in ports and last in ports:
+            inside = [key for key, number in ports.items()
+                      if key not in (first, last) and ports[first] <= number <= ports[last]]
+            if inside:
+                raise DtlabError(f"{where}: {inside[0]} {ports[inside[0]]} is inside {first}..{last} "
+                                 f"({ports[first]}-{ports[last]}); move it out of that range")
 
 
 def _port(where: str, key: str, value: Any) -> int:

@@ -273,8 +273,15 @@ class ResultStore:
         Runs before a matrix starts and before a report reads; it never changes the file.
         """
         db = self.db_path
-        if not db.exists():
-            return  # created on the first record
+        if not db.exists():  # created on the first record: where it would go must take it
+            if writable:
+                existing = next(folder for folder in (db.parent, *db.parent.parents) if folder.exists())
+                if not os.access(existing, os.W_OK | os.X_OK):
+                    raise DtlabError(
+                        f"results store {self.root}: cannot be written ({existing} is read-only for this "
+                        "user); make it writable, or give DTLAB_RESULTS_DIR, then run again (nothing was "
+                        "recorded)")
+            return
         if not db.is_file():
             raise DtlabError(f"results store {db}: is not a file; move it aside and run again")
         with db.open("rb") as handle:

@@ -69,6 +69,8 @@ class Report:
     short_epochs: int | None
     long_epochs: int | None
     notes: list[str] = field(default_factory=list)  # warnings shown under the header
+    # One line per stored run the report could not read and left out, for the console (bench.report).
+    left_out: list[str] = field(default_factory=list)
     rounding: list[str] = field(default_factory=list)  # the rounding rule and the study's exception
     figures: list[dict[str, Any]] = field(default_factory=list)  # filled by render: {"title", "png", "svg"}
     from_study: bool = False  # `bench.report --study`: "this cluster" is the study's published runs
@@ -463,6 +465,7 @@ def build_report(
         short_epochs=short,
         long_epochs=long,
         notes=notes,
+        left_out=[f"run {run.id} ({run.cell_key} attempt {run.attempt}): {why}" for run, why in unreadable],
         rounding=[ROUNDING_RULE, STUDY_34_00_NOTE],
         faults=faults,
         gate=gate_section(store.root, chosen),

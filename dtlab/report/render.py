@@ -37,6 +37,7 @@ class ReportFiles:
     html: Path
     csv: list[Path] = field(default_factory=list)
     figures: list[Path] = field(default_factory=list)
+    left_out: list[str] = field(default_factory=list)  # the stored runs the report could not read
 
 
 def _markdown_cell(value: object) -> str:
@@ -212,7 +213,8 @@ def draw_figures(report: Report, figure_dir: Path) -> list[dict]:
 
 def write_report(report: Report, out_dir: Path) -> ReportFiles:
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = ReportFiles(out_dir, out_dir / "report.md", out_dir / "report.html")
+    files = ReportFiles(out_dir, out_dir / "report.md", out_dir / "report.html",
+                        left_out=list(report.left_out))
     report.figures = draw_figures(report, out_dir / "figures")
     for item in [*report.figures, *_fault_figures(report)]:
         files.figures += [item["png"], item["svg"]]

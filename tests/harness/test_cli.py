@@ -130,6 +130,37 @@ def test_an_unreachable_node_is_reported_by_preflight_before_the_cell_starts(loo
     assert failure.attempt == 1  # a preflight failure is not retried: nothing was started
 
 
+def test_bench_run_refuses_nodes_that_do_not_answer_before_reserving_an_attempt(loopback_inventory, tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    answer = invoke("bench.run", "ddp-g1-e2-s0", "-i", str(loopback_inventory),
+                    env={"DTLAB_RESULTS_DIR": str(results)})
+    assert answer.returncode == 1, answer.stdout[-2000:] + answer.stderr
+    lines = answer.stderr.strip().splitlines()
+    assert lines[0].startswith("error: health gate: 3 check(s) failed on three: "), lines
+    assert [line.split(": ")[2:4] for line in lines[1:]] == [[node, "ssh"] for node in ("n0", "n1", "n2")]
+    assert "Traceback" not in answer.stdout + answer.stderr
+    assert list(results.rglob("*")) == []  # no attempt reserved, no failure row, no store
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a read-only bind mount in a mount namespace needs root")
+def test_a_read_only_results_folder_is_said_before_any_node_is_asked(loopback_inventory, tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    # The folder read-only for the command alone: bind-mounted over itself in a private mount namespace.
+    script = (f"mount --bind -o ro {results} {results} && "
+              f"exec {INVOKE} bench.all -i {loopback_inventory} --no-report")
+    answer = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script],
+                            capture_output=True, text=True, timeout=300, cwd=paths.REPO_ROOT,
+                            env={**os.environ, "DTLAB_RESULTS_DIR": str(results)})
+    assert answer.returncode == 2, answer.stdout[-2000:] + answer.stderr
+    assert answer.stderr.strip().splitlines() == [
+        f"error: results store {results / 'three'}: cannot be written ({results} is read-only for this "
+        "user); make it writable, or give DTLAB_RESULTS_DIR, then run again (nothing was recorded)"]
+    assert "health gate" not in answer.stdout + answer.stderr  # no node was asked
+    assert list(results.iterdir()) == []
+
+
 def test_a_bad_trainer_option_stops_the_matrix_before_any_attempt(loopback_inventory, tmp_path):
     bad = tmp_path / "matrix.yml"
     bad.write_text("profiles:\n  smoke:\n    trainer: {batch_size: 0}\n"

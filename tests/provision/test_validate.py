@@ -202,6 +202,15 @@ BAD_INVENTORIES = {
     "rendezvous port negative in group_vars": (
         three_nodes(), {"group_vars/workers.yml": "dtlab_rendezvous_port: -29500\n"}, "hosts.yml",
         "host node1: dtlab_rendezvous_port -29500 is not a port; use a whole number from 1 to 65535"),
+    # Two services on one port: refused before any secret or node (issue 51's case: Slurm on Spark's 7077).
+    "two services on one port": (
+        with_vars("node0", slurmctld_port=7077), {}, "hosts.yml",
+        "host node0: slurmctld_port and spark_master_port are both 7077; give each service a port of its "
+        "own"),
+    "a port inside Ray's worker range": (
+        with_vars("node0", spark_master_port=10500), {}, "hosts.yml",
+        "host node0: spark_master_port 10500 is inside ray_min_worker_port..ray_max_worker_port "
+        "(10002-10999); move it out of that range"),
     # Spark: the cluster's release must be the pyspark pin's (the nodes' driver).
     "spark_version off the pin": (
         three_nodes(), {"group_vars/workers.yml": "spark_version: 3.5.1\n"}, "hosts.yml",

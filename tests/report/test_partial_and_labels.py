@@ -1,6 +1,7 @@
 """Partial, empty and CPU stores; profiles; GPU counts beyond the study's."""
 
 import sqlite3
+from pathlib import Path
 
 import pytest
 from report_helpers import figure_panels, fill_with_study_runs, record, record_failure
@@ -350,6 +351,19 @@ def test_a_stored_run_that_lacks_a_field_is_named_and_left_out_not_a_crash(tmp_p
     assert "ddp-g1-e20-s2 attempt 2" in note and "epoch_metrics" in note, note
     # Seed 2's newest readable attempt stands in the tables, beside seed 1.
     assert lookup(report).rows("5.1", "1 GPU", "20")[0][2:4] == ["2", "710.00"]
+    # The console names it too, one line, and bench.report does not exit 0 as if nothing were missing.
+    import subprocess
+    import sys
+
+    from dtlab.paths import REPO_ROOT
+
+    answer = subprocess.run([str(Path(sys.executable).parent / "invoke"), "bench.report", "--results-dir",
+                             str(store.root), "--out", str(tmp_path / "report")], cwd=REPO_ROOT,
+                            capture_output=True, text=True, timeout=120)
+    assert answer.returncode == 2, answer.stdout + answer.stderr
+    left_out = [line for line in answer.stderr.splitlines() if line.startswith("bench.report: left out")]
+    assert len(left_out) == 1 and "ddp-g1-e20-s2 attempt 2" in left_out[0] and "epoch_metrics" in left_out[0]
+    assert "report: " in answer.stdout and (tmp_path / "report" / "report.md").is_file()
 
 
 def test_runs_of_another_setup_never_share_a_mean_with_their_groups_newest(tmp_path, lookup):
