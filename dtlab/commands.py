@@ -250,17 +250,10 @@ def _start_controller_builds(cluster: Cluster) -> list:
 
 def _stop_builds(builds: list) -> None:
     """A build the converge did not wait for (it failed or was interrupted first) is ended, by its group."""
-    import signal
-    import subprocess
+    from dtlab.waiting import stop_process_group
 
     for build in builds:
-        if build.poll() is None:
-            os.killpg(build.pid, signal.SIGTERM)
-            try:
-                build.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(build.pid, signal.SIGKILL)
-                build.wait(timeout=30)
+        stop_process_group(build)
 
 
 # --- invoke test ---------------------------------------------------------------

@@ -38,3 +38,20 @@ def wait_until(check: Callable[[], T], *, timeout_s: float, every_s: float,
                 return answer
             raise DtlabError(f"timed out after {timeout_s:g} s waiting for {what}")
         time.sleep(min(every_s, remaining))
+
+
+def stop_process_group(process, grace_s: float = 30) -> None:
+    """End a process started with start_new_session=True, and its children, by its own process group: TERM,
+    then KILL after `grace_s`. A process that has already ended is left as it is."""
+    import os
+    import signal
+    import subprocess
+
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=grace_s)

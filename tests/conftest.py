@@ -2,7 +2,6 @@
 
 import fcntl
 import os
-import signal
 import subprocess
 import sys
 
@@ -82,14 +81,10 @@ class LabPreparation:
 
     def stop(self) -> None:
         """Ends a build still running (by its own process group), as the session ends early."""
+        from dtlab.waiting import stop_process_group
+
         for process in self.processes.values():
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-                try:
-                    process.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait(timeout=30)
+            stop_process_group(process)
 
 
 def pytest_collection_finish(session):

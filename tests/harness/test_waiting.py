@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import time
 
 import pytest
@@ -74,3 +75,23 @@ def test_an_exception_from_the_check_ends_the_wait_unchanged():
         wait_until(check, timeout_s=30, every_s=0.01, what="node1")
     assert time.monotonic() - started < 1
     assert next(calls) == 3  # not asked again after it raised
+
+
+def test_stop_process_group_ends_a_process_and_its_children_and_leaves_an_ended_one():
+    import subprocess
+    import time
+
+    from dtlab.waiting import stop_process_group
+
+    # A shell whose child sleeps: TERM to the group ends both, not only the shell.
+    started = subprocess.Popen(["sh", "-c", "sleep 60 & echo $!; wait"], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    child = int(started.stdout.readline())
+    began = time.monotonic()
+    stop_process_group(started, grace_s=10)
+    assert started.returncode is not None and time.monotonic() - began < 10
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):  # the child is reaped by init a moment after the group's TERM
+            os.kill(child, 0)
+            time.sleep(0.1)
+    stop_process_group(started)  # already ended: nothing to do, no error
