@@ -225,8 +225,8 @@ def test_an_unusable_results_store_is_one_line_and_stays_byte_identical(
     # The read-only store holds a recorded run: its runs/ folder is checked too, file by file.
     assert any(name.startswith("runs/") for name in before) == (make is _read_only)
     command = [INVOKE, "bench.all", "-i", str(loopback_inventory), "--only", "ddp-g1"]
-    # A broken store is refused before the health gate; whether it takes writes, only after the gate
-    # passed (a refused gate opens nothing for writing), which these silent nodes never do.
+    # Every unusable store, one that cannot take writes too, is refused before the health gate asks a node
+    # (test_a_read_only_results_folder_is_said_before_any_node_is_asked); --skip-gate changes nothing here.
     command += ["--skip-gate"] if read_only_mount else []
     if read_only_mount:  # a real read-only mount (root ignores file modes), in a private mount namespace
         command = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
