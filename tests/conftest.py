@@ -128,7 +128,7 @@ def lab(request, lab_preparation):
 
     if os.geteuid() != 0:
         pytest.skip("the lab needs root")
-    if lab_preparation is None:  # a lab test reached without the lab marker: prepare it now
+    if lab_preparation is None:  # only a test marked lab gets the lab prepared (pytest_collection_finish)
         pytest.fail("a test that uses the session lab must be marked lab (tests/conftest.py prepares it)")
     name = lab_preparation.name
     _lab_test_venv_dir().mkdir(parents=True, exist_ok=True)  # filled on demand by lab_torch_python
