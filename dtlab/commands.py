@@ -269,15 +269,15 @@ ANSIBLE_LINT_CONFIG = paths.REPO_ROOT / ".ansible-lint"
 # The three selections. The tier a lab or slow test belongs to is its markers' choice (pyproject.toml):
 # `core` puts it in the default tier, the one path that proves a capability end to end; without it, only
 # `--all` runs it. tests/test_tiers.py checks that the default tier keeps what README's table promises.
+# The README's test command and CI's: every quick test, one lab converged once, and the core tests.
+DEFAULT_TIER_MARKERS = "not (lab or slow) or core"
 TIERS = {
     # The inner loop: no lab, no Spark cluster, nothing marked slow, the tests on every core (pytest-xdist).
     "fast": "-m 'not lab and not slow' -n auto",
-    # The README's test command and CI's: every quick test, one lab converged once, and the core tests.
-    "default": "-m 'not (lab or slow) or core'",
+    "default": f"-m '{DEFAULT_TIER_MARKERS}'",
     # Everything: every fault on every platform, re-converges, check mode, a second lab, the clusters.
     "all": "",
 }
-DEFAULT_TIER_MARKERS = "not (lab or slow) or core"  # TIERS["default"]'s expression, for the tier test
 # Each tier is one pytest process: the lab's tests share one lab and its converge, in order. Tried on 2
 # cores (2026-11-26), the lab's tests as a second process beside the others were slower, not faster: both
 # are CPU-bound. pytest-xdist's --dist loadgroup, the other way to keep the lab's tests together, does not

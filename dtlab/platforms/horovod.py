@@ -33,6 +33,8 @@ START_TIMEOUT_S = 60  # horovodrun's wait for every rank to reach its rendezvous
 # The strategies that leave the gradients to the launcher (the trainer's own fact:
 # Strategy.runs_under_gradient_syncing_launcher; the contract test keeps the two equal).
 STRATEGIES = (strategies.DEFAULT,)
+# What the build script needs beside torch and cloudpickle in the venv it builds in (its setup_requires).
+BUILD_REQUIREMENTS = ("psutil", "pyyaml", "packaging", "cffi", "setuptools>=70.1")
 # Printed by the probe on a node whose trainer venv has Horovod with PyTorch and Gloo built in.
 BUILT = "pytorch+gloo"
 PROBE = ("import horovod.torch as h, sys; "
@@ -115,7 +117,7 @@ class Horovod(Platform):
             run([sys.executable, "-m", "venv", str(venv)], "the Horovod build venv", 300)
         run([str(venv / "bin/python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
              "--no-compile", "--find-links", str(wheels), "-c", str(paths.CONSTRAINTS_FILE), torch,
-             cloudpickle, "psutil", "pyyaml", "packaging", "cffi", "setuptools>=70.1"],
+             cloudpickle, *BUILD_REQUIREMENTS],
             "the Horovod build venv", 3600)
         paths.WHEELHOUSE_DIR.mkdir(parents=True, exist_ok=True)
         say(f"bundle: wheels: Horovod {version} against {torch} (about 5 minutes, once)")
@@ -137,8 +139,7 @@ class Horovod(Platform):
             return None
         venv = paths.STATE_DIR / "horovod-prebuild-venv"
         cloudpickle = f"cloudpickle=={cluster.var('horovod_cloudpickle_version')}"
-        requirements = [f"torch=={pinned('torch')}", cloudpickle, "psutil", "pyyaml", "packaging", "cffi",
-                        "setuptools>=70.1"]
+        requirements = [f"torch=={pinned('torch')}", cloudpickle, *BUILD_REQUIREMENTS]
         script = " && ".join([
             shlex.join([sys.executable, "-m", "venv", str(venv)]),
             shlex.join([str(venv / "bin/python"), "-m", "pip", "install", "--quiet", "--no-compile",
