@@ -1,5 +1,5 @@
 """Provisioning speed: the first `ansible-playbook site.yml` on fresh lab nodes, then idempotent re-runs
-under stock Ansible (strategy `linear`) and under Mitogen (`mitogen_linear`, ansible.cfg's default),
+under stock Ansible (strategy `linear`) and under Mitogen (`mitogen_linear`, dtlab's own converges),
 alternating, side by side in one run (target for the re-run: <= 60 s).
 
     sudo .venv/bin/python benchmarks/provision_converge.py [--name provbench] [--rounds 3] [--keep]
@@ -23,7 +23,7 @@ import dtlab.lab
 from dtlab import paths, provision
 
 RERUN_TARGET_S = 60.0
-STRATEGIES = ("linear", "mitogen_linear")  # stock Ansible; ansible.cfg's (plugins/strategy/)
+STRATEGIES = ("linear", "mitogen_linear")  # stock Ansible (ansible.cfg); dtlab.provision.CONVERGE_STRATEGY
 
 
 def rerun(inventory, strategy: str) -> provision.ConvergeResult:

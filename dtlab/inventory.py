@@ -386,6 +386,14 @@ def _yaml_error_line(error: Any) -> str:
     return line
 
 
+_reading = False
+
+
+def reading_inventory() -> bool:
+    """Whether load_cluster is parsing an inventory with Ansible's InventoryManager right now."""
+    return _reading
+
+
 def _read(path: Path) -> tuple[Any, Any, Any]:
     """Ansible's loader, inventory and variables for one source; parse failures become one line."""
     import ansible.constants as constants
@@ -399,11 +407,15 @@ def _read(path: Path) -> tuple[Any, Any, Any]:
     if not AnsibleCollectionConfig.collection_finder:
         init_plugin_loader()
     loader = DataLoader()
+    global _reading
     with _parse_failures() as failures:
+        _reading = True  # the dtlab_inventory plugin, called by this parse, leaves the checks to us
         try:
             manager = InventoryManager(loader=loader, sources=[str(path)], parse=True)
         except Exception as exc:  # ansible raises many types; the user needs one line
             raise DtlabError(f"inventory {path}: cannot be parsed: {_first_line(exc)}") from None
+        finally:
+            _reading = False
     if not manager.get_hosts():
         if failures:  # the reason of the plugin meant for this file: yaml for .yml, else ini
             preferred = "yaml" if path.suffix in YAML_SUFFIXES else "ini"

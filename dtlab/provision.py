@@ -33,6 +33,11 @@ from dtlab.inventory import default_inventory_path, load_cluster
 
 STAT_KEYS = ("ok", "changed", "failures", "dark", "skipped")
 PROVISION_FORMAT = 1  # the record's JSON layout, read by dtlab.report.comparison
+# dtlab's own converges run over Mitogen (plugins/strategy/mitogen_linear.py): 0.58x stock's time on a
+# re-converge (benchmarks/README.md, Provisioning). ansible.cfg keeps Ansible's own `linear` for a plain
+# ansible-playbook, which would print ansible-core's deprecation warning for a third-party strategy; here
+# Ansible's output is not shown (dtlab prints its own lines). ANSIBLE_STRATEGY, when set, wins.
+CONVERGE_STRATEGY = "mitogen_linear"
 # Tasks of no role: site.yml's validation and secrets plays, and each play's fact gathering.
 OUTSIDE_ROLES = "(outside roles)"
 TASK_STARTS = ("playbook_on_task_start", "playbook_on_handler_task_start")
@@ -262,7 +267,8 @@ def converge(inventory: str | Path | None = None, *, check: bool = False, diff: 
             quiet=True,
             event_handler=on_event,
             envvars={"ANSIBLE_CONFIG": str(paths.ANSIBLE_CFG), "ANSIBLE_NOCOLOR": "1",
-                     "ANSIBLE_FORCE_COLOR": "0", "PATH": _path_with_this_venv()},
+                     "ANSIBLE_FORCE_COLOR": "0", "PATH": _path_with_this_venv(),
+                     "ANSIBLE_STRATEGY": os.environ.get("ANSIBLE_STRATEGY", CONVERGE_STRATEGY)},
         )
         output = runner.stdout.read() if runner.stdout else ""
         stats = runner.stats or {}
