@@ -16,6 +16,7 @@ import json
 import re
 import shlex
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from dtlab import platforms, probes, remote
@@ -366,12 +367,25 @@ def render(rows: list[CheckRow], cluster: Cluster, console=None, command: str = 
 # --- reset -------------------------------------------------------------------------------
 
 
-def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None) -> list[CheckRow]:
-    """Stop, restart, clear scratch of unrecorded cells; return cluster.check's rows. Safe to repeat."""
+@dataclass
+class ResetOutcome:
+    """What cluster.reset did: cluster.check's rows at the end (none when no node answered), and the
+    nodes that did not answer (each said once, in one line, and skipped by every step)."""
+
+    rows: list[CheckRow]
+    unreachable: list[str]
+
+
+def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None) -> ResetOutcome:
+    """Stop, restart, clear scratch of unrecorded cells; then cluster.check on the nodes that answered.
+    Safe to repeat."""
     from rich.console import Console
 
     console = console or Console(highlight=False)
-    say = console.print
+
+    def say(line: str) -> None:
+        console.print(line, soft_wrap=True)  # one line each, also on a narrow terminal
+
     total = len(platforms.ALL) + 3
     say(f"[bold]1/{total}[/] stopping dtlab units and containers on every node")
     stop = (
@@ -379,9 +393,9 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
         f"if command -v docker >/dev/null; then ids=$(docker ps -aq --filter name=^{remote.UNIT_PREFIX}); "
         '[ -n "$ids" ] && docker rm -f $ids >/dev/null; fi; true'
     )
-    # A node that does not answer is reported once per step and skipped by the later steps; every
-    # step runs for the nodes that answer, and the check's table at the end shows what is wrong.
-    unreachable: set[str] = set()
+    # A node that does not answer is said once, in this first step, and skipped by the later ones; every
+    # step runs for the nodes that answer.
+    unreachable: list[str] = []
 
     def reachable(nodes) -> list[Node]:
         return [node for node in nodes if node.name not in unreachable]
@@ -389,9 +403,11 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     def run(nodes, command: str, what: str, timeout: int) -> None:
         answers = remote.run_all(reachable(nodes), command, timeout=timeout)
         _report_failures(say, answers, what)
-        unreachable.update(name for name, answer in answers.items() if isinstance(answer, BaseException))
+        unreachable.extend(name for name, answer in answers.items() if isinstance(answer, BaseException))
 
     run(cluster.nodes, stop, "stop units", 90)
+    if not reachable(cluster.nodes):
+        return ResetOutcome([], unreachable)
     steps = ResetSteps(cluster, say, run, reachable)
     platform_rows: list[CheckRow] = []
     for index, platform in enumerate(platforms.ALL, start=2):
@@ -416,7 +432,9 @@ def reset(cluster: Cluster, console=None, recorded_cells: set[str] | None = None
     if steps.masters:
         for platform in platforms.ALL:
             platform.wait_ready(cluster, reachable(cluster.workers), SERVICES_READY_TIMEOUT_S)
-    return platform_rows + check(cluster)
+    # The nodes said above are not said again, row by row, in the table.
+    rows = [row for row in platform_rows + check(cluster) if row.node not in unreachable]
+    return ResetOutcome(rows, unreachable)
 
 
 def _stop_units_command() -> str:
@@ -430,7 +448,7 @@ def _stop_units_command() -> str:
 def _report_failures(say, answers: dict[str, Any], what: str) -> None:
     for name, answer in answers.items():
         if isinstance(answer, BaseException):
-            say(f"  [red]{name}: {what}: {answer}[/]")
+            say(f"  [red]{name}: does not answer, skipped from here on: {answer}[/]")
         elif not answer.ok:
             say(
                 f"  [red]{name}: {what}: exit {answer.exit_code} "

@@ -57,11 +57,18 @@ def cluster_reset(inventory: str | None) -> None:
     """Back to a clean, known state; the cells with recorded results keep their scratch."""
     target = load_cluster(inventory)
     recorded = {run.cell_key for run in ResultStore.for_cluster(target.name).runs(status="ok")}
-    rows = cluster_module.reset(target, recorded_cells=recorded)
-    cluster_module.render(rows, target)
-    if cluster_module.failed(rows):
-        raise cluster_module.ClusterUnhealthy(
-            f"cluster.reset: done, but {len(cluster_module.failed(rows))} check(s) fail")
+    outcome = cluster_module.reset(target, recorded_cells=recorded)
+    silent = ", ".join(outcome.unreachable)
+    if len(outcome.unreachable) == len(target.nodes):
+        raise cluster_module.ClusterUnhealthy(f"cluster.reset: no node answers ({silent}); nothing was reset")
+    cluster_module.render(outcome.rows, target, command="cluster.reset")
+    problems = [f"{len(cluster_module.failed(outcome.rows))} check(s) fail"] if cluster_module.failed(
+        outcome.rows) else []
+    if outcome.unreachable:
+        problems.insert(0, f"{silent} did not answer and {'was' if len(outcome.unreachable) == 1 else 'were'}"
+                           " not reset")
+    if problems:
+        raise cluster_module.ClusterUnhealthy(f"cluster.reset: done, but {'; '.join(problems)}")
 
 
 def trainer_deploy(inventory: str | None) -> None:
