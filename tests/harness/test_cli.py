@@ -244,7 +244,9 @@ def test_an_unusable_results_store_is_one_line_and_stays_byte_identical(
         assert report.returncode == 2 and report.stderr.strip() == lines[0]
 
 
-def test_cluster_reset_with_no_node_answering_says_each_once_in_one_line_and_resets_nothing(loopback_inventory):
+def test_cluster_reset_with_no_node_answering_says_each_once_in_one_line_and_resets_nothing(
+    loopback_inventory,
+):
     started = time.monotonic()
     answer = invoke("cluster.reset", "-i", str(loopback_inventory))
     assert answer.returncode == 1 and time.monotonic() - started < 60
