@@ -1,0 +1,282 @@
+"""What Table B.10 measures per platform: the criteria, what each platform module says about itself, the
+study's qualitative facts (dtlab/data/study_qualitative.yml), what is computed from the repository (the
+lines a user writes, the moving parts) and each measure from the runs; Comparison holds them."""
+
+from __future__ import annotations
+
+import ast
+import io
+import tokenize
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from dtlab import platforms
+from dtlab.paths import INVENTORY_DIR, REPO_ROOT
+from dtlab.platforms import BASELINE
+from dtlab.report.aggregate import GroupKey, GroupStats, Sample
+from dtlab.report.faults import FaultSection
+from dtlab.report.numbers import fmt
+from dtlab.report.study import DISPLAY_NAMES
+from dtlab.report.tables import Table
+
+# Every registered platform (dtlab/platforms/: one module each), the study's three first. What each
+# module says about itself, as the comparison reads it:
+# - launcher_files: what the user writes to run the training core on it (the trainer's own code is the
+#   same for all; Slurm's is the driver that submits and follows the job, the sbatch options are dtlab's);
+# - variable_prefixes: which group_vars names are its own (dtlab_doctor_port is the health gate's, no
+#   platform's; tests/report/test_comparison.py checks every unit cluster.check looks for falls to one);
+# - roles: which of site.yml's roles provision it, for the provisioning time (a role's time includes
+#   the roles it imports: dtlab.provision.play_roles). Every other role (common, ssh, firewall, nvidia,
+#   docker, trainer) and the tasks outside roles serve all platforms: "shared". DDP has none of its own:
+#   torchrun runs from the trainer venv every platform uses. tests/report/test_comparison.py checks a
+#   new stage of site.yml is some platform's or named as shared;
+# - port_ranges: (first, last) variables counted as one listening entry, shown as a range.
+PLATFORMS = tuple(DISPLAY_NAMES)
+LAUNCHER_FILES = {p.name: p.launcher_files for p in platforms.ALL}
+VARIABLE_PREFIXES = {p.name: p.variable_prefixes for p in platforms.ALL}
+PLATFORM_ROLES = {p.name: p.roles for p in platforms.ALL}
+PORT_RANGES = {p.name: p.port_ranges[0] for p in platforms.ALL if p.port_ranges}
+
+STARTUP_PHASES = ("submit → trainer process", "→ first step")  # aggregate.WHOLE_RUN_PHASES' first two
+
+# name -> (what it ranks on, which way is better)
+CRITERIA = {
+    "speed": "steady-state per-epoch time (Table 5.9), faster first",
+    "startup": "submit → first step (Table B.3), faster first",
+    "recovery": "fault recovery: recovered first, then total / undisturbed time (Table B.5), lower first",
+    "reproducibility": "per-epoch validation accuracy equal to DDP's for the same seed first",
+    "adoption": "lines a user writes (its launcher's non-blank, non-comment lines), fewer first",
+    "footprint": "services and listening ports it adds (moving parts), fewer first",
+    "operations": "centralised management features (the study's Table 5.11), more first",
+    "pipelines": "training inside a data pipeline (the study's section 5.6.4) first",
+}
+
+
+# --- the study's qualitative facts -----------------------------------------------------------------
+
+
+@cache
+def study_qualitative() -> dict[str, Any]:
+    return yaml.safe_load(resources.files("dtlab").joinpath("data/study_qualitative.yml").read_text())
+
+
+def centralised_features(platform: str) -> int | None:
+    data = study_qualitative()
+    if platform not in data["platforms"]:
+        return None
+    return sum(bool(row[platform]["centralised"]) for row in data["management"]["rows"])
+
+
+def in_pipelines(platform: str) -> bool | None:
+    return study_qualitative()["pipelines"].get(platform)
+
+
+# --- what is computed from the repository ----------------------------------------------------------
+
+
+def code_lines(source: str) -> int:
+    """Non-blank lines that hold code: comments and docstrings left out."""
+    tree = ast.parse(source)
+    docstring_lines: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                docstring_lines.update(range(body[0].lineno, body[0].end_lineno + 1))
+    skipped = {
+        tokenize.COMMENT,
+        tokenize.NL,
+        tokenize.NEWLINE,
+        tokenize.INDENT,
+        tokenize.DEDENT,
+        tokenize.ENCODING,
+        tokenize.ENDMARKER,
+    }
+    lines: set[int] = set()
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type not in skipped:
+            lines.update(range(token.start[0], token.end[0] + 1))
+    return len(lines - docstring_lines)
+
+
+def launcher_lines(platform: str, root: Path = REPO_ROOT) -> int:
+    return sum(code_lines((root / path).read_text()) for path in LAUNCHER_FILES[platform])
+
+
+@dataclass(frozen=True)
+class MovingParts:
+    services: tuple[str, ...]  # systemd unit names
+    ports: tuple[str, ...]  # "7077", "10002–10999"
+
+    @property
+    def count(self) -> int:
+        return len(self.services) + len(self.ports)
+
+
+def moving_parts(platform: str, group_vars: Mapping[str, Any] | None = None) -> MovingParts:
+    """The services and listening ports the inventory names for the platform (inventory/group_vars)."""
+    if group_vars is None:
+        group_vars = yaml.safe_load((INVENTORY_DIR / "group_vars" / "all.yml").read_text())
+    mine = [k for k in group_vars if k.startswith(VARIABLE_PREFIXES[platform])]
+    ranged = PORT_RANGES.get(platform)
+    ports = [str(group_vars[k]) for k in mine if k.endswith("_port") and (not ranged or k not in ranged)]
+    if ranged:
+        ports.append(f"{group_vars[ranged[0]]}–{group_vars[ranged[1]]}")
+    services = [str(group_vars[k]) for k in mine if k.endswith("_service")]
+    return MovingParts(tuple(services), tuple(ports))
+
+
+# --- measures ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One platform's figure on one criterion. `values` are the runs behind it (min-max, n); empty with a
+    value for an exact count or a published mean; `value` None when not measured."""
+
+    value: float | None
+    shown: str
+    values: tuple[float, ...] = ()
+    exact: bool = False  # a count or a yes/no: any difference orders
+    published: bool = False  # the study's printed mean: spread not published
+
+    @property
+    def measured(self) -> bool:
+        return self.value is not None
+
+
+def _interval_text(values: Sequence[float], quantity: str, suffix: str = "") -> str:
+    n = len(values)
+    if n <= 1:
+        return f"1 run, no spread (n={n})"
+    return f"{fmt(min(values), quantity)}–{fmt(max(values), quantity)}{suffix} (n={n})"
+
+
+@dataclass
+class Comparison:
+    """Table B.10 as data: per platform, per criterion, the measure; plus the table itself."""
+
+    platforms: list[str]
+    measures: dict[str, dict[str, Measure]]  # criterion -> platform -> Measure
+    table: Table
+    study_tables: list[Table] = field(default_factory=list)
+    recommendation: Table | None = None
+    conclusion_checks: list[str] = field(default_factory=list)
+
+
+def comparison_count(groups: Mapping[GroupKey, GroupStats], short: int | None) -> int | None:
+    """The count every platform is compared at: the largest at which DDP ran the short runs, else the
+    largest any platform did."""
+    ddp = [g for f, g, e in groups if e == short and f == BASELINE]
+    counts = ddp or [g for _f, g, e in groups if e == short]
+    return max(counts) if counts else None
+
+
+def _startup(samples: Iterable[Sample], key: GroupKey) -> Measure:
+    values = tuple(
+        sum(dict(s.phases)[p] for p in STARTUP_PHASES)
+        for s in samples
+        if (s.framework, s.gpus, s.epochs) == key and all(p in dict(s.phases) for p in STARTUP_PHASES)
+    )
+    if not values:
+        return Measure(None, "no whole-run clock recorded")
+    mean = sum(values) / len(values)
+    return Measure(mean, f"{fmt(mean, 'time_s')} s; {_interval_text(values, 'time_s', ' s')}", values)
+
+
+def _speed(groups: Mapping[GroupKey, GroupStats], key: GroupKey) -> Measure:
+    stats = groups.get(key)
+    if stats is None:
+        return Measure(None, "no run")
+    framework, gpus, epochs = key
+    per_epoch = tuple(t / epochs for t in stats.times)
+    ddp = groups.get((BASELINE, gpus, epochs))
+    if framework == BASELINE:
+        overhead = "– (baseline)"
+    elif ddp is None:
+        overhead = "no DDP run"
+    else:
+        pct = (stats.time_mean / ddp.time_mean - 1) * 100
+        low = (min(stats.times) / max(ddp.times) - 1) * 100
+        high = (max(stats.times) / min(ddp.times) - 1) * 100
+        overlap = min(stats.times) <= max(ddp.times) and min(ddp.times) <= max(stats.times)
+        noise = ", within noise" if overlap else ""
+        spread = (
+            f"{fmt(low, 'overhead_pct', sign=True)}–{fmt(high, 'overhead_pct', sign=True)}%{noise}"
+            if min(stats.n, ddp.n) >= 2
+            else "1 run, no spread"
+        )
+        overhead = f"{fmt(pct, 'overhead_pct', sign=True)}% vs DDP ({spread}, n={stats.n}/{ddp.n})"
+    mean = stats.time_mean / epochs
+    return Measure(mean, f"{fmt(mean, 'per_epoch_s')} s/epoch, {overhead}", per_epoch)
+
+
+def _recovery(faults: FaultSection | None, framework: str) -> Measure:
+    outcomes = [o for o in (faults.outcomes if faults else []) if o.framework == framework]
+    if not outcomes:
+        return Measure(None, "no fault run")
+    if any(o.state == "not recovered" for o in outcomes):
+        reasons = "; ".join(o.recovered_by for o in outcomes if o.state == "not recovered")
+        return Measure(float("inf"), f"did not recover ({reasons})", (float("inf"),) * len(outcomes))
+    ratios = tuple(
+        o.total_s / o.undisturbed_s
+        for o in outcomes
+        if o.measured and o.total_s is not None and o.undisturbed_s
+    )
+    if not ratios:
+        return Measure(None, "no measured recovery (no undisturbed twin, or the fault never fired)")
+    mean = sum(ratios) / len(ratios)
+    return Measure(mean, f"{fmt(mean, 'ratio')}× undisturbed; {_interval_text(ratios, 'ratio', '×')}", ratios)
+
+
+def _reproducibility(groups: Mapping[GroupKey, GroupStats], framework: str) -> Measure:
+    if framework == BASELINE:
+        return Measure(1.0, "– (baseline)", exact=True)
+    compared, differing = 0, []
+    for (f, gpus, epochs), stats in groups.items():
+        ddp = groups.get((BASELINE, gpus, epochs))
+        if f != framework or ddp is None:
+            continue
+        theirs = {clock.seed: clock.epoch_accuracy for clock in ddp.clocks}
+        for clock in stats.clocks:
+            if clock.seed in theirs:
+                compared += 1
+                if clock.epoch_accuracy != theirs[clock.seed]:
+                    differing.append(f"{gpus}×{epochs} ep seed {clock.seed}")
+    if not compared:
+        return Measure(None, "no same-seed DDP run")
+    if differing:
+        shown = f"no: differs from DDP's ({', '.join(differing)}; {compared} compared)"
+        return Measure(0.0, shown, exact=True)
+    return Measure(
+        1.0, f"yes ({compared} same-seed run{'s' if compared != 1 else ''} equal DDP's)", exact=True
+    )
+
+
+def _exact(value: float | None, shown: str) -> Measure:
+    return Measure(value, shown, exact=True) if value is not None else Measure(None, shown)
+
+
+def _qualitative(platform: str) -> tuple[Measure, Measure]:
+    features = centralised_features(platform)
+    pipelines = in_pipelines(platform)
+    total = len(study_qualitative()["management"]["rows"])
+    outside = "not in the study"
+    return (
+        _exact(features, f"{features} of {total} (Table 5.11)" if features is not None else outside),
+        _exact(
+            None if pipelines is None else float(pipelines),
+            f"{'yes' if pipelines else 'no'} (section 5.6.4)" if pipelines is not None else outside,
+        ),
+    )
