@@ -1,4 +1,4 @@
-"""The results store: append-only, atomic, resumable, validated (dtlab/results.py)."""
+"""The results store: append-only, atomic, resumable, validated (dtlab/results/)."""
 
 import json
 import sqlite3
