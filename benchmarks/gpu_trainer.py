@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _gpu_ceiling import measure_ceiling, synchronize  # noqa: E402
 from _trainer_common import OUT_DIR, hf_dataset, hf_tokenizer, machine  # noqa: E402
 
 STUDY_GTX_1060_S_PER_EPOCH = 33.86  # Table 5.4, DDP on 1 GPU, 20 epochs (real IMDB, fp32)
@@ -107,13 +108,6 @@ def benchmark_config(args, precision: str = "fp32", compile_mode: str = "no", nu
     ).validate()
 
 
-def _synchronize() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 # --- part 1: one contender in this process -----------------------------------------------------
 
 
@@ -147,7 +141,7 @@ def run_hf(args, precision: str, cudnn_attention_on: bool = False) -> dict:
             self.marks: list[tuple[str, float]] = []
 
         def _mark(self, name):
-            _synchronize()
+            synchronize()
             self.marks.append((name, time.perf_counter()))
 
         def on_epoch_begin(self, *_, **__):
@@ -245,72 +239,9 @@ def hf_splits(cfg):
 
 
 def run_ceiling(args, variant: str) -> dict:
-    import torch
-
-    from trainer.core import prepared
-
     precision, compile_mode, num_workers, fused = CEILING_VARIANTS[variant]
     cfg = benchmark_config(args, precision, compile_mode, num_workers)
-    with prepared(cfg) as run:
-        if not fused:  # the same parameter groups and schedule, with the multi-tensor (foreach) kernels
-            from transformers import get_linear_schedule_with_warmup
-
-            run.optimizer = torch.optim.AdamW(run.optimizer.param_groups, lr=cfg.learning_rate, foreach=True)
-            run.scheduler = get_linear_schedule_with_warmup(
-                run.optimizer, cfg.warmup_steps, cfg.epochs * run.steps_per_epoch
-            )
-        run.parallel_model.train()
-
-        def step(batch):
-            batch = run._to_device(batch)
-            run.backward(run.forward(batch), batch)
-            run.optimizer_step()
-
-        run.batch_sampler.set_epoch(0)
-        for batch in run.train_loader:  # warm-up epoch: every width compiled and captured, caches warm
-            step(batch)
-        run.batch_sampler.set_epoch(1)
-        batches = iter(run.train_loader)
-        measured = min(args.ceiling_steps, (run.steps_per_epoch - 2) // 3)
-        _synchronize()
-        started = time.perf_counter()
-        for _ in range(measured):
-            step(next(batches))
-        _synchronize()
-        step_s = (time.perf_counter() - started) / measured
-
-        phases = {"data": 0.0, "forward": 0.0, "backward": 0.0, "optimizer": 0.0}
-        for _ in range(measured):
-            marks = [time.perf_counter()]
-            batch = run._to_device(next(batches))
-            _synchronize()
-            marks.append(time.perf_counter())
-            loss = run.forward(batch)
-            _synchronize()
-            marks.append(time.perf_counter())
-            run.backward(loss, batch)
-            _synchronize()
-            marks.append(time.perf_counter())
-            run.optimizer_step()
-            _synchronize()
-            marks.append(time.perf_counter())
-            for name, begin, end in zip(phases, marks, marks[1:], strict=False):
-                phases[name] += end - begin
-
-        kernel_s = None
-        if run.is_cuda:
-            activities = [torch.profiler.ProfilerActivity.CUDA]
-            with torch.profiler.profile(activities=activities) as profile:
-                for _ in range(measured):
-                    step(next(batches))
-                _synchronize()
-            kernel_s = sum(event.self_device_time_total for event in profile.key_averages()) / 1e6 / measured
-    return {
-        "step_ms": step_s * 1e3,
-        "phases_ms": {name: seconds * 1e3 / measured for name, seconds in phases.items()},
-        "kernel_ms": kernel_s * 1e3 if kernel_s is not None else None,
-        "steps": measured,
-    }
+    return measure_ceiling(cfg, fused, args.ceiling_steps)
 
 
 # --- the parent: data once, children, tables ------------------------------------------------------
