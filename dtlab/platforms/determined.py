@@ -53,8 +53,17 @@ NOT_HYPERPARAMETERS = ("output_dir", "checkpoint_dir", "cache_dir")
 TRIAL_IMAGE_PROBE_TIMEOUT_S = 300  # a first `docker run` of a large image (copying its layers) included
 
 
+def has_master(cluster: Cluster) -> bool:
+    """True where the Determined binaries are installed; the lab skips them (no download here)."""
+    return bool(cluster.require("determined_install_binaries")) and cluster.master is not None
+
+
+def postgresql_port(cluster: Cluster) -> int:
+    return int(cluster.require("postgresql_port"))
+
+
 def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
-    if not cluster.has_determined_master:
+    if not has_master(cluster):
         # Determined's DistributedContext needs the chief's address once the job spans nodes.
         chief = place(cluster, cell).slots[0].node
         return ddp.build(
@@ -329,7 +338,7 @@ class Determined(Platform):
 
     def offline_releases(self, cluster: Cluster) -> list[Release]:
         """The master's and the agents' release packages, where the inventory installs them."""
-        if not bool(cluster.require("determined_install_binaries")):  # as Cluster.has_determined_master
+        if not bool(cluster.require("determined_install_binaries")):  # as has_master
             return []
         node, node_os = cluster.master or cluster.nodes[0], str(cluster.require("dtlab_node_os"))
         version = str(cluster.var("determined_version"))
@@ -352,7 +361,7 @@ class Determined(Platform):
             return []
         units = self.units(cluster)
         rows = [self._postgresql_row(cluster, master, states, units["postgresql_service"])]
-        if not cluster.has_determined_master:
+        if not has_master(cluster):
             rows.append(CheckRow("determined", master.name, True,
                                  "binaries not installed here (determined_install_binaries: false): "
                                  "cells run the Core API off-cluster", required=False))
@@ -377,9 +386,9 @@ class Determined(Platform):
     def _postgresql_row(cluster: Cluster, master: Node, states: NodeStates, unit: str) -> CheckRow:
         if not service_state(states, master.name, unit):
             return missing_unit_row("postgresql", master, unit)
-        ready = remote.run(master, f"pg_isready -q -h 127.0.0.1 -p {cluster.postgresql_port}", timeout=20)
+        ready = remote.run(master, f"pg_isready -q -h 127.0.0.1 -p {postgresql_port(cluster)}", timeout=20)
         return CheckRow("postgresql", master.name, ready.ok,
-                        f"accepting connections on {cluster.postgresql_port}" if ready.ok
+                        f"accepting connections on {postgresql_port(cluster)}" if ready.ok
                         else f"pg_isready exit {ready.exit_code}")
 
     def gpu_rows(self, cluster: Cluster, workers: list[Node]) -> list[CheckRow]:
@@ -387,7 +396,7 @@ class Determined(Platform):
             return [CheckRow("determined slots", w.name, True, NO_GPU_CPU_INVENTORY, required=False)
                     for w in workers]
         gpu_workers = [w for w in workers if w.uses_gpu]
-        if not cluster.has_determined_master:
+        if not has_master(cluster):
             return [CheckRow("determined slots", w.name, True, "Determined not installed here",
                              required=False) for w in gpu_workers]
         try:
@@ -397,7 +406,7 @@ class Determined(Platform):
 
     def reset(self, steps: ResetSteps) -> list[CheckRow]:
         cluster = steps.cluster
-        if not cluster.has_determined_master:
+        if not has_master(cluster):
             steps.say("  not installed on this inventory; nothing to do")
             return []
         if not steps.masters:
@@ -412,7 +421,7 @@ class Determined(Platform):
         return rows
 
     def recovery(self, cluster: Cluster) -> str:
-        if cluster.has_determined_master:
+        if has_master(cluster):
             return (f"the Determined master's trial restart (max_restarts: "
                     f"{cluster.require('determined_fault_max_restarts')}), then {DTLAB_RETRY}")
         return f"{DTLAB_RETRY}, a stand-in for the Determined master's trial restart"

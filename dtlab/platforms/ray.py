@@ -36,9 +36,24 @@ LABEL = "ray (Ray Train, TorchTrainer)"
 TRAINER_MODULE = "trainer.launchers.ray"
 
 
+def head_address(cluster: Cluster) -> str:
+    """host:port of the Ray head's GCS on the master, where Ray drivers and workers join."""
+    return f"{cluster.require_master('Ray').address}:{int(cluster.require('ray_gcs_port'))}"
+
+
+def dashboard_url(cluster: Cluster) -> str:
+    """The Ray dashboard and Jobs API on the master's cluster address (token-authenticated)."""
+    return f"http://{cluster.require_master('Ray').address}:{int(cluster.require('ray_dashboard_port'))}"
+
+
+def auth_token_file(cluster: Cluster) -> str:
+    """The token file on every node (0600, dtlab_user's): RAY_AUTH_TOKEN_PATH for Ray's processes."""
+    return str(cluster.require("ray_auth_token_file"))
+
+
 def auth_env(cluster: Cluster) -> dict[str, str]:
     """What a Ray client needs to be let in: token mode and the token file's path (never the token)."""
-    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": cluster.ray_auth_token_file}
+    return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": auth_token_file(cluster)}
 
 
 def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
@@ -53,7 +68,7 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         "--num-workers",
         str(cell.gpus),
         "--address",
-        cluster.ray_head_address,
+        head_address(cluster),
         "--max-failures",
         str(int(cluster.require("ray_max_failures"))),
     ]
@@ -90,7 +105,7 @@ print(json.dumps(body))
 def api_command(cluster: Cluster, path: str, method: str = "GET") -> str:
     """The shell command, run on the master, that calls one dashboard endpoint with the token file."""
     return " ".join(shlex.quote(part) for part in (
-        cluster.python, "-c", _RAY_API_CALL, cluster.ray_dashboard_url + path, cluster.ray_auth_token_file,
+        cluster.python, "-c", _RAY_API_CALL, dashboard_url(cluster) + path, auth_token_file(cluster),
         method))
 
 

@@ -40,8 +40,16 @@ REGISTER_WAIT_S = 60  # workers re-register for a while after a restart (cluster
 TRAINER_MODULE = "trainer.launchers.spark"
 
 
+def master_port(cluster: Cluster) -> int:
+    return int(cluster.require("spark_master_port"))
+
+
+def master_webui_port(cluster: Cluster) -> int:
+    return int(cluster.require("spark_master_webui_port"))
+
+
 def master_url(cluster: Cluster) -> str:
-    return f"spark://{cluster.require_master('Spark').address}:{cluster.spark_master_port}"
+    return f"spark://{cluster.require_master('Spark').address}:{master_port(cluster)}"
 
 
 def connect_session(cluster: Cluster) -> bool:
@@ -95,7 +103,7 @@ def master_state(cluster: Cluster) -> dict[str, Any]:
     master = cluster.master
     if master is None:
         return {}
-    url = f"http://{master.address}:{cluster.spark_master_webui_port}/json/"
+    url = f"http://{master.address}:{master_webui_port(cluster)}/json/"
     probe = (
         f'{cluster.python} -c "import json,urllib.request;'
         f"s=json.load(urllib.request.urlopen('{url}', timeout=5));"

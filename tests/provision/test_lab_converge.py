@@ -223,8 +223,9 @@ SPARK_APP = (
 def test_spark_master_lists_both_workers_alive(provisioned_lab, cluster):
     lab, _ = provisioned_lab
     master = cluster.master
+    url = f"http://{master.address}:{platforms.spark.master_webui_port(cluster)}/json/"
     state = on(lab, master.name, f"python3 -c \"import urllib.request; print(urllib.request.urlopen("
-                                 f"'http://{master.address}:{cluster.spark_master_webui_port}/json/').read().decode())\"")
+                                 f"'{url}').read().decode())\"")
     workers = json.loads(state.stdout)["workers"]
     alive = sorted(w["host"] for w in workers if w["state"] == "ALIVE")
     assert alive == sorted(w.address for w in cluster.workers)
@@ -233,7 +234,7 @@ def test_spark_master_lists_both_workers_alive(provisioned_lab, cluster):
 def test_spark_master_ui_cannot_kill_applications(provisioned_lab, cluster):
     lab, _ = provisioned_lab
     master = cluster.master
-    ui = f"http://{master.address}:{cluster.spark_master_webui_port}"
+    ui = f"http://{master.address}:{platforms.spark.master_webui_port(cluster)}"
     kill = on(lab, master.name, f"curl -s -o /dev/null -w '%{{http_code}}' -X POST "
                                 f"'{ui}/app/kill/?id=app-00000000000000-0000&terminate=true'")
     assert kill.stdout.strip() == "405", kill.stdout + kill.stderr  # no kill handler on the master UI
@@ -292,8 +293,8 @@ def test_ray_head_lists_both_workers_alive_offering_what_spark_offers(provisione
     workers = {n["node_ip"]: n["resources_total"] for n in nodes if not n["is_head_node"]}
     assert sorted(workers) == sorted(w.address for w in cluster.workers)
     # The same slots as Spark: each Ray worker's CPUs are its Spark worker's cores; no GPU in the lab.
-    spark = json.loads(on(lab, cluster.master.name, "curl -s -m 30 "
-                          f"http://{cluster.master.address}:{cluster.spark_master_webui_port}/json/").stdout)
+    spark_url = f"http://{cluster.master.address}:{platforms.spark.master_webui_port(cluster)}/json/"
+    spark = json.loads(on(lab, cluster.master.name, f"curl -s -m 30 {spark_url}").stdout)
     spark_cores = {w["host"]: w["cores"] for w in spark["workers"] if w["state"] == "ALIVE"}
     assert {address: resources.get("CPU") for address, resources in workers.items()} == spark_cores
     # On the cpu lab exactly one cell process's threads (dtlab_worker_cores): no second rank fits on a worker.
@@ -543,8 +544,9 @@ def test_determined_configs_parse_and_carry_the_inventory_values(provisioned_lab
     lab, _ = provisioned_lab
     master = yaml.safe_load(on(lab, cluster.master.name, "cat /etc/determined/master.yaml").stdout)
     assert master["port"] == cluster.determined_master_port
-    assert master["db"] == {"host": "127.0.0.1", "port": cluster.postgresql_port, "name": "determined",
-                            "user": "determined", "password": secret(cluster, "determined_db_password")}
+    assert master["db"] == {"host": "127.0.0.1", "port": platforms.determined.postgresql_port(cluster),
+                            "name": "determined", "user": "determined",
+                            "password": secret(cluster, "determined_db_password")}
     assert master["checkpoint_storage"]["type"] == "shared_fs"
     assert master["checkpoint_storage"]["host_path"] == cluster.var("determined_checkpoint_host_path")
     assert master["resource_manager"]["scheduler"]["type"] == "priority"

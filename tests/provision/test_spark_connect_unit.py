@@ -15,7 +15,7 @@ import pytest
 
 from dtlab import paths
 from dtlab.inventory import load_cluster
-from dtlab.platforms.spark import executor_env
+from dtlab.platforms.spark import executor_env, master_port
 from tests.sparkcluster import SparkStandaloneCluster
 from trainer.launchers._spark import CONNECT_TOKEN_ENV, spark_conf
 
@@ -61,7 +61,7 @@ def test_the_servers_conf_is_what_a_standalone_cell_sets_for_itself(cluster, thr
     assert conf["spark.connect.grpc.binding.address"] == "127.0.0.1"  # pyspark sends its token only there
     assert conf["spark.connect.grpc.binding.port"] == str(cluster.var("spark_connect_port"))
     assert argv[argv.index("--name") + 1] == cluster.var("spark_connect_service")
-    assert argv[argv.index("--master") + 1] == f"spark://{cluster.master.address}:{cluster.spark_master_port}"
+    assert argv[argv.index("--master") + 1] == f"spark://{cluster.master.address}:{master_port(cluster)}"
 
 
 def test_the_token_comes_from_the_env_file_and_never_from_argv(cluster):
