@@ -20,13 +20,10 @@ from dtlab.pins import pinned  # noqa: E402
 
 # Its own instance, so running the tests never touches a user's lab ("dtlab") or another engineer's.
 TEST_LAB_NAME = os.environ.get("DTLAB_TEST_LAB_NAME", "dtlabtest")
-# Keep the test lab's node state between sessions (faster reruns, e.g. while writing roles).
-KEEP_TEST_LAB = os.environ.get("DTLAB_TEST_LAB_KEEP") == "1"
-# Test-only torch for the nodes before provisioning exists: a venv of /usr/bin/python3 (the nodes'
-# interpreter, Debian's 3.11), built on the controller and bind-mounted read-only into the test lab.
-LAB_TEST_VENV_MOUNT = "/opt/dtlab/testvenv"
 LAB_TEST_TORCH = f"torch=={pinned('torch')}"
 LAB_TEST_WHEELS = "/opt/wheels"
+# The fixtures whose tests need the lab converged: with one of them selected, the lab step converges it.
+CONVERGED_LAB_FIXTURES = {"provisioned_lab", "harness_lab"}
 
 
 def _claim_test_lab_name():
@@ -45,30 +42,40 @@ def _claim_test_lab_name():
     pytest.fail(f"five pytest sessions already use test labs {TEST_LAB_NAME}..{TEST_LAB_NAME}5")
 
 
-def _lab_test_venv_dir():
-    from dtlab import paths
-
-    return paths.STATE_DIR / "lab-testvenv"
-
-
 class LabPreparation:
-    """The session lab's two slow builds (tests/lab_session.py), each a process started when collection is
-    done; `wait()` returns when both have ended and fails the calling test with the log of one that failed.
+    """The session lab's three steps (tests/lab_session.py), each a process of its own: the two builds,
+    started when collection is done, then the lab's start (and first converge), started by `advance()`
+    between tests once both builds have ended well. `wait()` returns when the steps have ended and fails
+    the calling test with the log of one that failed.
     """
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, converge: bool):
         self.name = name
-        self.processes = {}
-        for step in lab_session.STEPS:
-            log = lab_session.log_path(name, step)
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with log.open("w") as out:
-                self.processes[step] = subprocess.Popen(
-                    [sys.executable, lab_session.__file__, step, name], stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self.converge = converge
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.taken_down = False
+        for step in lab_session.BUILD_STEPS:
+            self._start(step)
+
+    def _start(self, step: str, *args: str) -> None:
+        log = lab_session.log_path(self.name, step)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as out:
+            self.processes[step] = subprocess.Popen(
+                [sys.executable, lab_session.__file__, step, self.name, *args], stdout=out,
+                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def advance(self) -> None:
+        """Starts the lab step if both builds have ended well and it has not started (cheap: polls)."""
+        builds = [self.processes[step] for step in lab_session.BUILD_STEPS]
+        if lab_session.LAB_STEP not in self.processes and all(build.poll() == 0 for build in builds):
+            self._start(lab_session.LAB_STEP, *(["--converge"] if self.converge else []))
 
     def wait(self, step: str | None = None) -> None:
+        """Until `step` has ended (None: all three, the lab's start last)."""
         for each in [step] if step else lab_session.STEPS:
+            if each == lab_session.LAB_STEP:
+                self.advance()  # the builds before it ended well, or a failed one failed the test
             process = self.processes[each]
             try:
                 process.wait(timeout=lab_session.PREPARE_TIMEOUT_S)
@@ -76,27 +83,48 @@ class LabPreparation:
                 self.stop()
             if process.returncode != 0:
                 log = lab_session.log_path(self.name, each)
-                pytest.fail(f"the test lab's {each} did not build (exit {process.returncode}); {log}:\n"
+                pytest.fail(f"the test lab's {each} step failed (exit {process.returncode}); {log}:\n"
                             + log.read_text(errors="replace")[-4000:])
 
     def stop(self) -> None:
-        """Ends a build still running (by its own process group), as the session ends early."""
+        """Ends a step still running (by its own process group), and takes down a lab the lab step
+        started: also when the session ends before any lab test ran."""
         from dtlab.waiting import stop_process_group
 
         for process in self.processes.values():
             stop_process_group(process)
+        if lab_session.LAB_STEP in self.processes:
+            self.take_down()
+
+    def take_down(self) -> None:
+        """The lab down (wiped unless DTLAB_TEST_LAB_KEEP=1), once."""
+        import dtlab.lab
+
+        if not self.taken_down:
+            self.taken_down = True
+            dtlab.lab.down(self.name, wipe=not lab_session.KEEP_TEST_LAB)
 
 
 def pytest_collection_finish(session):
     """With lab tests selected (and root): claim the session's lab name, start its builds, and run the lab
-    tests last, so that the tests that need no lab run while the bundle and the image build."""
+    tests last, so that the tests that need no lab run while the lab is prepared."""
     lab_items = [item for item in session.items if item.get_closest_marker("lab")]
     session.config.dtlab_lab = None
     if not lab_items or os.geteuid() != 0 or session.config.option.collectonly:
         return
+    converge = not lab_session.EXISTING_LAB_INVENTORY and any(
+        CONVERGED_LAB_FIXTURES & set(item.fixturenames) for item in lab_items)
     name, session_lock = _claim_test_lab_name()  # parallel sessions never share (and wipe) one lab
-    session.config.dtlab_lab = (name, session_lock, LabPreparation(name))
+    session.config.dtlab_lab = (name, session_lock, LabPreparation(name, converge))
     session.items[:] = [item for item in session.items if not item.get_closest_marker("lab")] + lab_items
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Between tests: start the lab step as soon as the builds allow."""
+    claimed = getattr(item.config, "dtlab_lab", None)
+    if claimed:
+        claimed[2].advance()
 
 
 def pytest_unconfigure(config):
@@ -120,9 +148,9 @@ def lab(request, lab_preparation):
 
     An offline lab (`invoke lab.up --bundle`): no apt proxy, so its nodes have no way out, and every converge
     installs from the bundle built first (tests/lab_session.py); every lab test, the smoke matrix among them,
-    runs on nodes that fetched nothing from outside (#32). Fresh nodes each session (unless
-    DTLAB_TEST_LAB_KEEP=1); always brought down at the end, also when a test or lab.up itself fails. Needs
-    root.
+    runs on nodes that fetched nothing from outside (#32). Brought up (and converged, for `provisioned_lab`)
+    in the background while the other tests run. Fresh nodes each session (unless DTLAB_TEST_LAB_KEEP=1);
+    always brought down at the end, also when a test fails or the session ends early. Needs root.
     """
     import dtlab.lab
 
@@ -130,25 +158,17 @@ def lab(request, lab_preparation):
         pytest.skip("the lab needs root")
     if lab_preparation is None:  # only a test marked lab gets the lab prepared (pytest_collection_finish)
         pytest.fail("a test that uses the session lab must be marked lab (tests/conftest.py prepares it)")
-    name = lab_preparation.name
-    _lab_test_venv_dir().mkdir(parents=True, exist_ok=True)  # filled on demand by lab_torch_python
     lab_preparation.wait()
-    problems = lab_session.verify_bundle(name)
-    if problems:
-        pytest.fail("the test lab's offline bundle does not verify:\n" + "\n".join(problems))
     try:
-        if not KEEP_TEST_LAB:
-            dtlab.lab.down(name, wipe=True)  # a crashed session's leftovers
-        yield dtlab.lab.up(name, binds={str(_lab_test_venv_dir()): LAB_TEST_VENV_MOUNT},
-                           bundle=lab_session.bundle_dir(name))
+        yield dtlab.lab.load_config(lab_preparation.name)
     finally:
-        dtlab.lab.down(name, wipe=not KEEP_TEST_LAB)
+        lab_preparation.take_down()
 
 
 @pytest.fixture(scope="session")
 def lab_torch_python(lab):
     """Path, inside the test lab's nodes, of a python3 that has torch (built once, cached in .dtlab/)."""
-    venv_dir = _lab_test_venv_dir()
+    venv_dir = lab_session.lab_test_venv_dir()
     if not (venv_dir / "complete").exists():
         subprocess.run(["/usr/bin/python3", "-m", "venv", "--clear", str(venv_dir)], check=True, timeout=300)
         # As the trainer role does: no byte-compiling of torch's 18,000 modules, then the ones the tests
@@ -158,15 +178,14 @@ def lab_torch_python(lab):
         subprocess.run([str(venv_dir / "bin/python"), "-c", "import torch, torch.distributed.run"],
                        check=True, timeout=300, env={**os.environ, "PYTHONDONTWRITEBYTECODE": ""})
         (venv_dir / "complete").write_text(LAB_TEST_TORCH + "\n")
-    return f"{LAB_TEST_VENV_MOUNT}/bin/python"
+    return f"{lab_session.LAB_TEST_VENV_MOUNT}/bin/python"
 
 
 # --- lab tests: time for the session's lab in whichever test comes first ------------------------------
 
-# The first lab test pays in its setup for the session's lab (and, for most, its converge): on a fresh
-# machine the lab image, the wheelhouse, the Horovod build and three node venvs, while `invoke test` runs
-# the other tests beside it. That took the converge past pytest's 1200 s once (CI, 2026-11-26, with a
-# helper's tests running too). A lab test without its own limit gets an hour.
+# The first lab test waits in its setup for whatever of the session's lab is not ready yet: on a fresh
+# machine the lab image, the bundle with Horovod's compile, the lab's start and its first converge, while
+# `invoke test` runs the other tests beside them. A lab test without its own limit gets an hour.
 LAB_TEST_TIMEOUT_S = 3600
 
 
@@ -192,7 +211,7 @@ def provisioned_lab(lab):
     """
     from dtlab import provision
 
-    result = provision.converge(lab.inventory_path)
+    result = lab_session.load_converge_result(lab.name) or provision.converge(lab.inventory_path)
     if not result.ok:
         pytest.fail(f"site.yml did not converge on the test lab: {result.summary()}\n{result.output[-4000:]}")
     return lab, result

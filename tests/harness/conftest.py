@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import textwrap
 from pathlib import Path
 
 import pytest
 from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, GPU_CLUSTER_4X2, write_inventory
+from lab_session import EXISTING_LAB_INVENTORY  # a provisioned lab instead of the session's
 
 
 @pytest.fixture
@@ -44,10 +44,6 @@ def matrix_file(tmp_path):
         return path
 
     return write
-
-
-# A lab that is already provisioned (e.g. inventory/lab-<yours>.yml) instead of the session's test lab.
-EXISTING_LAB_INVENTORY = os.environ.get("DTLAB_HARNESS_TEST_INVENTORY")
 
 
 @pytest.fixture(scope="session")

@@ -586,6 +586,25 @@ def test_trainer_environment_is_identical_on_every_node(provisioned_lab, cluster
         assert on(lab, node.name, f"PYTHONDONTWRITEBYTECODE=1 {probe}").stdout.split() == ["True", "False"]
 
 
+def task_outcomes(output: str, task: str) -> dict[str, str]:
+    """host -> outcome (ok, changed, skipping, ...) of one task in a converge's output."""
+    block = output.split(f"TASK [{task}]", 1)[1].split("TASK [", 1)[0]
+    return dict((host, outcome) for outcome, host in re.findall(r"^(\w+): \[([\w.-]+)\]", block, re.M))
+
+
+def test_the_lab_installs_the_venv_on_its_first_node_and_copies_it_to_the_others(provisioned_lab, cluster):
+    """trainer_venv_share_dir (group_vars/lab.yml): one pip install on the 2 cores the nodes share, not
+    three; the copy's bytecode and pins are checked on every node above. The copy leaves nothing behind."""
+    lab, first = provisioned_lab
+    first_node, *others = lab.node_names
+    installed = task_outcomes(first.output, "trainer : Install the pinned packages into the venv")
+    unpacked = task_outcomes(first.output, "trainer : Unpack the copy")
+    assert installed == {first_node: "changed", **dict.fromkeys(others, "skipping")}, installed
+    assert unpacked == {first_node: "skipping", **dict.fromkeys(others, "changed")}, unpacked
+    shared = cluster.var("dtlab_shared_checkpoint_dir")  # the lab's trainer_venv_share_dir
+    assert on(lab, first_node, f"ls -A {shared} | grep -c dtlab-venv || true").stdout.strip() == "0"
+
+
 # --- restarts on change (roles/systemd_units) ---------------------------------------------------------
 
 def test_a_changed_file_restarts_its_own_service_alone(provisioned_lab, cluster, second_converge):
