@@ -62,11 +62,9 @@ def cluster_reset(inventory: str | None) -> None:
     if len(outcome.unreachable) == len(target.nodes):
         raise cluster_module.ClusterUnhealthy(f"cluster.reset: no node answers ({silent}); nothing was reset")
     cluster_module.render(outcome.rows, target, command="cluster.reset")
-    problems = [f"{len(cluster_module.failed(outcome.rows))} check(s) fail"] if cluster_module.failed(
-        outcome.rows) else []
-    if outcome.unreachable:
-        problems.insert(0, f"{silent} did not answer and {'was' if len(outcome.unreachable) == 1 else 'were'}"
-                           " not reset")
+    failing = cluster_module.failed(outcome.rows)
+    problems = ([f"{silent} did not answer (not reset)"] if outcome.unreachable else []) + (
+        [f"{len(failing)} check(s) fail"] if failing else [])
     if problems:
         raise cluster_module.ClusterUnhealthy(f"cluster.reset: done, but {'; '.join(problems)}")
 

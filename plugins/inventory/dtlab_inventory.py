@@ -66,7 +66,9 @@ def _runs_site_yml() -> bool:
 
     if any(context.CLIARGS.get(flag) for flag in ("syntax", "listhosts", "listtasks", "listtags")):
         return False
-    site = (REPO_ROOT / "site.yml").resolve()
+    from dtlab.paths import SITE_PLAYBOOK
+
+    site = SITE_PLAYBOOK.resolve()
     return any(Path(argument).resolve() == site for argument in context.CLIARGS.get("args") or ())
 
 
