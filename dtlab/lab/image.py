@@ -152,7 +152,9 @@ def _make_node_neutral(rootfs: Path) -> None:
     (rootfs / "etc/resolv.conf").write_text("")  # empty on purpose: torchrun stalls on DNS otherwise
     (rootfs / "etc/machine-id").write_text("")
     (rootfs / "etc/hostname").unlink(missing_ok=True)
-    # Installed but not started: only the master runs PostgreSQL, and its role enables it there.
-    if (rootfs / "lib/systemd/system/postgresql.service").exists():
-        subprocess.run(["chroot", str(rootfs), "systemctl", "disable", "postgresql.service"],
-                       capture_output=True, timeout=60, check=True)
+    # Installed but not started: only the master runs PostgreSQL, and its role enables it there. The docker
+    # role starts Docker once its daemon.json is written (a node may not touch iptables, Docker's default).
+    for unit in ("postgresql.service", "docker.service", "docker.socket", "containerd.service"):
+        if (rootfs / "lib/systemd/system" / unit).exists():
+            subprocess.run(["chroot", str(rootfs), "systemctl", "disable", unit],
+                           capture_output=True, timeout=60, check=True)

@@ -25,6 +25,7 @@ from dtlab.report import build_report
 from dtlab.report.aggregate import whole_run_phases
 from dtlab.results import ResultStore
 from dtlab.waiting import wait_until
+from trainer.launchers._spark import CONNECT_LABEL, STANDALONE_LABEL
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -353,54 +354,65 @@ def test_ray_and_spark_cells_are_refused_in_preflight_at_once_when_a_worker_daem
     assert before <= {(r.cell_key, r.attempt, r.status, r.recorded_at) for r in store.runs(status=None)}
 
 
-def test_with_spark_session_connect_spark_cells_run_on_the_masters_connect_server(harness_lab):
-    """Issue #29, Spark at its best: the spark role runs a Spark Connect server on the master, cluster.check
-    sees it hold the largest cell's cores, a spark cell runs as its session (labelled so) to the numbers
-    ddp trains to, a killed training process is recovered by dtlab's retry on the same server, and
-    cluster.reset restarts it. Converging back to application removes it."""
+def test_spark_cells_run_on_the_connect_server_and_as_their_own_application_where_asked(harness_lab):
+    """Issues #29 and #50, Spark at its best: the lab runs each spark cell as a session on the master's
+    Spark Connect server (group_vars/lab.yml). cluster.check sees it hold the largest cell's cores, a killed
+    training process is recovered by dtlab's retry on the same server, a worker's loss is survived, and
+    cluster.reset restarts it. Converged to spark_session: application (the study's setup) the server is
+    removed and a cell runs as its own application, to the same numbers; converged back, the server holds
+    its cores again."""
     cluster, env = harness_lab
-    connect_inventory = lab_inventory.variant(cluster.inventory_path, "connect", spark_session="connect")
+    assert platforms.spark.connect_session(cluster)  # the lab's own setting, not a variant's
     unit = str(cluster.require("spark_connect_service"))
     store = ResultStore.for_cluster(cluster.name)
-    try:
-        converged = provision.converge(connect_inventory, tags=["spark"])
-        assert converged.ok, converged.summary()
-        assert remote.unit_state(cluster.master, unit, timeout=30) == "active"
-        needs = f"{unit} active; 2 cores granted, the largest cell needs 2"
-        checked = invoke("cluster.check", "-i", str(connect_inventory), env=env, timeout=300)
-        assert checked.returncode == 0 and needs in " ".join(checked.stdout.replace("│", " ").split()), (
-            checked.stdout[-3000:])
-        ran = invoke("bench.all", "-i", str(connect_inventory), "--only", "spark-g2", "--force",
-                     "--no-report", "--skip-gate", env=env, timeout=600)
-        assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
-        # The faults profile's kill of a training process: the session's job fails, dtlab's retry resumes.
-        faulted = invoke("bench.faults", "-i", str(connect_inventory), "--only", "spark-g2-e2-s0-kill",
-                         "--force", "--no-report", "--skip-gate", env=env, timeout=900)
-        assert faulted.returncode == 0, faulted.stdout[-3000:] + faulted.stderr[-2000:]
-        # A worker lost for a while (powered off and on): the server's executor there is lost and replaced.
-        # The replacement must wait for a free core on that worker, never take one beside the survivor.
-        import dtlab.lab
+    inventory = str(cluster.inventory_path)
+    assert remote.unit_state(cluster.master, unit, timeout=30) == "active"
+    needs = f"{unit} active; 2 cores granted, the largest cell needs 2"
+    checked = invoke("cluster.check", "-i", inventory, env=env, timeout=300)
+    assert checked.returncode == 0 and needs in " ".join(checked.stdout.replace("│", " ").split()), (
+        checked.stdout[-3000:])
+    ran = invoke("bench.all", "-i", inventory, "--only", "spark-g2", "--force", "--no-report", "--skip-gate",
+                 env=env, timeout=600)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
+    # The faults profile's kill of a training process: the session's job fails, dtlab's retry resumes.
+    faulted = invoke("bench.faults", "-i", inventory, "--only", "spark-g2-e2-s0-kill", "--force",
+                     "--no-report", "--skip-gate", env=env, timeout=900)
+    assert faulted.returncode == 0, faulted.stdout[-3000:] + faulted.stderr[-2000:]
+    # A worker lost for a while (powered off and on): the server's executor there is lost and replaced.
+    # The replacement must wait for a free core on that worker, never take one beside the survivor.
+    import dtlab.lab
 
-        dtlab.lab.restart_node(cluster.workers[-1].name, str(cluster.var("dtlab_lab_name")))
-        after_loss = invoke("bench.all", "-i", str(connect_inventory), "--only", "spark-g2", "--force",
+    dtlab.lab.restart_node(cluster.workers[-1].name, str(cluster.var("dtlab_lab_name")))
+    after_loss = invoke("bench.all", "-i", inventory, "--only", "spark-g2", "--force", "--no-report",
+                        "--skip-gate", env=env, timeout=600)
+    assert after_loss.returncode == 0, after_loss.stdout[-3000:] + after_loss.stderr[-2000:]
+    reset = invoke("cluster.reset", "-i", inventory, env=env, timeout=600)
+    assert reset.returncode == 0 and "restart spark connect" not in reset.stdout, reset.stdout[-3000:]
+    assert "then the Connect server where it runs" in reset.stdout  # its step ran, and nothing failed
+    assert platforms.spark.wait_for_connect_cores(cluster, 2, 120) == 2  # its executors are back
+    # The study's setup: converged to application, the server and its token file are gone.
+    application_inventory = lab_inventory.variant(cluster.inventory_path, "application",
+                                                  spark_session="application")
+    try:
+        converged = provision.converge(application_inventory, tags=["spark"])
+        assert converged.ok, converged.summary()
+        listed = remote.run(cluster.master, f"systemctl list-unit-files --plain --no-legend {unit}.service; "
+                                            f"ls {cluster.var('spark_connect_env_file')} 2>&1 || true")
+        assert unit not in listed.stdout and "No such file" in listed.stdout, listed.stdout
+        standalone = invoke("bench.all", "-i", str(application_inventory), "--only", "spark-g2", "--force",
                             "--no-report", "--skip-gate", env=env, timeout=600)
-        assert after_loss.returncode == 0, after_loss.stdout[-3000:] + after_loss.stderr[-2000:]
-        reset = invoke("cluster.reset", "-i", str(connect_inventory), env=env, timeout=600)
-        assert reset.returncode == 0 and "restart spark connect" not in reset.stdout, reset.stdout[-3000:]
-        assert "then the Connect server where it runs" in reset.stdout  # its step ran, and nothing failed
-        assert platforms.spark.wait_for_connect_cores(cluster, 2, 120) == 2  # its executors are back
+        assert standalone.returncode == 0, standalone.stdout[-3000:] + standalone.stderr[-2000:]
     finally:
         back = provision.converge(cluster.inventory_path, tags=["spark"])
-        connect_inventory.unlink()
+        application_inventory.unlink()
     assert back.ok, back.summary()
-    listed = remote.run(cluster.master, f"systemctl list-unit-files --plain --no-legend {unit}.service; "
-                                        f"ls {cluster.var('spark_connect_env_file')} 2>&1 || true")
-    assert unit not in listed.stdout and "No such file" in listed.stdout, listed.stdout
-    # The two Connect runs of spark-g2, before the worker's loss and after it (the smoke test's is older).
-    spark, after_loss_run = sorted(store.runs(status="ok", cell_key="spark-g2-e2-s0"),
-                                   key=lambda run: run.attempt)[-2:]
-    assert {run.result["framework_label"].startswith("spark (TorchDistributor, Spark Connect)")
-            for run in (spark, after_loss_run)} == {True}
+    assert remote.unit_state(cluster.master, unit, timeout=30) == "active"
+    assert platforms.spark.wait_for_connect_cores(cluster, 2, 120) == 2
+    spark_runs = sorted(store.runs(status="ok", cell_key="spark-g2-e2-s0"), key=lambda run: run.attempt)
+    # The last three: on the server before the worker's loss and after it, then the application's.
+    spark, after_loss_run, own_application = spark_runs[-3:]
+    setups = [run.result["framework_label"].split(" + ")[0] for run in spark_runs[-3:]]
+    assert setups == [CONNECT_LABEL, CONNECT_LABEL, STANDALONE_LABEL], setups
     recovered = max(store.runs(status=None, cell_key="spark-g2-e2-s0-kill-after1"), key=lambda run: run.id)
     record = recovered.fault_record
     assert recovered.status == "ok" and record["outcome"] == "recovered", (recovered.reason, record)
@@ -411,9 +423,9 @@ def test_with_spark_session_connect_spark_cells_run_on_the_masters_connect_serve
     # After the worker's loss still one rank per worker: each worker offers one process's cores. With a
     # second core to spare, the survivor took the replacement executor and both ranks ran there.
     assert after_loss_run.result["nodes"] == 2, after_loss_run.result["hostnames"]
-    assert _trajectory(after_loss_run) == _trajectory(spark)
-    baseline = invoke("bench.all", "-i", str(cluster.inventory_path), "--only", "ddp-g2", "--no-report",
-                      "--skip-gate", env=env, timeout=600)  # already recorded by the smoke test: nothing runs
+    assert _trajectory(after_loss_run) == _trajectory(spark) == _trajectory(own_application)
+    baseline = invoke("bench.all", "-i", inventory, "--only", "ddp-g2", "--no-report", "--skip-gate", env=env,
+                      timeout=600)  # already recorded by the smoke test: nothing runs
     assert baseline.returncode == 0, baseline.stdout[-3000:]
     ddp = max(store.runs(status="ok", cell_key="ddp-g2-e2-s0"), key=lambda run: run.attempt)
     assert _trajectory(spark) == _trajectory(ddp)

@@ -125,11 +125,11 @@ def test_an_inventory_variant_sets_its_host_vars_over_group_vars_and_leaves_the_
     original = inventory_dir / "lab-dtlabtest.yml"
     original.write_text(inventory.render(config.load_config("dtlabtest")))
     before = original.read_text()
-    variant = inventory.variant(original, "connect", spark_session="connect")
-    assert variant == inventory_dir / "lab-dtlabtest-connect.yml" and original.read_text() == before
+    variant = inventory.variant(original, "application", spark_session="application")
+    assert variant == inventory_dir / "lab-dtlabtest-application.yml" and original.read_text() == before
     varied, plain = load_cluster(variant), load_cluster(original)
-    assert [node.var("spark_session") for node in varied.nodes] == ["connect"] * len(varied.nodes)
-    assert plain.master.var("spark_session") == "application"  # group_vars/all.yml's
+    assert [node.var("spark_session") for node in varied.nodes] == ["application"] * len(varied.nodes)
+    assert plain.master.var("spark_session") == "connect"  # group_vars/lab.yml's, over all.yml's
     assert [n.address for n in varied.nodes] == [n.address for n in plain.nodes]
 
 

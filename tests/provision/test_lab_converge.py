@@ -249,8 +249,16 @@ def test_spark_runs_an_app_with_the_secret_and_refuses_one_without(provisioned_l
     lab, _ = provisioned_lab
     master = cluster.master
     spark_conf_dir = cluster.var("spark_conf_dir")
-    with_secret = on(lab, master.name, as_service_user(
-        cluster, f"SPARK_CONF_DIR={spark_conf_dir} {cluster.python} -c \"{SPARK_APP}\""), timeout=300)
+    # The lab's Connect server (spark_session: connect) holds every worker's cores: an app of its own would
+    # wait for executors, so the server stands aside while this one runs.
+    connect_unit = cluster.var("spark_connect_service")
+    assert platforms.spark.connect_session(cluster)
+    on(lab, master.name, f"systemctl stop {connect_unit}")
+    try:
+        with_secret = on(lab, master.name, as_service_user(
+            cluster, f"SPARK_CONF_DIR={spark_conf_dir} {cluster.python} -c \"{SPARK_APP}\""), timeout=300)
+    finally:
+        on(lab, master.name, f"systemctl start {connect_unit}")
     assert "COUNT 100" in with_secret.stdout, with_secret.stderr[-3000:]
     # The same app, but with a configuration that lacks the secret: the master must refuse it.
     without_secret = on(lab, master.name, as_service_user(
@@ -261,6 +269,8 @@ def test_spark_runs_an_app_with_the_secret_and_refuses_one_without(provisioned_l
     unit = cluster.var("spark_master_service")
     log = on(lab, master.name, f"journalctl -u {unit} --since '-3min' --no-pager")
     assert "Expected SaslMessage, received something else" in log.stdout, log.stdout[-3000:]
+    needed = platforms.spark.cores_needed(cluster, cluster.max_gpus)  # as it was: the server holds its cores
+    assert platforms.spark.wait_for_connect_cores(cluster, needed, 120) >= needed
 
 
 # --- Ray ---------------------------------------------------------------------------------------------
