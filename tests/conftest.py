@@ -215,3 +215,48 @@ def provisioned_lab(lab):
     if not result.ok:
         pytest.fail(f"site.yml did not converge on the test lab: {result.summary()}\n{result.output[-4000:]}")
     return lab, result
+
+
+# --- loopback clusters: one real Spark and one real Ray on 127.0.0.1, started once a session ----------
+# The Spark launcher's tests and the Connect unit's wait share the Spark cluster, the Ray launcher's and the
+# Ray probe's tests the Ray one (issue #50: each was started once per module). Each stops by PID at the end
+# of the session, and the teardown fails if anything of it is left running.
+
+
+def _stop_and_confirm_none_left(cluster, tree) -> None:
+    import psutil
+
+    cluster.stop()
+    left = [process.pid for process in tree
+            if process.is_running() and process.status() != psutil.STATUS_ZOMBIE]
+    assert not left, f"{type(cluster).__name__}: processes left after stop(): {left}"
+
+
+@pytest.fixture(scope="session")
+def loopback_spark():
+    """A standalone master and 2 workers of 1 core, with spark.authenticate (its `auth_secret`)."""
+    import secrets
+
+    import psutil
+
+    from tests.sparkcluster import SparkStandaloneCluster
+
+    with SparkStandaloneCluster(workers=2, cores_per_worker=1, auth_secret=secrets.token_hex(16)) as cluster:
+        yield cluster
+        tree = [psutil.Process(pid) for pid in cluster.pids()]
+        tree += [child for process in tree for child in process.children(recursive=True)]
+        _stop_and_confirm_none_left(cluster, tree)
+
+
+@pytest.fixture(scope="session")
+def loopback_ray():
+    """A head with no CPUs and 2 worker raylets of 1 CPU, with token authentication."""
+    import psutil
+
+    from tests.raycluster import RayCluster
+
+    with RayCluster(workers=2, cpus_per_worker=1) as cluster:
+        yield cluster
+        tree = [*cluster.descendants(), *(psutil.Process(p.pid) for p in cluster.processes)]
+        _stop_and_confirm_none_left(cluster, tree)
+        assert not cluster.scratch.exists(), cluster.scratch

@@ -15,7 +15,6 @@ from dtlab.inventory import load_cluster
 from dtlab.platforms import ray
 from dtlab.remote import CommandResult
 from dtlab.waiting import wait_until
-from tests.raycluster import RayCluster
 
 pytestmark = pytest.mark.slow  # a Ray head and a worker raylet start (~20 s)
 
@@ -32,15 +31,9 @@ LOOPBACK_MASTER = """\
 """
 
 
-@pytest.fixture(scope="module")
-def ray_head():
-    with RayCluster(workers=1) as cluster:
-        yield cluster
-
-
-def cluster_for(ray_head, tmp_path, token_file):
+def cluster_for(loopback_ray, tmp_path, token_file):
     site = (f"dtlab_device: cpu\ndtlab_venv_dir: {sys.prefix}\n"
-            f"ray_dashboard_port: {ray_head.dashboard_port}\nray_auth_token_file: {token_file}\n")
+            f"ray_dashboard_port: {loopback_ray.dashboard_port}\nray_auth_token_file: {token_file}\n")
     return load_cluster(write_inventory(tmp_path, LOOPBACK_MASTER, group_vars={"all": site}))
 
 
@@ -51,16 +44,17 @@ def on_master(cluster, path, method="GET"):
     return ray.parse_api(CommandResult("n0", done.returncode, done.stdout, done.stderr), "n0", path)
 
 
-def test_the_probe_lists_the_alive_worker_with_its_cpu_and_not_the_head(ray_head, tmp_path):
-    cluster = cluster_for(ray_head, tmp_path, ray_head.token_path)
-    [worker] = ray.alive_workers_in(on_master(cluster, ray.NODES_PATH))
-    assert worker["resources_total"]["CPU"] == 1 and worker["state"] == "ALIVE"
+def test_the_probe_lists_the_alive_workers_with_their_cpu_and_not_the_head(loopback_ray, tmp_path):
+    cluster = cluster_for(loopback_ray, tmp_path, loopback_ray.token_path)
+    workers = ray.alive_workers_in(on_master(cluster, ray.NODES_PATH))
+    assert len(workers) == loopback_ray.workers == 2  # the CPU-less head is not among them
+    assert all(w["resources_total"]["CPU"] == 1 and w["state"] == "ALIVE" for w in workers), workers
 
 
-def test_a_wrong_token_is_forbidden_and_said_in_one_line_without_the_token(ray_head, tmp_path):
+def test_a_wrong_token_is_forbidden_and_said_in_one_line_without_the_token(loopback_ray, tmp_path):
     wrong = tmp_path / "wrong_token"
     wrong.write_text("not-the-cluster-token-0123456789")
-    cluster = cluster_for(ray_head, tmp_path, wrong)
+    cluster = cluster_for(loopback_ray, tmp_path, wrong)
     with pytest.raises(DtlabError) as refused:
         on_master(cluster, ray.NODES_PATH)
     message = str(refused.value)
@@ -68,11 +62,11 @@ def test_a_wrong_token_is_forbidden_and_said_in_one_line_without_the_token(ray_h
     assert "\n" not in message and "not-the-cluster-token" not in message
 
 
-def test_reset_stops_a_running_job_through_the_jobs_api_and_only_once(ray_head, tmp_path):
-    cluster = cluster_for(ray_head, tmp_path, ray_head.token_path)
-    token = ray_head.token_path.read_text().strip()
+def test_reset_stops_a_running_job_through_the_jobs_api_and_only_once(loopback_ray, tmp_path):
+    cluster = cluster_for(loopback_ray, tmp_path, loopback_ray.token_path)
+    token = loopback_ray.token_path.read_text().strip()
     submit = urllib.request.Request(
-        f"http://127.0.0.1:{ray_head.dashboard_port}/api/jobs/", method="POST",
+        f"http://127.0.0.1:{loopback_ray.dashboard_port}/api/jobs/", method="POST",
         data=json.dumps({"entrypoint": "sleep 300"}).encode(),
         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
     with urllib.request.urlopen(submit, timeout=30) as answer:
@@ -89,15 +83,15 @@ def test_reset_stops_a_running_job_through_the_jobs_api_and_only_once(ray_head, 
 
 
 def test_waiting_for_workers_returns_once_they_joined_waits_out_missing_ones_and_not_a_silent_head(
-    ray_head, tmp_path
+    loopback_ray, tmp_path
 ):
-    cluster = cluster_for(ray_head, tmp_path, ray_head.token_path)
-    assert ray.wait_for_workers(cluster, 1, timeout_s=30, call=on_master) == 1  # the one worker: at once
-    assert ray.wait_for_workers(cluster, 2, timeout_s=5, call=on_master) == 1  # a second never joins
+    cluster = cluster_for(loopback_ray, tmp_path, loopback_ray.token_path)
+    assert ray.wait_for_workers(cluster, 2, timeout_s=30, call=on_master) == 2  # the two workers: at once
+    assert ray.wait_for_workers(cluster, 3, timeout_s=5, call=on_master) == 2  # a third never joins
 
     silent = load_cluster(write_inventory(tmp_path / "silent", LOOPBACK_MASTER, group_vars={"all": (
         f"dtlab_device: cpu\ndtlab_venv_dir: {sys.prefix}\nray_dashboard_port: 1\n"
-        f"ray_auth_token_file: {ray_head.token_path}\n")}))  # nothing listens on port 1
+        f"ray_auth_token_file: {loopback_ray.token_path}\n")}))  # nothing listens on port 1
     started = time.monotonic()
     assert ray.wait_for_workers(silent, 2, timeout_s=30, call=on_master) == 0
     assert time.monotonic() - started < 15  # no head: no wait

@@ -16,7 +16,6 @@ import pytest
 from dtlab import paths
 from dtlab.inventory import load_cluster
 from dtlab.platforms.spark import executor_env, master_port
-from tests.sparkcluster import SparkStandaloneCluster
 from trainer.launchers._spark import CONNECT_TOKEN_ENV, spark_conf
 
 TEMPLATE = paths.REPO_ROOT / "roles" / "spark" / "templates" / "dtlab-spark-connect.service.j2"
@@ -77,12 +76,6 @@ def test_the_server_starts_once_every_worker_is_alive_and_systemd_waits_long_eno
     assert "TimeoutStartSec=180" in unit  # the script's 150 s, then the server's own start
 
 
-@pytest.fixture(scope="module")
-def spark_master():
-    with SparkStandaloneCluster(workers=2) as cluster:  # a real master with two real workers
-        yield cluster
-
-
 def wait_script(tmp_path, port: int, expected: int, wait_s: int) -> Path:
     text = jinja2.Environment(undefined=jinja2.StrictUndefined).from_string(WAIT_TEMPLATE.read_text()).render(
         ansible_managed="rendered by the test", dtlab_venv_dir=str(Path(sys.executable).parent.parent),
@@ -94,8 +87,8 @@ def wait_script(tmp_path, port: int, expected: int, wait_s: int) -> Path:
 
 
 @pytest.mark.slow  # a real Spark master and two workers (about 15 s)
-def test_the_wait_ends_once_every_worker_is_alive_and_is_bounded_otherwise(tmp_path, spark_master):
-    port = spark_master.master_webui_port
+def test_the_wait_ends_once_every_worker_is_alive_and_is_bounded_otherwise(tmp_path, loopback_spark):
+    port = loopback_spark.master_webui_port
     started = time.monotonic()
     every = subprocess.run([sys.executable, str(wait_script(tmp_path, port, expected=2, wait_s=60))],
                            capture_output=True, text=True, timeout=120)

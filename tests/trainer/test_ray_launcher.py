@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
 
@@ -28,12 +27,6 @@ LAUNCHERS = REPO / "trainer" / "launchers"
 EPOCHS = 3
 RUN_TIMEOUT_S = 420  # cluster start-up plus three epochs, twice over after a kill, on 2 busy cores
 COMPARED = ("train_loss", "val_loss", "val_accuracy")  # per epoch, with tolerance 0
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    with RayCluster(workers=2, cpus_per_worker=1) as cluster:
-        yield cluster
 
 
 @pytest.fixture(scope="module")
@@ -73,13 +66,14 @@ def assert_same_epochs(result: dict, reference: dict) -> None:
 
 
 @pytest.mark.slow
-def test_two_workers_train_as_under_torchrun(ray_cluster, torchrun_reference, make_config, tmp_path):
+def test_two_workers_train_as_under_torchrun(loopback_ray, torchrun_reference, make_config, tmp_path):
     """device auto: the driver asks Ray's cluster for GPUs; this one offers none, so CPU (gloo) everywhere."""
     reference, _ = torchrun_reference
     cfg = make_config(epochs=EPOCHS, checkpoint_dir=str(tmp_path / "ckpt"), device="auto")
     started = time.time()
-    launched = subprocess.run(ray_command(ray_cluster, cfg, tmp_path, "--num-workers", "2"),
-                              env=ray_env(ray_cluster), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    command = ray_command(loopback_ray, cfg, tmp_path, "--num-workers", "2")
+    launched = subprocess.run(command, env=ray_env(loopback_ray), capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S)
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
 
     result = json.loads((tmp_path / "out" / "result.json").read_text())
@@ -94,19 +88,19 @@ def test_two_workers_train_as_under_torchrun(ray_cluster, torchrun_reference, ma
     worker_setup = timeline["training_started"] - timeline["process_started"]
     print(f"ray start-up: launcher start to first step {timeline['first_step_done'] - started:.1f} s; "
           f"worker process start to training {worker_setup:.1f} s")
-    assert ray_cluster.token_path.read_text() not in launched.stdout + launched.stderr
+    assert loopback_ray.token_path.read_text() not in launched.stdout + launched.stderr
 
 
 @pytest.mark.slow
-def test_a_killed_worker_is_restarted_by_ray_and_resumes(ray_cluster, torchrun_reference, make_config,
+def test_a_killed_worker_is_restarted_by_ray_and_resumes(loopback_ray, torchrun_reference, make_config,
                                                          tmp_path):
     reference, _ = torchrun_reference
     checkpoints = tmp_path / "ckpt"
     cfg = make_config(epochs=EPOCHS, checkpoint_dir=str(checkpoints))
     log_path = tmp_path / "launcher.log"
     with open(log_path, "w") as log:
-        command = ray_command(ray_cluster, cfg, tmp_path, "--num-workers", "2", "--max-failures", "1")
-        launcher = subprocess.Popen(command, env=ray_env(ray_cluster), stdout=log, stderr=subprocess.STDOUT)
+        command = ray_command(loopback_ray, cfg, tmp_path, "--num-workers", "2", "--max-failures", "1")
+        launcher = subprocess.Popen(command, env=ray_env(loopback_ray), stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
         while not registered_with_ray(checkpoints):  # Ray knows epoch 1's checkpoint: kill rank 1 now
@@ -115,7 +109,7 @@ def test_a_killed_worker_is_restarted_by_ray_and_resumes(ray_cluster, torchrun_r
             time.sleep(0.05)
         # Ray's controller names each worker's PID and rank when it starts the group.
         rank_1 = int(re.findall(r"pid=(\d+)\) world_rank=1,", log_path.read_text())[-1])
-        worker = next(p for p in ray_cluster.descendants() if p.pid == rank_1)  # ours, not another Ray's
+        worker = next(p for p in loopback_ray.descendants() if p.pid == rank_1)  # ours, not another Ray's
         worker.kill()
         launcher.wait(timeout=RUN_TIMEOUT_S)
     finally:
@@ -136,13 +130,13 @@ def test_a_killed_worker_is_restarted_by_ray_and_resumes(ray_cluster, torchrun_r
 
 
 @pytest.mark.slow
-def test_a_run_ray_gives_up_on_ends_with_one_line(ray_cluster, torchrun_reference, make_config, tmp_path):
+def test_a_run_ray_gives_up_on_ends_with_one_line(loopback_ray, torchrun_reference, make_config, tmp_path):
     """A worker-side error Ray cannot retry away: resuming 2 workers' checkpoint with 1 worker."""
     _, written_by_two = torchrun_reference
     shutil.copytree(written_by_two, tmp_path / "ckpt")
     cfg = make_config(epochs=EPOCHS, checkpoint_dir=str(tmp_path / "ckpt"))
-    command = ray_command(ray_cluster, cfg, tmp_path, "--num-workers", "1", "--max-failures", "0")
-    launched = subprocess.run(command, env=ray_env(ray_cluster), capture_output=True, text=True,
+    command = ray_command(loopback_ray, cfg, tmp_path, "--num-workers", "1", "--max-failures", "0")
+    launched = subprocess.run(command, env=ray_env(loopback_ray), capture_output=True, text=True,
                               timeout=RUN_TIMEOUT_S)
     assert launched.returncode == 1
     ours = [line for line in launched.stderr.splitlines() if line.startswith(PROG)]
@@ -150,17 +144,6 @@ def test_a_run_ray_gives_up_on_ends_with_one_line(ray_cluster, torchrun_referenc
                     "checkpoint_dir: the checkpoint was written by 2 workers, this run has 1; "
                     "resume with the same world size"]
     assert not (tmp_path / "out" / "result.json").exists()
-
-
-@pytest.mark.slow
-def test_cluster_processes_are_stopped_by_pid():
-    """The fixture's cluster ends with nothing left behind, without `ray stop`."""
-    cluster = RayCluster(workers=1)
-    cluster.start()
-    tree = [*cluster.descendants(), *(psutil.Process(p.pid) for p in cluster.processes)]
-    cluster.stop()
-    assert not [p.pid for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not cluster.scratch.exists()
 
 
 @pytest.mark.slow

@@ -17,20 +17,15 @@ import psutil
 import pytest
 
 from dtlab.waiting import wait_until
-from tests.sparkcluster import SparkStandaloneCluster, connect_server_conf, role_defaults
+from tests.sparkcluster import connect_server_conf, role_defaults
 from tests.trainer.conftest import SUBPROCESS_TIMEOUT_S, run, torchrun_command, trainer_env, write_config
 from trainer.launchers._spark import CONNECT_LABEL, CONNECT_TOKEN_ENV, SECRET_ENV, STANDALONE_LABEL
 from trainer.result import validate_result
 
 pytestmark = pytest.mark.slow
 SMALL = dict(generated_train_size=64, generated_test_size=32)  # the launcher is under test, not learning
-SPARK_SECRET = secrets.token_hex(16)
-
-
-@pytest.fixture(scope="module")
-def spark_cluster():
-    with SparkStandaloneCluster(workers=2, cores_per_worker=1, auth_secret=SPARK_SECRET) as cluster:
-        yield cluster
+# The cluster is tests/conftest.py's `loopback_spark`, one for the session; its teardown checks that its
+# daemons and executors are stopped by PID.
 
 
 def spark_launch(cluster, *args: str, secret_in_env: bool = True, defaults_file: bool = False,
@@ -44,7 +39,7 @@ def spark_launch(cluster, *args: str, secret_in_env: bool = True, defaults_file:
 
 def launcher_command(cluster, args, secret_in_env=True, defaults_file=False, remote=None, token=None):
     env = {**trainer_env(), "SPARK_LOCAL_IP": "127.0.0.1"}  # the driver on loopback
-    env |= {SECRET_ENV: SPARK_SECRET} if secret_in_env else {}
+    env |= {SECRET_ENV: cluster.auth_secret} if secret_in_env else {}
     env |= {"SPARK_CONF_DIR": str(cluster.spark_defaults_path.parent)} if defaults_file else {}
     env |= {CONNECT_TOKEN_ENV: token} if token else {}
     where = ["--remote", remote] if remote else ["--master", cluster.master_url]
@@ -87,15 +82,15 @@ def stop_mid_training(cluster, config: Path, remote: str, token: str) -> tuple[i
     return code, time.monotonic() - stopped
 
 
-def test_cluster_has_two_alive_workers(spark_cluster):
-    assert spark_cluster.alive_workers() == 2
+def test_cluster_has_two_alive_workers(loopback_spark):
+    assert loopback_spark.alive_workers() == 2
 
 
-def test_two_processes_train_through_torch_distributor(spark_cluster, make_config, tmp_path):
+def test_two_processes_train_through_torch_distributor(loopback_spark, make_config, tmp_path):
     """With the spark role's spark-defaults.conf, as on the nodes: its JVM options (spark_jvm_options) are
     the driver's and the executors', and the result's label names them."""
     cfg = make_config(epochs=1, checkpoint_dir=str(tmp_path / "checkpoints"), **SMALL)
-    launched = spark_launch(spark_cluster, "--config", str(write_config(cfg, tmp_path / "run.yml")),
+    launched = spark_launch(loopback_spark, "--config", str(write_config(cfg, tmp_path / "run.yml")),
                             "--num-processes", "2", defaults_file=True)
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
 
@@ -111,13 +106,13 @@ def test_two_processes_train_through_torch_distributor(spark_cluster, make_confi
     assert "PySpark does not yet fully support pandas" not in launched.stderr  # pandas-3 warning silenced
 
 
-def test_missing_slot_fails_fast_with_one_clear_line(spark_cluster, make_config, tmp_path):
+def test_missing_slot_fails_fast_with_one_clear_line(loopback_spark, make_config, tmp_path):
     """Also: the auth secret from a file (as the spark role writes it) instead of the environment."""
     cfg = make_config(epochs=1, **SMALL)
     secret_file = tmp_path / "spark-secret"
-    secret_file.write_text(SPARK_SECRET + "\n")
+    secret_file.write_text(loopback_spark.auth_secret + "\n")
     started = time.monotonic()
-    launched = spark_launch(spark_cluster, "--config", str(write_config(cfg, tmp_path / "run.yml")),
+    launched = spark_launch(loopback_spark, "--config", str(write_config(cfg, tmp_path / "run.yml")),
                             "--num-processes", "3",  # 2 workers x 1 core: one slot short
                             "--spark-conf", "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures=3",
                             "--spark-secret-file", str(secret_file), secret_in_env=False)
@@ -130,7 +125,7 @@ def test_missing_slot_fails_fast_with_one_clear_line(spark_cluster, make_config,
     assert not (tmp_path / "out" / "result.json").exists()
 
 
-def test_two_processes_train_on_a_connect_servers_executors_as_under_torchrun(spark_cluster, make_config,
+def test_two_processes_train_on_a_connect_servers_executors_as_under_torchrun(loopback_spark, make_config,
                                                                               tmp_path):
     """--remote: a session on a Spark Connect server that keeps its driver and executors up (issue #29:
     Spark at its best), started with the conf a standalone run sets for itself and the role's JVM options.
@@ -143,19 +138,19 @@ def test_two_processes_train_on_a_connect_servers_executors_as_under_torchrun(sp
     reference = json.loads((tmp_path / "torchrun" / "result.json").read_text())
     jvm_options = role_defaults()["spark_jvm_options"]
     token = secrets.token_hex(16)
-    remote = spark_cluster.start_connect_server(token, connect_server_conf(2, cfg.threads), slots=2)
+    remote = loopback_spark.start_connect_server(token, connect_server_conf(2, cfg.threads), slots=2)
     try:
         long_run = write_config(make_config(epochs=50, output_dir=str(tmp_path / "stopped"), **SMALL),
                                 tmp_path / "long.yml")
-        stopped_code, drained_s = stop_mid_training(spark_cluster, long_run, remote, token)
+        stopped_code, drained_s = stop_mid_training(loopback_spark, long_run, remote, token)
         # The next run needs both slots: it passes only if the stopped run's session let them go.
-        launched = spark_launch(spark_cluster, "--config", str(write_config(cfg, tmp_path / "run.yml")),
+        launched = spark_launch(loopback_spark, "--config", str(write_config(cfg, tmp_path / "run.yml")),
                                 "--num-processes", "2", remote=remote, token=token)
         assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
-        refused = spark_launch(spark_cluster, "--config", str(tmp_path / "run.yml"), "--output-dir",
+        refused = spark_launch(loopback_spark, "--config", str(tmp_path / "run.yml"), "--output-dir",
                                str(tmp_path / "refused"), remote=remote, token="not-" + token)
     finally:
-        spark_cluster.stop_connect_server()
+        loopback_spark.stop_connect_server()
 
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     validate_result(result)
@@ -210,22 +205,22 @@ def active_apps(cluster) -> dict[str, str]:
             if app.get("name") == "dtlab-kill-target"}
 
 
-def test_the_master_ui_cannot_kill_an_application(spark_cluster, tmp_path):
+def test_the_master_ui_cannot_kill_an_application(loopback_spark, tmp_path):
     """spark.ui.killEnabled false, from the spark role's template: no kill link (and so no CSRF token) on
     the master's page, a kill POST finds no handler, and the application keeps running."""
-    env = {**trainer_env(), "SPARK_LOCAL_IP": "127.0.0.1", "TEST_SECRET": SPARK_SECRET}
+    env = {**trainer_env(), "SPARK_LOCAL_IP": "127.0.0.1", "TEST_SECRET": loopback_spark.auth_secret}
     with open(tmp_path / "app.log", "wb") as log:
-        app = subprocess.Popen([sys.executable, "-c", WAITING_APP, spark_cluster.master_url], env=env,
+        app = subprocess.Popen([sys.executable, "-c", WAITING_APP, loopback_spark.master_url], env=env,
                                stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 180
-        while not active_apps(spark_cluster):
+        while not active_apps(loopback_spark):
             assert app.poll() is None, (tmp_path / "app.log").read_text()[-3000:]
             assert time.monotonic() < deadline, "the application did not register within 180 s"
             time.sleep(1)
-        (app_id, state), = active_apps(spark_cluster).items()
+        (app_id, state), = active_apps(loopback_spark).items()
         assert state in ("RUNNING", "WAITING")
-        ui = spark_cluster.master_json_url.removesuffix("json/")
+        ui = loopback_spark.master_json_url.removesuffix("json/")
         page = urllib.request.urlopen(ui, timeout=10).read().decode()
         assert app_id in page and "app/kill" not in page and "csrfToken" not in page
         kill = urllib.request.Request(f"{ui}app/kill/?id={app_id}&terminate=true", data=b"", method="POST")
@@ -236,11 +231,11 @@ def test_the_master_ui_cannot_kill_an_application(spark_cluster, tmp_path):
             status = error.code
         assert status == 405  # Spark 4 attaches no /app/kill handler when kills are off
         time.sleep(3)
-        assert active_apps(spark_cluster).get(app_id) in ("RUNNING", "WAITING")  # not KILLED, not gone
+        assert active_apps(loopback_spark).get(app_id) in ("RUNNING", "WAITING")  # not KILLED, not gone
         # What the spark role checks on the nodes: the master's effective setting, and no secret shown.
         environment = urllib.request.urlopen(f"{ui}environment/", timeout=10).read().decode()
         assert "<td>spark.ui.killEnabled</td><td>false</td>" in environment
-        assert SPARK_SECRET not in environment and SPARK_SECRET not in page
+        assert loopback_spark.auth_secret not in environment and loopback_spark.auth_secret not in page
     finally:
         tree = [psutil.Process(app.pid)] if app.poll() is None else []
         tree += [child for process in tree for child in process.children(recursive=True)]  # its JVM
@@ -249,10 +244,3 @@ def test_the_master_ui_cannot_kill_an_application(spark_cluster, tmp_path):
                 process.kill()
         psutil.wait_procs(tree, timeout=30)
         app.wait(timeout=30)
-
-
-def test_daemons_are_stopped_by_pid(spark_cluster):
-    tree = [psutil.Process(pid) for pid in spark_cluster.pids()]
-    tree += [child for process in tree for child in process.children(recursive=True)]
-    spark_cluster.stop()
-    assert not [process.pid for process in tree if process.is_running() and process.status() != "zombie"]
