@@ -29,6 +29,7 @@ verification verification.py's. All of their public names are also dtlab.bundle'
 
 from __future__ import annotations
 
+import concurrent.futures
 import functools
 import os
 import shutil
@@ -72,6 +73,7 @@ __all__ = [
 ]
 
 PARTS = ("wheels", "apt", "releases", "hf", "images")
+BESIDE_WHEELS = ("apt",)  # built in a thread while the wheels part runs
 # Here, beside controller_os which reads it, so that a test's patch of dtlab.bundle.OS_RELEASE holds.
 OS_RELEASE = Path("/etc/os-release")
 
@@ -147,14 +149,25 @@ def build(cluster: Cluster, out: Path, parts: Iterable[str] = PARTS, profiles: I
     builders = {"wheels": functools.partial(_build_wheels, cluster), "apt": _build_apt,
                 "releases": _build_releases, "hf": _build_hf,
                 "images": functools.partial(_build_images, cluster)}
-    for part in wanted:
-        say(f"bundle: {part} ...")
-        for entry in builders[part](the_plan, out, say):
-            entries[entry.path] = entry
+    # The apt part waits on the network, the wheels part mostly on the compiler (Horovod's build): side by
+    # side, the bundle takes the longer of the two, not their sum.
+    beside_wheels = [part for part in BESIDE_WHEELS if part in wanted] if "wheels" in wanted else []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as background:
+        started = {part: background.submit(_build_part, builders[part], part, the_plan, out, say)
+                   for part in beside_wheels}
+        for part in wanted:
+            built = started[part].result() if part in started else _build_part(builders[part], part, the_plan,
+                                                                                  out, say)
+            entries.update((entry.path, entry) for entry in built)
     write_manifest(out, cluster.name, the_plan, list(entries.values()))
     total = sum(e.bytes for e in entries.values())
     say(f"bundle: {out}: {len(entries)} files, {total / 2**30:.2f} GiB; check it: invoke bundle.verify {out}")
     return list(entries.values())
+
+
+def _build_part(builder, part: str, the_plan: Plan, out: Path, say: Say) -> list[Entry]:
+    say(f"bundle: {part} ...")
+    return builder(the_plan, out, say)
 
 
 # --- the invoke commands -------------------------------------------------------------------------------
