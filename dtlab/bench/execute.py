@@ -149,12 +149,11 @@ class ExecuteStep:
             planned.external.cancel()
             raise
         except Exception as error:
-            return None, AttemptFailure(
-                f"determined: {error}", self.cluster.master.name if self.cluster.master else None
-            )
+            master = self.cluster.master.name if self.cluster.master else None
+            return None, AttemptFailure(f"{planned.cell.framework}: {error}", master)
         result, failure = self.fetch_result(planned, None, search=planned.prepare_nodes)
         if result is not None:
-            result["determined_master"] = master_view
+            result[planned.external.result_key] = master_view
         return result, failure
 
     def stop_cell(self, cell: Cell, quiet: bool = False) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import yaml
 
@@ -18,6 +18,18 @@ from dtlab.cell import Cell, trainer_options
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
 from dtlab.remote import UnitSpec, unit_name
+
+
+class ExternalJob(Protocol):
+    """A cell's job that runs outside dtlab's units (an experiment on a platform's own scheduler)."""
+
+    result_key: ClassVar[str]  # the result.json key under which its view of the run is kept
+
+    def run(self) -> dict[str, Any]:
+        """Start it, wait for it (bounded) and return its scheduler's view of the run; raises on failure."""
+
+    def cancel(self) -> None:
+        """Stop it where it runs (Ctrl-C)."""
 
 
 @dataclass(frozen=True)
@@ -131,8 +143,8 @@ class Launch:
     result_node: Node  # where rank 0's (or the driver's) result.json lands
     trainer_config: dict[str, Any] = field(default_factory=dict)
     label: str = ""
-    # For launchers that run elsewhere (Determined with a master): called instead of starting jobs.
-    external: Any = None
+    # For launchers that run elsewhere (Determined with a master): an ExternalJob, run instead of jobs.
+    external: ExternalJob | None = None
     # Logs written on nodes that run no unit of the cell (Slurm's tasks): bench copies each into the
     # attempt folder when the units have ended, as <node>.log.
     node_logs: tuple[tuple[Node, str], ...] = ()

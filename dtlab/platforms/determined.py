@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from dtlab import detmaster, remote
 from dtlab import paths as dtlab_paths
@@ -220,7 +220,10 @@ def check_trial_image(cluster: Cluster, nodes: Sequence[Node], image: str | None
 
 @dataclass
 class ClusterExperiment:
-    """Create, wait for and read one experiment through the master (det SDK), bounded by the cell timeout."""
+    """Create, wait for and read one experiment through the master (det SDK), bounded by the cell timeout
+    (dtlab.launch's ExternalJob)."""
+
+    result_key: ClassVar[str] = "determined_master"
 
     cluster: Cluster
     cell: Cell
@@ -326,6 +329,7 @@ class Determined(Platform):
     description = ("an experiment on the Determined master, its trial in determined_trial_image on the "
                    "agents (without a master: the Core API entry off-cluster under torchrun)")
     launcher_files = ("trainer/launchers/determined.py",)
+    stand_in_labels = (OFF_CLUSTER_LABEL,)  # the lab's: the Core API off-cluster, no Determined master
     roles = ("determined_master", "determined_agent", "postgresql")  # docker: shared with ddp's image
     variable_prefixes = ("determined_", "postgresql_")
     service_variables = ("postgresql_service", "determined_master_service", "determined_agent_service")
