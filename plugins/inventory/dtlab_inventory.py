@@ -7,7 +7,7 @@ block of site.yml's validation play, the line twice in it. Here, when ansible-pl
 site.yml on one inventory file, every check of dtlab.inventory.load_cluster runs while Ansible reads it;
 for any other playbook (the tests' role plays run on parts of a cluster's inventory) the first two. The
 line every `invoke` command prints goes to stderr alone, and ansible-playbook exits 2 before any play
-starts. A source that passes is parsed by ansible.builtin.yaml, unchanged. ansible/validate.yml still
+starts. A source that passes is parsed by ansible.builtin.yaml, unchanged. site.yml's validation play still
 checks what only the command line gives (-e dtlab_bundle, more than one -i, a folder as the inventory).
 """
 

@@ -143,7 +143,7 @@ def test_role_timer_uses_its_clock_for_an_event_without_a_time():
     ("site.yml", {"check": True}, False),
     ("site.yml", {"tags": ["spark"]}, False),
     ("site.yml", {"limit": "node1"}, False),
-    ("ansible/spark.yml", {}, False),
+    ("tests/provision/playbooks/spark_release.yml", {}, False),
 ])
 def test_only_a_whole_real_site_run_is_recorded(playbook, options, recorded):
     chosen = {"check": False, "tags": (), "limit": None} | options
