@@ -94,6 +94,8 @@ class Platform:
     service_variables: ClassVar[tuple[str, ...]] = ()  # its systemd units, by group_vars name
     check_names: ClassVar[tuple[str, ...]]  # the rows check_rows and gpu_rows can return
     reset_title: ClassVar[str]  # its step's line in cluster.reset's log
+    # Run labels (their start) that mark a stand-in, not the platform itself: the report says so.
+    stand_in_labels: ClassVar[tuple[str, ...]] = ()
 
     # --- one cell ---
 

@@ -40,6 +40,7 @@ from dtlab.report.tables import (
     known_setup_differences,
     resumed_table,
 )
+from dtlab.report.verdict import Verdict, build_verdict
 from dtlab.results import ResultStore, Run, newest_per_cell, unreadable_reason
 from trainer import progress
 from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX
@@ -83,6 +84,7 @@ class Report:
     comparison: Comparison | None = None
     # Figure B.4's lines: (strategy, platform, world size, epochs) -> its model sizes, smallest first.
     size_lines: dict[tuple[str, str, int, int], list[SizePoint]] = field(default_factory=dict)
+    verdict: Verdict | None = None  # the first screen: one line per scenario (dtlab.report.verdict)
 
     def count_label(self, count: int) -> str:
         devices = {d for (_f, g, _e), s in self.groups.items() if g == count for d in s.devices}
@@ -449,6 +451,8 @@ def build_report(
             f"This cluster's short runs have {short} epochs, the study's 20: whole-run times are "
             "not comparable across the two (per-epoch times and ratios are)."
         )
+    comparison = with_recommendation(
+        build_comparison(groups, study_samples, faults, short, store.root), priorities)
     return Report(
         title=f"dtlab report: {_join(run.inventory for run in all_runs)}",
         size_lines=size_lines(samples),
@@ -472,9 +476,8 @@ def build_report(
         target_accuracy=target_accuracy,
         disagreements=builder.disagreement_table(
             known_setup_differences(study_undisturbed, short, pub.device)),
-        comparison=with_recommendation(
-            build_comparison(groups, study_samples, faults, short, store.root), priorities
-        ),
+        comparison=comparison,
+        verdict=build_verdict(comparison, groups, all_runs, priorities),
     )
 
 

@@ -39,6 +39,8 @@ from dtlab.report.comparison_measures import (
     _reproducibility,
     _speed,
     _startup,
+    _unattended,
+    _whole_run,
     centralised_features,
     code_lines,
     comparison_count,
@@ -46,6 +48,7 @@ from dtlab.report.comparison_measures import (
     launcher_lines,
     moving_parts,
     study_qualitative,
+    upstream_text,
 )
 from dtlab.report.comparison_records import (
     IDLE_NOT_MEASURED_NOTE,
@@ -54,6 +57,7 @@ from dtlab.report.comparison_records import (
     READABLE_RECORD_FORMATS,
     RECORD_SHAPES,
     cluster_measures,
+    cluster_ranked,
     idle_use,
     provisioning_times,
     read_records,
@@ -104,8 +108,9 @@ def study_tables() -> list[Table]:
                 for row in management["rows"]
             ],
             [
-                "The operations criterion counts the cells the study describes as done by the platform "
-                "itself (automatic, built-in, yes)."
+                "The checklist criterion counts the cells the study describes as done by the platform "
+                "itself (automatic, built-in, yes); it ranks only the study's own figures, never a "
+                "cluster's runs."
             ],
         ),
     ]
@@ -124,6 +129,7 @@ COLUMNS = [
     "Data pipelines (study)",
     "Provisioning time",
     "Idle memory / CPU per node",
+    "Upstream",
 ]
 
 
@@ -147,10 +153,11 @@ def _table(
                 text(measures["adoption"][p].shown),
                 text(", ".join(moving.services) or "none") if moving else text("not published"),
                 text(", ".join(moving.ports) or "none") if moving else text("not published"),
-                text(measures["operations"][p].shown),
+                text(measures["checklist"][p].shown),
                 text(measures["pipelines"][p].shown),
                 text(provisioning[p] if provisioning is not None else "not published"),
                 text(idle[p] if idle is not None else "not published"),
+                text(upstream_text(p)),
             ]
         )
     return Table("B.10", "table-b.10-comparison", title, COLUMNS, rows, notes)
@@ -165,7 +172,8 @@ COMPARISON_NOTE = (
     "of its launcher (Slurm: its driver; the sbatch options are dtlab.platforms.slurm's, not counted). "
     "Services and ports: the names inventory/group_vars/all.yml gives the platform (a port range counts "
     "once). The study's two columns are its Table 5.11 and section 5.6.4 (the study covers DDP, "
-    "Determined and Spark only)."
+    "Determined and Spark only): shown beside the measured, never ranked on this cluster's runs. "
+    "Upstream: dtlab/data/upstream.yml, each fact with its source."
 )
 
 
@@ -192,12 +200,17 @@ def build_comparison(
         measures["adoption"][p] = _exact(lines, f"{lines} ({', '.join(LAUNCHER_FILES[p])})")
         parts[p] = moving_parts(p)
         measures["footprint"][p] = _exact(parts[p].count, f"{parts[p].count}")
-        measures["operations"][p], measures["pipelines"][p] = _qualitative(p)
+        measures["checklist"][p], measures["pipelines"][p] = _qualitative(p)
+        measures["whole_run"][p] = _whole_run(groups, key) if count is not None else Measure(None, "no run")
+        measures["unattended"][p] = _unattended(faults, p)
+    for criterion, found in cluster_ranked(root).items():
+        measures[criterion] = found
     at = f"{count} workers/GPUs, {short} epochs" if count is not None else "no runs"
     title = f"The study's qualitative comparison, measured on this cluster (at {at}; beyond the study)"
     provisioning, idle, notes = cluster_measures(root)
     table = _table(list(PLATFORMS), measures, parts, title, [COMPARISON_NOTE, *notes], provisioning, idle)
-    return Comparison(list(PLATFORMS), measures, table)
+    ran = [p for p in PLATFORMS if any(f == p for f, _g, _e in groups)]
+    return Comparison(list(PLATFORMS), measures, table, ran=ran)
 
 
 def build_study_comparison(pub: Published) -> Comparison:
@@ -217,7 +230,9 @@ def build_study_comparison(pub: Published) -> Comparison:
         measures["reproducibility"][p] = Measure(None, "not published (per-epoch metrics per seed)")
         measures["adoption"][p] = Measure(None, "not published")
         measures["footprint"][p] = Measure(None, "not published")
-        measures["operations"][p], measures["pipelines"][p] = _qualitative(p)
+        measures["checklist"][p], measures["pipelines"][p] = _qualitative(p, ranked=True)
+        for criterion in ("whole_run", "unattended", "idle", "provisioning"):
+            measures[criterion][p] = Measure(None, "not published")
     title = (
         "The study's qualitative comparison, from its published figures (Table 5.9 at 2 GPUs, "
         "Tables 5.10-5.11, section 5.6.4)"
@@ -232,6 +247,7 @@ __all__ = [
     "READABLE_RECORD_FORMATS", "RECORD_SHAPES", "STARTUP_PHASES", "VARIABLE_PREFIXES", "Comparison",
     "Measure", "MovingParts", "Placed", "Priorities", "better", "build_comparison",
     "build_study_comparison", "centralised_features", "check_study_conclusion", "cluster_measures",
+    "cluster_ranked",
     "code_lines", "comparison_count", "idle_use", "in_pipelines", "launcher_lines", "moving_parts",
     "parse_priorities", "provisioning_times", "rank", "read_records", "recommendation_table",
     "shared_roles", "study_qualitative", "study_tables", "tiers", "variable_platform", "with_recommendation",

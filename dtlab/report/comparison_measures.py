@@ -45,17 +45,25 @@ PORT_RANGES = {p.name: p.port_ranges[0] for p in platforms.ALL if p.port_ranges}
 
 STARTUP_PHASES = ("submit → trainer process", "→ first step")  # aggregate.WHOLE_RUN_PHASES' first two
 
-# name -> (what it ranks on, which way is better)
+# name -> (what it ranks on, which way is better). Every one is measured on this cluster (its runs, its
+# records, or the repository dtlab deploys) but checklist and pipelines, the study's words: shown beside
+# the measured, ranked only in the study's own report (bench.report --study).
 CRITERIA = {
     "speed": "steady-state per-epoch time (Table 5.9), faster first",
+    "whole_run": "the whole run, submit to result recorded, start-up included (Table B.3), faster first",
     "startup": "submit → first step (Table B.3), faster first",
     "recovery": "fault recovery: recovered first, then total / undisturbed time (Table B.5), lower first",
+    "unattended": "recovery without a person: every fault run recovered within its first attempt first",
     "reproducibility": "per-epoch validation accuracy equal to DDP's for the same seed first",
     "adoption": "lines a user writes (its launcher's non-blank, non-comment lines), fewer first",
     "footprint": "services and listening ports it adds (moving parts), fewer first",
-    "operations": "centralised management features (the study's Table 5.11), more first",
-    "pipelines": "training inside a data pipeline (the study's section 5.6.4) first",
+    "idle": "idle memory of its services, summed over the nodes (cluster.idle), less first",
+    "provisioning": "its roles' seconds in a first site.yml converge (cluster.provision), fewer first",
+    "checklist": "centralised management features (the study's Table 5.11; not measured here), more first",
+    "pipelines": "training inside a data pipeline (the study's section 5.6.4; not measured here) first",
 }
+# The study's words, not dtlab's measurements: never ranked on a cluster's runs.
+STUDY_ONLY = ("checklist", "pipelines")
 
 
 # --- the study's qualitative facts -----------------------------------------------------------------
@@ -150,10 +158,16 @@ class Measure:
     values: tuple[float, ...] = ()
     exact: bool = False  # a count or a yes/no: any difference orders
     published: bool = False  # the study's printed mean: spread not published
+    runs: int | None = None  # the runs an exact yes/no rests on (same-seed runs, fault runs); None: none
 
     @property
     def measured(self) -> bool:
         return self.value is not None
+
+    @property
+    def n(self) -> int | None:
+        """The runs (or probes, or converges) behind it; None for a count from the repository."""
+        return len(self.values) if self.values else self.runs
 
 
 def _interval_text(values: Sequence[float], quantity: str, suffix: str = "") -> str:
@@ -173,6 +187,12 @@ class Comparison:
     study_tables: list[Table] = field(default_factory=list)
     recommendation: Table | None = None
     conclusion_checks: list[str] = field(default_factory=list)
+    ran: list[str] | None = None  # the platforms with runs here (None: all of `platforms`)
+
+    @property
+    def ranked_field(self) -> list[str]:
+        """The platforms a ranking orders: those that ran here; the rest are named, never placed."""
+        return [p for p in self.platforms if self.ran is None or p in self.ran]
 
 
 def comparison_count(groups: Mapping[GroupKey, GroupStats], short: int | None) -> int | None:
@@ -258,9 +278,10 @@ def _reproducibility(groups: Mapping[GroupKey, GroupStats], framework: str) -> M
         return Measure(None, "no same-seed DDP run")
     if differing:
         shown = f"no: differs from DDP's ({', '.join(differing)}; {compared} compared)"
-        return Measure(0.0, shown, exact=True)
+        return Measure(0.0, shown, exact=True, runs=compared)
     return Measure(
-        1.0, f"yes ({compared} same-seed run{'s' if compared != 1 else ''} equal DDP's)", exact=True
+        1.0, f"yes ({compared} same-seed run{'s' if compared != 1 else ''} equal DDP's)", exact=True,
+        runs=compared,
     )
 
 
@@ -268,15 +289,69 @@ def _exact(value: float | None, shown: str) -> Measure:
     return Measure(value, shown, exact=True) if value is not None else Measure(None, shown)
 
 
-def _qualitative(platform: str) -> tuple[Measure, Measure]:
+def _qualitative(platform: str, ranked: bool = False) -> tuple[Measure, Measure]:
+    """The study's checklist (Table 5.11) and pipelines (5.6.4) for a platform. `ranked` only for the study's
+    own figures (bench.report --study); on a cluster they are shown beside the measured, valued None, so
+    that no ranking rests on them and no platform the study left out is placed after the others for it."""
     features = centralised_features(platform)
     pipelines = in_pipelines(platform)
     total = len(study_qualitative()["management"]["rows"])
     outside = "not in the study"
+    beside = "" if ranked else "; the study's word, not ranked here"
     return (
-        _exact(features, f"{features} of {total} (Table 5.11)" if features is not None else outside),
+        _exact(features if ranked else None,
+               f"{features} of {total} (Table 5.11{beside})" if features is not None else outside),
         _exact(
-            None if pipelines is None else float(pipelines),
-            f"{'yes' if pipelines else 'no'} (section 5.6.4)" if pipelines is not None else outside,
+            None if pipelines is None or not ranked else float(pipelines),
+            f"{'yes' if pipelines else 'no'} (section 5.6.4{beside})" if pipelines is not None else outside,
         ),
     )
+
+
+def _whole_run(groups: Mapping[GroupKey, GroupStats], key: GroupKey) -> Measure:
+    """Submit to result recorded, per run (the whole-run clock's end to end, Table B.3)."""
+    stats = groups.get(key)
+    values = stats.end_to_end if stats is not None else ()
+    if not values:
+        return Measure(None, "no whole-run clock recorded" if stats is not None else "no run")
+    mean = sum(values) / len(values)
+    return Measure(mean, f"{fmt(mean, 'time_s')} s; {_interval_text(values, 'time_s', ' s')}", tuple(values))
+
+
+def _unattended(faults: FaultSection | None, framework: str) -> Measure:
+    """Yes when every fault run recovered within its first attempt (the platform restarted its workers
+    itself); no when one needed another attempt (dtlab's retry, what a person would do) or never recovered."""
+    outcomes = [o for o in (faults.outcomes if faults else []) if o.framework == framework
+                and o.state in ("recovered", "not recovered")]
+    if not outcomes:
+        return Measure(None, "no fault run")
+    by_itself = [o for o in outcomes if o.recovered and o.attempts == 1]
+    n = len(outcomes)
+    runs = f"{n} fault run{'s' if n != 1 else ''}"
+    if len(by_itself) == n:
+        return Measure(1.0, f"yes: recovered within the attempt ({runs})", exact=True, runs=n)
+    return Measure(0.0, f"no: {n - len(by_itself)} of {runs} needed another attempt or did not recover",
+                   exact=True, runs=n)
+
+
+# --- upstream health ---------------------------------------------------------------------------------
+
+UPSTREAM_KEYS = ("project", "maintained", "last_release", "source", "checked")
+
+
+@cache
+def upstream() -> dict[str, dict[str, Any]]:
+    """dtlab/data/upstream.yml: per platform, whether upstream is maintained, its last release, the source."""
+    data = yaml.safe_load(resources.files("dtlab").joinpath("data/upstream.yml").read_text())
+    for platform in PLATFORMS:
+        entry = data.get(platform)
+        if not isinstance(entry, dict) or any(key not in entry for key in UPSTREAM_KEYS):
+            raise ValueError(f"dtlab/data/upstream.yml: {platform} needs {', '.join(UPSTREAM_KEYS)}")
+    return data
+
+
+def upstream_text(platform: str) -> str:
+    entry = upstream()[platform]
+    state = "maintained" if entry["maintained"] else "unmaintained"
+    return (f"{state}; last release: {entry['last_release']} "
+            f"(source: {entry['source']}; checked {entry['checked']})")

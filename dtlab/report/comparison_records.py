@@ -11,7 +11,7 @@ from typing import Any
 from dtlab import platforms
 from dtlab.errors import DtlabError
 from dtlab.paths import IDLE_DIRNAME, PROVISION_DIRNAME
-from dtlab.report.comparison_measures import PLATFORM_ROLES, PLATFORMS, VARIABLE_PREFIXES
+from dtlab.report.comparison_measures import PLATFORM_ROLES, PLATFORMS, VARIABLE_PREFIXES, Measure
 from dtlab.report.study import DISPLAY_NAMES
 
 NOT_MEASURED = "not measured"
@@ -207,6 +207,53 @@ def cluster_measures(root: Path | None) -> tuple[dict[str, str], dict[str, str],
     if unreadable or unreadable_idle:
         notes.append(f"Left out, unreadable: {'; '.join(unreadable + unreadable_idle)}.")
     return times, used, notes
+
+
+def _mean_measure(values: Sequence[float], places: int, unit: str, what: str) -> Measure:
+    mean = sum(values) / len(values)
+    spread = f"{_range(values, places, unit)}, {_runs(len(values))}"
+    return Measure(mean, f"{mean:.{places}f}{unit} ({what}: {spread})", tuple(values))
+
+
+def idle_memory(records: Sequence[Mapping[str, Any]]) -> dict[str, Measure]:
+    """Per platform, its running units' memory summed over the nodes, one value per probe (the ranked
+    form of idle_use); a platform with no daemon of its own idles at 0 MiB, exactly."""
+    found = {}
+    for platform in PLATFORMS:
+        totals = []
+        for record in records:
+            mine = [u for u in record.get("units", []) if u.get("platform") == platform and u.get("running")]
+            if mine and all(u.get("memory_bytes") is not None for u in mine):
+                totals.append(sum(u["memory_bytes"] for u in mine) / 2**20)
+        if totals:
+            found[platform] = _mean_measure(totals, 0, " MiB", "over the nodes, per probe")
+        elif not platforms.get(platform).service_variables:
+            found[platform] = Measure(0.0, "0 MiB (no daemon of its own)", exact=True)
+        else:
+            found[platform] = Measure(None, "none running" if records else NOT_MEASURED)
+    return found
+
+
+def first_converge(records: Sequence[Mapping[str, Any]]) -> dict[str, Measure]:
+    """Per platform, its roles' seconds in each recorded converge that changed them (a first converge);
+    a platform with no role of its own adds 0 s, exactly."""
+    found = {}
+    for platform, roles in PLATFORM_ROLES.items():
+        changed, unchanged = _role_seconds(records, roles)
+        if not roles:
+            found[platform] = Measure(0.0, "0 s (no role of its own)", exact=True)
+        elif changed:
+            found[platform] = _mean_measure(changed, 0, " s", "first converges")
+        else:
+            found[platform] = Measure(None, "only idempotent re-runs recorded" if unchanged else NOT_MEASURED)
+    return found
+
+
+def cluster_ranked(root: Path | None) -> dict[str, dict[str, Measure]]:
+    """The ranked criteria measured from the cluster's records: idle memory and provisioning time."""
+    provision = read_records(root, PROVISION_DIRNAME)[0] if root else []
+    idle = read_records(root, IDLE_DIRNAME)[0] if root else []
+    return {"idle": idle_memory(idle), "provisioning": first_converge(provision)}
 
 
 def _roles_named() -> str:

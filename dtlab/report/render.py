@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import jinja2
+import markupsafe
 
 from dtlab.files import atomic_write_text
 from dtlab.paths import TEMPLATES_DIR
@@ -44,6 +45,12 @@ def _markdown_cell(value: object) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+def _code_html(value: object) -> markupsafe.Markup:
+    """Escaped text with each `command` in <code>."""
+    parts = str(markupsafe.escape(value)).split("`")
+    return markupsafe.Markup("".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts)))
+
+
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
@@ -54,6 +61,7 @@ def _environment() -> jinja2.Environment:
         lstrip_blocks=True,
     )
     env.filters["md"] = _markdown_cell
+    env.filters["code"] = _code_html
     return env
 
 

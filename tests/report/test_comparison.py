@@ -247,8 +247,9 @@ def test_ranking_follows_only_supported_differences(tmp_path):
     assert places["ddp"].rank == places["spark"].rank == 1
     assert places["determined"].rank == 3
     assert "not ranked against Apache Spark" in places["ddp"].reasons["speed"]
-    # Ray and Slurm did not run: after the measured, never ahead.
-    assert places["ray"].rank == places["slurm"].rank == 4
+    # Ray and Slurm did not run: never placed, neither after the measured nor ahead of them.
+    assert places["ray"].rank is None and places["slurm"].rank is None
+    assert places["ray"].tiers == {"speed": None}
     recommendation = comparison.recommendation
     assert recommendation.number == "B.11"
     assert "PyTorch DDP and Apache Spark share first place" in recommendation.notes[0]
@@ -276,13 +277,13 @@ def test_too_few_runs_rank_nobody_on_a_measured_time(tmp_path):
 
 def test_weights_decide_by_weighted_places(tmp_path):
     store = ResultStore(tmp_path)
-    fill(store, {"ddp": (100, 101, 102), "determined": (130, 131, 132)})
+    fill(store, {"ddp": (100, 101, 102), "determined": (130, 131, 132)}, determined={"startup_s": 5.0})
     comparison = build_report(store).comparison
-    # Determined: #2 on speed, #1 on operations (7 of 7 in the study's Table 5.11); DDP the reverse.
-    assert rank(comparison, Priorities(("operations", "speed"), {"operations": 3, "speed": 1}))[
+    # Determined: #2 on speed, #1 on start-up (5 s against 10 s, every run); DDP the reverse.
+    assert rank(comparison, Priorities(("startup", "speed"), {"startup": 3, "speed": 1}))[
         0
     ].platform == ("determined")
-    assert rank(comparison, Priorities(("speed", "operations"), {"speed": 3, "operations": 1}))[
+    assert rank(comparison, Priorities(("speed", "startup"), {"speed": 3, "startup": 1}))[
         0
     ].platform == ("ddp")
 
@@ -366,11 +367,11 @@ def test_a_conclusion_the_figures_do_not_support_is_named(monkeypatch):
 
 
 def test_study_report_renders_the_comparison(tmp_path):
-    files = commands.bench_report(study=True, out=tmp_path, priorities="operations,speed")
+    files = commands.bench_report(study=True, out=tmp_path, priorities="checklist,speed")
     markdown = files.markdown.read_text()
     assert "Table 5.11: Cluster management features" in markdown
-    assert "Table B.11: Recommendation for the priorities operations, then speed" in markdown
-    assert "Recommended for operations, then speed: Determined AI." in markdown
+    assert "Recommendation for the priorities checklist, then speed" in markdown
+    assert "Recommended for checklist, then speed: Determined AI." in markdown
     names = {p.name for p in files.csv}
     assert {
         "table-5.10-setup.csv",
