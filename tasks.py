@@ -238,6 +238,35 @@ def bench_report(c, inventory=None, results_dir=None, out=None, profile=None, st
                   profile=profile, study=study, priorities=priorities)
 
 
+@task(name="compare", help={
+    "a": "A: a results folder, or a cluster's name (results/<name>)",
+    "b": "B: another results folder or cluster; the same as A with --revisions",
+    "revisions": "R1,R2: A's runs recorded at dtlab revision R1 against B's at R2 (a prefix will do)",
+    "profile": "only this matrix profile's runs, on both sides (default: the newest run of each cell)"})
+def bench_compare(c, a, b, revisions=None, profile=None):
+    """B's runs against A's, cell by cell (same config hash only), each figure's change; 1 on a regression."""
+    from dtlab import commands
+
+    compared = _harness_call(commands.bench_compare, a, b, revisions=revisions, profile=profile)
+    sys.exit(1 if compared.regressions else 0)
+
+
+@task(name="export", help={
+    "cell": "the cell: a key without its seed, e.g. ddp-g2-e20 (its runs are the seeds Table B.7 scores)",
+    "mlperf": "DIR: lay the runs out as MLPerf's result summarizer and compliance checker read them "
+              "(results/<system>/bert/result_N.txt, systems/<system>.json, compliance/: MLPerf's training "
+              "rules plus the profile's target; docs/results-and-report.md)",
+    "inventory": INVENTORY_HELP,
+    "results_dir": "results folder to read instead of results/<cluster name>",
+    "profile": "matrix profile whose runs to export (default: that of the newest successful run)"})
+def bench_export(c, cell, mlperf=None, inventory=None, results_dir=None, profile=None):
+    """A cell's runs in MLPerf's log format, laid out for mlperf-logging's checker and summarizer."""
+    from dtlab import commands
+
+    _harness_call(commands.bench_export, cell, mlperf=mlperf, inventory=inventory, results_dir=results_dir,
+                  profile=profile)
+
+
 # --- bundle: everything the nodes install, for an offline cluster (docs/offline.md) ----------------------
 
 BUNDLE_PARTS_HELP = "only these parts, comma-separated: wheels,apt,releases,hf,images (default: all)"
@@ -292,7 +321,7 @@ def demo(c, name=None, faults=False):
 lab = Collection("lab", lab_up, lab_down, lab_status, lab_ssh, lab_restart_node)
 cluster = Collection("cluster", cluster_check, cluster_doctor, cluster_provision, cluster_idle, cluster_reset)
 trainer = Collection("trainer", trainer_deploy)
-bench = Collection("bench", bench_all, bench_run, bench_faults, bench_report)
+bench = Collection("bench", bench_all, bench_run, bench_faults, bench_report, bench_compare, bench_export)
 bundle = Collection("bundle", bundle_build, bundle_verify)
 
 ns = Collection(lab, cluster, trainer, bench, bundle, test, demo)

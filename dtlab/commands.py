@@ -20,12 +20,14 @@ from dtlab.report import (
     STUDY_REPORT_DIR,
     EmptyStoreError,
     ReportFiles,
+    compare,
     generate_report,
     parse_priorities,
     write_report,
 )
 from dtlab.report.build import build_study_report
-from dtlab.results import ResultStore
+from dtlab.report.mlperf_export import MlperfExport, export_mlperf
+from dtlab.results import ResultStore, mlperf_log
 
 # --- cluster and trainer -------------------------------------------------------------
 
@@ -205,6 +207,36 @@ def bench_report(
         raise DtlabError(f"bench.report: {len(files.left_out)} stored run(s) could not be read and are left "
                          "out of the report (named above); the report was written without them")
     return files
+
+
+def bench_export(cell: str, *, mlperf: str | None = None, inventory: str | None = None,
+                 results_dir: str | os.PathLike[str] | None = None,
+                 profile: str | None = None) -> MlperfExport:
+    """`invoke bench.export CELL --mlperf DIR`: the cell's runs as MLPerf's summarizer and compliance checker
+    read them (dtlab.report.mlperf_export); bad input is one line before anything is written."""
+    if mlperf is None:
+        raise DtlabError("bench.export: give --mlperf DIR, the folder to lay the cell's runs out in")
+    if results_dir is None:
+        results_dir = results_dir_for(load_cluster(inventory, allow_placeholders=True).name)
+    done = export_mlperf(ResultStore(results_dir), cell, mlperf, profile=profile)
+    target = "none set" if done.target_accuracy is None else f"{done.target_accuracy:g}"
+    print(f"bench.export: {len(done.results)} run(s) of {cell} in {done.benchmark_dir} "
+          f"(target accuracy {target}, {done.missed_target} missed)")
+    print(f"  system {done.system_file}; rules with the target: {done.ruleset_file}")
+    print(f"  check: python -m mlperf_logging.compliance_checker --usage {mlperf_log.USAGE} "
+          f"--ruleset {mlperf_log.RULESET} --config {done.ruleset_file} {done.results[0]}")
+    return done
+
+
+def bench_compare(a: str, b: str, *, revisions: str | None = None, profile: str | None = None
+                  ) -> compare.Comparison:
+    """`invoke bench.compare A B`: each matching cell's figures, B against A, marked regression, improvement
+    or within noise (dtlab/report/compare.py); the caller exits 1 on a regression. Bad input raises
+    DtlabError (one line, exit 2) before anything is printed."""
+    compared = compare.compare_runs(a, b, revisions=revisions, profile=profile)
+    for line in compared.lines():
+        print(line)
+    return compared
 
 
 # --- the demo ----------------------------------------------------------------------------

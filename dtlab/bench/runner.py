@@ -78,6 +78,8 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
         # drained for the rest of this matrix: name -> the failed check that drained it.
         self.gate: doctor.GateFile | None = None
         self.drained: dict[str, str] = {}
+        # The loaded profile's target_accuracy: each recorded run's MLPerf log states it (dtlab.results).
+        self.target_accuracy: float | None = None
 
     # --- the matrix ----------------------------------------------------------------
 
@@ -89,6 +91,7 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
             device=self.cluster.device,
         )
         selected = loaded.select(self.options.only)
+        self.target_accuracy = loaded.target_accuracy
         if self.options.retries < 0:
             raise DtlabError(f"--retries {self.options.retries}: must be >= 0")
         if self.options.timeout_s is not None and self.options.timeout_s <= 0:
@@ -256,7 +259,7 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
         if self.display:
             self.display.start_cell(cell, number_in_run)
         provenance = Provenance(config_hash(cell), self.git_rev, self.cluster.name, log_dir=attempt.log_dir,
-                                attempt=attempt.number)
+                                attempt=attempt.number, target_accuracy=self.target_accuracy)
         planned: launching.Launch | None = None
         self.phases = {}
         mark = time.monotonic()

@@ -113,7 +113,8 @@ def unreadable_reason(run: Run) -> str | None:
 class Provenance:
     """What every recorded attempt carries, ok or failed: the config it ran (its hash), the code (git
     revision), the cluster (inventory name, each node's environment), its logs, how long the harness
-    took, which attempt it was (None: the next free one), and its fault record (faulted cells)."""
+    took, which attempt it was (None: the next free one), its fault record (faulted cells) and the profile's
+    quality target (for the run's MLPerf log)."""
 
     config_hash: str
     git_rev: str | None
@@ -123,3 +124,5 @@ class Provenance:
     harness_time_s: float | None = None
     attempt: int | None = None
     fault_record: Mapping[str, Any] | None = None
+    # The profile's target_accuracy when recorded (dtlab.matrix): the run's MLPerf log's target and status.
+    target_accuracy: float | None = None

@@ -17,6 +17,7 @@ from dtlab.cell import Cell
 from dtlab.errors import DtlabError
 from dtlab.files import atomic_copy, atomic_write_text
 from dtlab.paths import results_dir_for
+from dtlab.results import mlperf_log
 from dtlab.results.database import ResultsDatabase
 from dtlab.results.records import Attempt, Provenance, Run, newest_per_cell, result_strategy, validate_result
 from dtlab.results.schema import run_from_row
@@ -155,6 +156,10 @@ class ResultStore(ResultsDatabase):
         recorded_at = _now()
         if result is not None:
             atomic_write_text(folder / "result.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
+            # The same run in MLPerf's log format, beside it (dtlab.results.mlperf_log).
+            atomic_write_text(folder / mlperf_log.FILENAME, mlperf_log.log_text(
+                result, system=mlperf_log.system_name(provenance.inventory, cell),
+                target_accuracy=provenance.target_accuracy))
         if status == "failed":
             failure = {
                 "cell": cell.to_dict(),
