@@ -27,7 +27,7 @@ from dtlab.errors import DtlabError
 from dtlab.paths import results_dir_for
 from dtlab.report.aggregate import MIN_RUNS_FOR_SPREAD, GroupStats, Sample, Spread, ratio_spread
 from dtlab.report.build import newest_setup_only
-from dtlab.report.comparison_measures import _startup as startup_measure  # Table B.10's start-up
+from dtlab.report.comparison_measures import startup as startup_measure  # Table B.10's start-up
 from dtlab.report.numbers import fmt
 from dtlab.report.study import DISPLAY_NAMES
 from dtlab.results import ResultStore, Run, newest_per_cell, unreadable_reason

@@ -38,7 +38,6 @@ from dtlab.report.comparison_measures import (
     _recovery,
     _reproducibility,
     _speed,
-    _startup,
     _unattended,
     _whole_run,
     centralised_features,
@@ -47,6 +46,7 @@ from dtlab.report.comparison_measures import (
     in_pipelines,
     launcher_lines,
     moving_parts,
+    startup,
     study_qualitative,
     upstream_text,
 )
@@ -192,7 +192,7 @@ def build_comparison(
     parts = {}
     for p in PLATFORMS:
         key = (p, count, short)
-        measures["startup"][p] = _startup(samples, key) if count is not None else Measure(None, "no run")
+        measures["startup"][p] = startup(samples, key) if count is not None else Measure(None, "no run")
         measures["speed"][p] = _speed(groups, key) if count is not None else Measure(None, "no run")
         measures["recovery"][p] = _recovery(faults, p)
         measures["reproducibility"][p] = _reproducibility(groups, p)
@@ -250,5 +250,6 @@ __all__ = [
     "cluster_ranked",
     "code_lines", "comparison_count", "idle_use", "in_pipelines", "launcher_lines", "moving_parts",
     "parse_priorities", "provisioning_times", "rank", "read_records", "recommendation_table",
-    "shared_roles", "study_qualitative", "study_tables", "tiers", "variable_platform", "with_recommendation",
+    "shared_roles", "startup", "study_qualitative", "study_tables", "tiers", "variable_platform",
+    "with_recommendation",
 ]

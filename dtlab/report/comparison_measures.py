@@ -203,14 +203,16 @@ def comparison_count(groups: Mapping[GroupKey, GroupStats], short: int | None) -
     return max(counts) if counts else None
 
 
-def _startup(samples: Iterable[Sample], key: GroupKey) -> Measure:
+def startup(samples: Iterable[Sample], key: GroupKey) -> Measure:
+    """Submit → first step (Table B.3's first two phases) of each run of the group `key` that has them."""
+    mine = [s for s in samples if (s.framework, s.gpus, s.epochs) == key]
     values = tuple(
         sum(dict(s.phases)[p] for p in STARTUP_PHASES)
-        for s in samples
-        if (s.framework, s.gpus, s.epochs) == key and all(p in dict(s.phases) for p in STARTUP_PHASES)
+        for s in mine
+        if all(p in dict(s.phases) for p in STARTUP_PHASES)
     )
     if not values:
-        return Measure(None, "no whole-run clock recorded")
+        return Measure(None, "no whole-run clock recorded" if mine else "no run")
     mean = sum(values) / len(values)
     return Measure(mean, f"{fmt(mean, 'time_s')} s; {_interval_text(values, 'time_s', ' s')}", values)
 

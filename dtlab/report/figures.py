@@ -4,6 +4,7 @@ accuracy curves, the fault timelines and the strategies' lines over model size, 
 from __future__ import annotations
 
 import functools
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,12 +12,14 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from dtlab import platforms
+from dtlab.report.decision_figure import BASELINE_MARK, DID_NOT_RECOVER, EXACT, MEASURED
 from dtlab.report.strategies import model_size_rank
 from dtlab.report.study import DISPLAY_NAMES
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
+    from dtlab.report.decision_figure import CriterionPanel, Mark
     from dtlab.report.faults import FaultOutcome
     from dtlab.report.strategies import SizePoint
 
@@ -282,6 +285,72 @@ def fault_timelines(outcomes: Sequence[FaultOutcome], *, title: str) -> Figure:
     )
     axes.set_title(title, fontsize="medium")
     figure.tight_layout(rect=(0, _LEGEND_ROW_IN / height, 1, 1))  # the legend's row below the axes
+    return figure
+
+
+DECISION_WIDTH_IN = 11.6  # 1160 px: the HTML report's column at 1280 px, so it is never scaled down
+_ROW_IN = 0.5
+_LABEL_BOX = {"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 0.5}  # over a reference line
+
+
+def _decision_mark(axes, y: float, mark: Mark, colour: str, right: float) -> None:
+    """One platform's mark in one column of Figure B.5 (dtlab.report.decision_figure's kinds)."""
+    kind = mark.kind
+    if kind in (MEASURED, BASELINE_MARK):
+        error = ([[mark.value - mark.low], [mark.high - mark.value]] if mark.low is not None else None)
+        axes.barh(y, mark.value, 0.55, color=colour, xerr=error, capsize=3,
+                  error_kw={"ecolor": "black", "elinewidth": 1})
+        end = mark.high if mark.high is not None else mark.value
+        axes.annotate(mark.label, (end, y), xytext=(3, 0), textcoords="offset points", va="center",
+                      fontsize=8.5, bbox=_LABEL_BOX)
+    elif kind == EXACT:  # a count from the repository, e.g. 0 MiB for no daemon: a tick, not a bar
+        axes.plot([mark.value], [y], marker="|", markersize=16, markeredgewidth=2.5, color=colour)
+        axes.annotate(textwrap.fill(mark.label, 24), (mark.value, y), xytext=(5, 0),
+                      textcoords="offset points", va="center", fontsize=8.5)
+    elif kind == DID_NOT_RECOVER:
+        axes.barh(y, right, 0.55, color="none", hatch="xx", edgecolor=colour)
+        axes.text(0.03, y, mark.label, transform=axes.get_yaxis_transform(), va="center", fontsize=8.5,
+                  bbox={"facecolor": "white", "edgecolor": "none", "pad": 1})
+    else:  # not measured: an empty, hatched row across the column, never a bar at zero
+        axes.axhspan(y - 0.3, y + 0.3, facecolor="none", hatch="///", edgecolor="#d8d8d8", linewidth=0)
+        head, _, reason = mark.label.partition(": ")
+        shown = head + (f"\n({textwrap.fill(reason, 26)})" if reason else "")
+        axes.text(0.04, y, shown, transform=axes.get_yaxis_transform(), va="center", fontsize=8,
+                  color="#444444", style="italic",
+                  bbox={"facecolor": "white", "edgecolor": _MISSING_COLOUR, "linestyle": "--", "pad": 2})
+
+
+def criteria_row(panels: Sequence[CriterionPanel], *, platforms: Sequence[str], title: str) -> Figure:
+    """Figure B.5: one column per criterion, one row per platform, each mark its mean with its min–max
+    (whiskers, where 2 or more runs) and n; a platform with nothing measured on a criterion gets a hatched
+    empty row saying "not measured" and why. Each column keeps its own scale, from 0."""
+    mpl = _matplotlib()
+    height = 1.9 + _ROW_IN * len(platforms)
+    figure = mpl.Figure(figsize=(DECISION_WIDTH_IN, height), dpi=FIGURE_DPI)
+    mpl.FigureCanvasAgg(figure)
+    axes_row = figure.subplots(1, len(panels), sharey=True, squeeze=False)[0]
+    rows = range(len(platforms))
+    for axes, panel in zip(axes_row, panels, strict=True):
+        timed = [m for m in panel.marks.values() if m.kind in (MEASURED, BASELINE_MARK)]
+        largest = max((max(m.value, m.high or 0.0) for m in timed), default=0.0)
+        right = max(largest, panel.reference or 0.0) * 2.0 if timed else 1.0  # room for the labels
+        for y, platform in zip(rows, platforms, strict=True):
+            colour = FRAMEWORK_COLOURS.get(platform, _OTHER_COLOUR)
+            _decision_mark(axes, y, panel.marks[platform], colour, right)
+        if panel.reference is not None and timed:
+            axes.axvline(panel.reference, color="black", linestyle="--", linewidth=0.8)
+        axes.set_xlim(0, right)
+        axes.xaxis.set_major_locator(mpl.MaxNLocator(4))
+        axes.tick_params(axis="x", labelsize=8)
+        if not timed:  # nothing on a scale: no ticks that would read as one
+            axes.set_xticks([])
+        axes.set_xlabel(textwrap.fill(panel.axis, 34), fontsize=8)
+        axes.set_title(f"{panel.title}\n{panel.n_text}", fontsize=9.5)
+        axes.grid(axis="x", alpha=0.3)
+    axes_row[0].set_yticks(list(rows), [DISPLAY_NAMES.get(p, p) for p in platforms], fontsize=10)
+    axes_row[0].set_ylim(len(platforms) - 0.5, -0.5)  # the first platform on top
+    figure.suptitle(title, fontsize=12)
+    figure.subplots_adjust(left=0.105, right=0.985, wspace=0.1, top=1 - 1.05 / height, bottom=0.75 / height)
     return figure
 
 

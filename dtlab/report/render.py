@@ -17,6 +17,10 @@ from dtlab.platforms import BASELINE
 from dtlab.report import figures
 from dtlab.report.aggregate import Derived, Spread, spread, time_to_target
 from dtlab.report.build import Report
+from dtlab.report.comparison_measures import comparison_count
+from dtlab.report.decision_figure import STEM as DECISION_STEM
+from dtlab.report.decision_figure import TITLE as DECISION_TITLE
+from dtlab.report.decision_figure import decision_panels
 from dtlab.report.numbers import fmt
 from dtlab.report.study import (
     FRAMEWORKS,
@@ -213,10 +217,27 @@ def draw_figures(report: Report, figure_dir: Path) -> list[dict]:
             "stem": "figure-b.2-fault-recovery",
         }
     for item in [*drawn, *_fault_figures(report)]:
-        png, svg = figures.save(item.pop("figure"), figure_dir / item["stem"])
-        item["png"], item["svg"] = png, svg
-        item["png_base64"] = base64.b64encode(png.read_bytes()).decode("ascii")
+        _saved(item, figure_dir)
     return drawn
+
+
+def figure_decision(report: Report) -> figures.Figure | None:
+    """Figure B.5, right after the verdict: per platform, the measured criteria side by side; None where
+    there is no verdict (the study's own report) or no run measured anything (only failures recorded)."""
+    if report.verdict is None or report.comparison is None:
+        return None
+    if not report.comparison.ran and report.faults is None:
+        return None
+    count = comparison_count(report.groups, report.short_epochs)
+    panels = decision_panels(report.comparison, report.groups, report.short_epochs, count)
+    return figures.criteria_row(panels, platforms=report.comparison.platforms, title=DECISION_TITLE)
+
+
+def _saved(item: dict, figure_dir: Path) -> dict:
+    png, svg = figures.save(item.pop("figure"), figure_dir / item["stem"])
+    item["png"], item["svg"] = png, svg
+    item["png_base64"] = base64.b64encode(png.read_bytes()).decode("ascii")
+    return item
 
 
 def write_report(report: Report, out_dir: Path) -> ReportFiles:
@@ -224,7 +245,10 @@ def write_report(report: Report, out_dir: Path) -> ReportFiles:
     files = ReportFiles(out_dir, out_dir / "report.md", out_dir / "report.html",
                         left_out=list(report.left_out))
     report.figures = draw_figures(report, out_dir / "figures")
-    for item in [*report.figures, *_fault_figures(report)]:
+    decision_figure = figure_decision(report)
+    decision = (_saved({"title": DECISION_TITLE, "figure": decision_figure, "stem": DECISION_STEM},
+                       out_dir / "figures") if decision_figure is not None else None)
+    for item in [*([decision] if decision else []), *report.figures, *_fault_figures(report)]:
         files.figures += [item["png"], item["svg"]]
         item["png_rel"] = item["png"].relative_to(out_dir).as_posix()
         item["svg_rel"] = item["svg"].relative_to(out_dir).as_posix()
@@ -246,7 +270,8 @@ def write_report(report: Report, out_dir: Path) -> ReportFiles:
         files.csv.append(path)
         table.csv_rel = path.relative_to(out_dir).as_posix()
     env = _environment()
-    context = {"report": report, "csv_files": [p.relative_to(out_dir).as_posix() for p in files.csv]}
+    context = {"report": report, "decision": decision,
+               "csv_files": [p.relative_to(out_dir).as_posix() for p in files.csv]}
     atomic_write_text(files.markdown, env.get_template(MARKDOWN_TEMPLATE).render(**context))
     atomic_write_text(files.html, env.get_template(HTML_TEMPLATE).render(**context))
     return files

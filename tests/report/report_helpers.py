@@ -48,6 +48,25 @@ def record(
     )
 
 
+def record_with_clock(store: ResultStore, cell: Cell, *, time_s: float, startup_s: float,
+                      device: str = "cpu"):
+    """One ok run with the whole-run clock: its first step `startup_s` after submit, then `time_s` of
+    training (Table B.3's phases, the start-up of Table B.10)."""
+    result = made_up_result(cell.framework, cell.gpus, cell.epochs, cell.seed, time_total_s=time_s,
+                            final_accuracy=0.8, device=device, framework_label=f"{cell.framework} ({device})")
+    submitted = 1000.0
+    result["harness_timeline_unix"] = {"submitted": submitted, "recorded": submitted + startup_s + time_s + 2}
+    result["timeline_unix"] = {
+        "process_started": submitted + 2.0,
+        "first_step_done": submitted + startup_s,
+        "training_started": submitted + startup_s,
+        "training_ended": submitted + startup_s + time_s,
+    }
+    return store.record_ok(cell, result, Provenance(config_hash="0123456789abcdef", git_rev="deadbeef",
+                                                    inventory="lab", node_versions={},
+                                                    harness_time_s=time_s + startup_s + 2))
+
+
 def record_failure(store: ResultStore, cell: Cell, reason: str = "executor lost", **provenance):
     """One failed attempt of `cell`, as bench records it when a node dies; `provenance` overrides
     Provenance's fields (inventory, log_dir, harness_time_s, ...)."""

@@ -273,6 +273,26 @@ def test_the_timeline_has_a_row_per_faulted_run_and_its_moments(fault_store):
     assert any(t.get_text() == " no undisturbed run recorded" for t in axes.texts)
 
 
+def test_the_decision_figure_draws_recovery_from_the_fault_runs(fault_store):
+    from dtlab.report.decision_figure import DID_NOT_RECOVER, MEASURED, MISSING, decision_panels
+    from dtlab.report.render import figure_decision
+
+    report = build_report(fault_store)
+    figure = figure_decision(report)
+    recovery = figure.axes[2]
+    assert recovery.get_title() == "Recovery from a fault\ntotal / undisturbed time\nn = 1 fault run each"
+    texts = [t.get_text() for t in recovery.texts]
+    # DDP 45 s against its 30 s twin, Spark 90 s against 60 s: Table B.5's 1.50x, one fault run each.
+    assert texts.count("1.50× (n=1)") == 2
+    assert "did not recover (n=1)" in texts  # Ray
+    assert "not measured\n(no measured recovery (no\nundisturbed twin, or the\nfault never fired))" in texts
+    assert texts.count("not measured\n(no fault run)") == 2  # Slurm and Horovod
+    [_, _, panel, _, _] = decision_panels(report.comparison, report.groups, report.short_epochs, 2)
+    assert {p: m.kind for p, m in panel.marks.items()} == {
+        "ddp": MEASURED, "determined": MISSING, "spark": MEASURED, "ray": DID_NOT_RECOVER,
+        "slurm": MISSING, "horovod": MISSING}
+
+
 def test_a_store_without_faulted_runs_has_no_section(tmp_path):
     store = ResultStore(tmp_path / "results")
     twin = cell("ddp", profile="twins")

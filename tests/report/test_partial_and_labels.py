@@ -56,6 +56,7 @@ def test_store_with_only_failures_reports_them_and_the_study(tmp_path):
         "executor lost",
     ]
     files = generate_report(store, tmp_path / "report")
+    # No decision figure (B.5) either: nothing ran to be measured, so it would be "not measured" throughout.
     assert {p.name for p in files.figures} == {"figure-5.1.png", "figure-5.1.svg"}
     this, study = figure_panels(figure_5_1(report))
     assert this["bars"] == {} and "no successful runs yet" in this["labels"]

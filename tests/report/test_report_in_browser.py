@@ -16,7 +16,11 @@ CHROMIUM = shutil.which("chromium-headless-shell") or shutil.which("chromium")
 LAPTOP = (1280, 800)
 # Appended to a copy of the report: records how wide the page lays out, for --dump-dom to read.
 PROBE = ("<script>document.body.dataset.pageWidth = document.documentElement.scrollWidth;"
-         "document.body.dataset.widestImage = Math.max(...[...document.images].map(i => i.width));</script>")
+         "document.body.dataset.viewWidth = document.documentElement.clientWidth;"
+         "document.body.dataset.widestImage = Math.max(...[...document.images].map(i => i.width));"
+         "const decision = document.querySelector('#decision-figure img');"
+         "document.body.dataset.decision = decision ? decision.width + 'x' + decision.height : 'none';"
+         "</script>")
 
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="no headless Chromium (scripts/setup.sh installs "
                                 "chromium-headless-shell where apt has it)")
@@ -30,14 +34,20 @@ def browser(*args: str, page) -> subprocess.CompletedProcess:
     )
 
 
-def laid_out_width(html) -> tuple[int, int]:
+def laid_out(html) -> dict[str, str]:
+    """How the page lays out in the window: its width, the window's, the widest image's and the decision
+    figure's ("WxH", or "none")."""
     probe = html.with_name("probe.html")
     probe.write_text(html.read_text().replace("</body>", PROBE + "</body>"))
     dom = browser("--dump-dom", page=probe).stdout
-    page = re.search(r'data-page-width="(\d+)"', dom)
-    image = re.search(r'data-widest-image="(\d+)"', dom)
-    assert page and image, dom[-500:]
-    return int(page.group(1)), int(image.group(1))
+    found = dict(re.findall(r'data-(page-width|view-width|widest-image|decision)="([^"]+)"', dom))
+    assert len(found) == 4, dom[-500:]
+    return found
+
+
+def laid_out_width(html) -> tuple[int, int]:
+    found = laid_out(html)
+    return int(found["page-width"]), int(found["widest-image"])
 
 
 @pytest.mark.parametrize("source", ["recorded runs", "the study alone"])
@@ -60,3 +70,20 @@ def test_report_fits_a_laptop_window(tmp_path, source):
     image = Image.open(screenshot).convert("RGB")
     assert image.size == LAPTOP
     assert len(image.getcolors(1_000_000)) > 50, "the screenshot shows a rendered page, not a blank one"
+
+
+def test_the_decision_figure_fits_the_page_after_the_verdict(tmp_path):
+    """Figure B.5 at 1280 px: in the page, no wider than the page, shown at (nearly) its own size so its
+    labels stay readable, and the page does not scroll sideways."""
+    store = ResultStore(tmp_path / "results")
+    fill_with_study_runs(store)
+    files = generate_report(store, tmp_path / "report")
+    found = laid_out(files.html)
+    assert found["decision"] != "none", "Figure B.5 is not in the page"
+    width, height = map(int, found["decision"].split("x"))
+    page, view = int(found["page-width"]), int(found["view-width"])
+    assert page <= view <= LAPTOP[0], f"the page lays out {page} px wide in a {view} px window"
+    assert 0 < width <= view
+    drawn = Image.open(tmp_path / "report" / "figures" / "figure-b.5-decision.png")
+    assert width >= 0.95 * drawn.width, f"shown at {width} of its {drawn.width} px: its text shrinks"
+    assert abs(height / width - drawn.height / drawn.width) < 0.01, "drawn to scale"

@@ -160,7 +160,9 @@ def test_markdown_html_and_csv_are_written(files):
     title = "Figure 5.1: overhead against DDP per framework, this cluster beside the study"
     assert f"![{title}](figures/figure-5.1.png)" in markdown
     html = files.html.read_text()
-    assert html.count('src="data:image/png;base64,') == 2 and '<h3 id="table-5.9-overhead">' in html
+    # Figure B.5 (the decision figure, after the verdict), Figure 5.1 and Figure B.1, embedded.
+    assert html.count('src="data:image/png;base64,') == 3 and '<h3 id="table-5.9-overhead">' in html
+    assert html.index('<figure id="decision-figure"') < html.index('alt="Figure 5.1')
     with (files.out_dir / "tables" / "table-5.8-scaling.csv").open() as handle:
         rows = list(csv.DictReader(handle))
     assert [row["Framework"].split(" [")[0] for row in rows] == [DDP, DET, SPARK]
