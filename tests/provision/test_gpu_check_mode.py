@@ -11,6 +11,7 @@ import threading
 import pytest
 
 from dtlab import paths
+from tests.provision.provision_helpers import site_plays
 
 ANSIBLE_PLAYBOOK = paths.REPO_ROOT / ".venv" / "bin" / "ansible-playbook"
 STAND_IN_KEY = ("-----BEGIN PGP PUBLIC KEY BLOCK-----\n\nstand-in key for a check-mode test\n"
@@ -55,7 +56,7 @@ def key_server(tmp_path):
 def run_check_mode(inventory, *extra_args):
     env = {**os.environ, "ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_NOCOLOR": "1"}
     return subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), "ansible/nvidia.yml", "ansible/docker.yml",
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory), str(site_plays(inventory.parent, "nvidia", "docker")),
          "--check", *extra_args], cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
 
 

@@ -12,6 +12,7 @@ import pytest
 from ansible.errors import AnsibleFilterError
 
 from dtlab import paths
+from tests.provision.provision_helpers import site_plays
 
 ANSIBLE = paths.REPO_ROOT / ".venv" / "bin" / "ansible"
 ANSIBLE_PLAYBOOK = paths.REPO_ROOT / ".venv" / "bin" / "ansible-playbook"
@@ -145,8 +146,8 @@ def test_a_run_with_tags_that_skip_fact_gathering_does_not_need_the_interface(tm
         "          ansible_python_interpreter: /usr/bin/python3\n"
     )
     result = subprocess.run(
-        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory_dir / "hosts.yml"), "ansible/common.yml", "--check",
-         "--tags", "no-such-component"],
+        [str(ANSIBLE_PLAYBOOK), "-i", str(inventory_dir / "hosts.yml"), str(site_plays(tmp_path, "common")),
+         "--check", "--tags", "no-such-component"],
         capture_output=True, text=True, timeout=300, env=ENV, cwd=paths.REPO_ROOT,
     )
     assert result.returncode == 0, result.stdout[-3000:]
