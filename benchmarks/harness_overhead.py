@@ -24,7 +24,7 @@ from collections import defaultdict
 
 from dtlab.bench import Bench, BenchOptions
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
+from dtlab.platforms import load_cluster
 
 DDP_TARGET_S = 10.0
 LEGEND = """

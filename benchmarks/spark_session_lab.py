@@ -23,8 +23,8 @@ import tempfile
 from pathlib import Path
 
 from dtlab import paths, provision
-from dtlab.inventory import load_cluster
 from dtlab.lab import inventory as lab_inventory
+from dtlab.platforms import load_cluster
 from dtlab.report.aggregate import WHOLE_RUN_PHASES, whole_run_phases
 from dtlab.results import ResultStore
 

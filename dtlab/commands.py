@@ -13,9 +13,10 @@ from dtlab import cluster as cluster_module
 from dtlab import doctor, paths
 from dtlab.bench import Bench, BenchOptions, Display
 from dtlab.errors import DtlabError
-from dtlab.inventory import Cluster, load_cluster
+from dtlab.inventory import Cluster
 from dtlab.outcome import CellOutcome
 from dtlab.paths import results_dir_for
+from dtlab.platforms import load_cluster
 from dtlab.report import (
     STUDY_REPORT_DIR,
     EmptyStoreError,

@@ -1,7 +1,7 @@
 """trainer.deploy: push the trainer code to every node, check the environments match, build the image.
 
 The code goes over Fabric's sftp as one tarball per node and replaces dtlab_code_dir in one rename, so
-a node never has half a trainer. Where dtlab_trainer_runtime is docker, the study's DDP image (Listing
+a node never has half a trainer. Where dtlab_trainer_runtime is docker, the study's trainer image (Listing
 4.1) is rebuilt on each worker from the trainer role's Dockerfile; the code itself is mounted at /app. With
 an offline bundle (dtlab_bundle) nothing can be built (no base image, no package index): the trainer role
 loaded the bundle's image, and each worker is only asked that it has it.
@@ -78,19 +78,17 @@ def push(cluster: Cluster, node: Node, archive: Path, revision: str) -> str:
 
 
 def build_image(cluster: Cluster, node: Node) -> None:
-    """Rebuild the DDP image from the Dockerfile the trainer role put in <dtlab_root>/docker."""
-    from dtlab.platforms.ddp import trainer_image
-
+    """Rebuild the trainer image from the Dockerfile the trainer role put in <dtlab_root>/docker."""
     context = f"{cluster.require('dtlab_root')}/docker"
     command = (
         f"test -f {shlex.quote(context)}/Dockerfile || {{ echo 'no {context}/Dockerfile: run "
         f"ansible-playbook site.yml --tags trainer'; exit 3; }}; "
-        f"docker build -q -t {shlex.quote(trainer_image(cluster))} {shlex.quote(context)}"
+        f"docker build -q -t {shlex.quote(cluster.trainer_image)} {shlex.quote(context)}"
     )
     answer = remote.run(node, command, timeout=1800)
     if not answer.ok:
         raise DtlabError(
-            f"host {node.name}: docker build of {trainer_image(cluster)} failed: "
+            f"host {node.name}: docker build of {cluster.trainer_image} failed: "
             f"{(answer.stderr or answer.stdout).strip()[-200:]}"
         )
 
@@ -141,14 +139,12 @@ def deploy(cluster: Cluster, say=print) -> dict[str, object]:
     )
 
     if cluster.trainer_runtime == "docker":
-        from dtlab.platforms.ddp import trainer_image
-
         offline = bool(cluster.var("dtlab_bundle", ""))
-        failures = remote.fan_out(cluster.workers, lambda node: require_image(node, trainer_image(cluster))
+        failures = remote.fan_out(cluster.workers, lambda node: require_image(node, cluster.trainer_image)
                                   if offline else build_image(cluster, node))
         problems = [str(a) for a in failures.values() if isinstance(a, BaseException)]
         if problems:
             raise DtlabError(problems[0])
         where = "from the offline bundle, on" if offline else "built on"
-        say(f"docker image {trainer_image(cluster)} {where} {', '.join(n.name for n in cluster.workers)}")
+        say(f"docker image {cluster.trainer_image} {where} {', '.join(n.name for n in cluster.workers)}")
     return {"revision": revision, "versions": versions}

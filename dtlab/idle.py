@@ -27,7 +27,8 @@ from typing import Any
 from dtlab import paths, platforms, remote
 from dtlab.errors import DtlabError
 from dtlab.files import atomic_write_text
-from dtlab.inventory import Cluster, Node, load_cluster
+from dtlab.inventory import Cluster, Node
+from dtlab.platforms import load_cluster
 
 IDLE_FORMAT = 1  # the record's JSON layout, read by dtlab.report.comparison
 DEFAULT_INTERVAL_S = 10.0

@@ -29,7 +29,8 @@ import yaml
 from dtlab import paths
 from dtlab.errors import DtlabError
 from dtlab.files import atomic_write_text
-from dtlab.inventory import default_inventory_path, load_cluster
+from dtlab.inventory import default_inventory_path
+from dtlab.platforms import load_cluster
 
 STAT_KEYS = ("ok", "changed", "failures", "dark", "skipped")
 PROVISION_FORMAT = 1  # the record's JSON layout, read by dtlab.report.comparison
@@ -233,7 +234,7 @@ def converge(inventory: str | Path | None = None, *, check: bool = False, diff: 
              progress: Callable[[str], None] | None = None) -> ConvergeResult:
     """Run a playbook from the repository root (so ansible.cfg applies) and return its recap.
 
-    The inventory is checked first (dtlab.inventory.load_cluster, as site.yml's first play does): a bad
+    The inventory is checked first (dtlab.platforms.load_cluster, as site.yml's first play does): a bad
     one raises DtlabError before anything is written. `progress` gets a line per play, task and task
     outcome as they happen (invoke demo prints them); without it the run is silent. A successful
     whole-site run is recorded (record_provision); check mode, tags, a limit or another playbook never.

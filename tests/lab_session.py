@@ -63,7 +63,7 @@ def build_bundle(name: str) -> Path:
     """The test lab's offline bundle (dtlab.bundle, docs/offline.md), built or brought up to date; its plan
     comes from the default lab's inventory, which has the test lab's shape and group_vars."""
     from dtlab import bundle
-    from dtlab.inventory import load_cluster
+    from dtlab.platforms import load_cluster
 
     cluster = load_cluster(paths.INVENTORY_DIR / "lab.yml")
     directory = bundle_dir(name)
@@ -73,7 +73,7 @@ def build_bundle(name: str) -> Path:
 
 def verify_bundle(name: str) -> list[str]:
     from dtlab import bundle
-    from dtlab.inventory import load_cluster
+    from dtlab.platforms import load_cluster
 
     return bundle.verify(load_cluster(paths.INVENTORY_DIR / "lab.yml"), bundle_dir(name))
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dtlab import detconfig
 from dtlab.errors import DtlabError
 from dtlab.pins import pinned
+from dtlab.platforms.determined import config as detconfig
 from trainer.config import TrainConfig
 
 CONFIGS = detconfig.experiment_configs()

@@ -49,8 +49,9 @@ DEVICES = ("auto", "cpu", "cuda")
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # strategy pipeline's; the first is the default
 # The one list of platforms: the result schema, the matrix schema and dtlab's registry of platforms
-# (dtlab/platforms/, one module per name) all read it from here.
+# (dtlab/platforms/, one package per name) all read it from here.
 FRAMEWORKS = ("ddp", "spark", "determined", "ray", "slurm", "horovod")
+DEFAULT_FRAMEWORK = FRAMEWORKS[0]  # torchrun's: the core's own hooks, and a config that names none
 # A hub id is "name" or "owner/name"; anything else is treated as a local path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _SOURCE = {"minLength": 1, "message": "is empty; give a hub id or a local path"}
@@ -140,7 +141,7 @@ class TrainConfig:
     checkpoint_dir: str | None = not_hashed(None)  # None = no checkpoints
     cache_dir: str | None = not_hashed(None)  # tokenized-split cache; None = <output_dir>/../token-cache
     # --- labels ---
-    framework: str = not_hashed("ddp", enum=FRAMEWORKS)
+    framework: str = not_hashed(DEFAULT_FRAMEWORK, enum=FRAMEWORKS)
     framework_label: str | None = not_hashed(None)  # overrides the launcher's label in result.json
 
     def validate(self, *, local: bool = True) -> TrainConfig:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from trainer import checkpoint, progress, result, strategies
-from trainer.config import DDP_OPTIONS, ConfigError, TrainConfig, config_hash
+from trainer.config import DDP_OPTIONS, DEFAULT_FRAMEWORK, ConfigError, TrainConfig, config_hash
 from trainer.data import LengthGroupedBatchSampler, PaddedBatches, tokenized_splits, validation_batches
 from trainer.distributed import all_reduce_sum, gather, process_group, resolve_device
 from trainer.model import build_model
@@ -44,7 +44,7 @@ class TrainHooks:
     The core sets `self.cfg` before calling any of them.
     """
 
-    framework: str = "ddp"
+    framework: str = DEFAULT_FRAMEWORK
     framework_label: str = "ddp (torchrun)"
     cfg: TrainConfig | None = None
     # True when the launcher's own optimizer averages the gradients (Horovod's DistributedOptimizer):

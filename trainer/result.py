@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer import strategies
-from trainer.config import FRAMEWORKS, PIPELINE_SCHEDULES
+from trainer.config import DEFAULT_FRAMEWORK, FRAMEWORKS, PIPELINE_SCHEDULES
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -53,7 +53,7 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
     train_samples = sum(m["train_samples"] for m in epoch_metrics)
     steady = step_times[STEADY_STATE_SKIP_STEPS:] or step_times
     # The launcher's hooks name the framework unless the config names another one.
-    framework = cfg.framework if cfg.framework != "ddp" else launcher_framework
+    framework = cfg.framework if cfg.framework != DEFAULT_FRAMEWORK else launcher_framework
     label = cfg.framework_label or (launcher_label if launcher_framework == framework else framework)
     label += speed_options_label(cfg)
     return {

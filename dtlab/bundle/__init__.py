@@ -61,7 +61,8 @@ from dtlab.bundle.planning import (
 )
 from dtlab.bundle.verification import verify
 from dtlab.errors import DtlabError
-from dtlab.inventory import Cluster, load_cluster
+from dtlab.inventory import Cluster
+from dtlab.platforms import load_cluster
 
 # The names dtlab.bundle had as one module, all still read from here (tasks.py, the inventory check, tests).
 __all__ = [

@@ -4,16 +4,11 @@ The inventory is the one chosen by the `inventory =` line of ansible.cfg (the sa
 `ansible-playbook site.yml` uses, found and read by Ansible's own configuration, so ANSIBLE_CONFIG
 applies); ANSIBLE_INVENTORY or an explicit path (-i/--inventory) overrides it. Everything the
 harness knows about nodes, ports and paths comes from here: the model (model.py), finding and
-parsing the source (source.py) and the checks behind load_cluster (checks.py).
+parsing the source (source.py) and the checks behind read_cluster (checks.py), to which the platforms add
+theirs (dtlab.platforms.load_cluster, what every command reads the cluster with).
 """
 
-from dtlab.inventory.checks import (
-    PLACEHOLDER_NETWORKS,
-    PORT_RANGES,
-    PORT_SUFFIX,
-    SPARK_SESSIONS,
-    load_cluster,
-)
+from dtlab.inventory.checks import PLACEHOLDER_NETWORKS, PORT_SUFFIX, InventoryChecks, read_cluster
 from dtlab.inventory.model import LAB_GROUP, MASTER_GROUP, WORKERS_GROUP, Cluster, Node
 from dtlab.inventory.source import (
     YAML_SUFFIXES,
@@ -28,17 +23,16 @@ __all__ = [
     "LAB_GROUP",
     "MASTER_GROUP",
     "PLACEHOLDER_NETWORKS",
-    "PORT_RANGES",
     "PORT_SUFFIX",
-    "SPARK_SESSIONS",
     "WORKERS_GROUP",
     "YAML_SUFFIXES",
     "Cluster",
+    "InventoryChecks",
     "Node",
     "ansible_config_file",
     "check_source_readable",
     "default_inventory_path",
     "inventory_path",
-    "load_cluster",
+    "read_cluster",
     "reading_inventory",
 ]

@@ -1,40 +1,54 @@
-"""Reading and checking an inventory: load_cluster, and every check of groups, hosts, ports and versions."""
+"""Reading and checking an inventory: read_cluster, and every check of groups, hosts, addresses and ports.
+The checks a platform makes of its own variables are handed in (InventoryChecks), by dtlab.platforms."""
 
 from __future__ import annotations
 
 import ipaddress
 import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dtlab import paths
 from dtlab.errors import DtlabError
 from dtlab.inventory.model import MASTER_GROUP, WORKERS_GROUP, Cluster, Node
 from dtlab.inventory.source import _first_line, _read, check_source_readable
-from dtlab.pins import pinned
 
 # --- reading and checking an inventory -------------------------------------------------------------
 # The one implementation of the inventory checks: every `invoke` command reads the cluster with
-# load_cluster, and site.yml's first play (ansible/validate.yml) calls it through the action plugin
-# plugins/action/dtlab_inventory_check.py, so both refuse a bad inventory with the same line.
+# dtlab.platforms.load_cluster (read_cluster with the platforms' checks), and site.yml's first play (its
+# validation play) calls that through the action plugin plugins/action/dtlab_inventory_check.py, so both
+# refuse a bad inventory with the same line.
 
 # Documentation ranges (RFC 5737, RFC 3849): inventory/cluster.example.yml's placeholder addresses.
 PLACEHOLDER_NETWORKS = tuple(
     ipaddress.ip_network(net)
     for net in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24", "2001:db8::/32")
 )
-# Every variable named *_port (ansible_port, dtlab_rendezvous_port, spark_master_port, ...) is a TCP port.
+# Every variable named *_port (ansible_port, dtlab_rendezvous_port, ...) is a TCP port.
 PORT_SUFFIX = "_port"
-# How spark cells run (spark_session): each its own application, or a session on a Connect server.
-SPARK_SESSIONS = ("application", "connect")
 
 
-def load_cluster(inventory: str | Path | None = None, *, allow_placeholders: bool = False) -> Cluster:
+@dataclass(frozen=True)
+class InventoryChecks:
+    """What the inventory's readers add to its own checks (the platforms': dtlab.platforms.INVENTORY_CHECKS).
+    Each check raises DtlabError, one line starting with the `where` it is given."""
+
+    # A range of ports one service takes a port from, by its first and last port's variables: no other
+    # port of the host may lie inside it.
+    port_ranges: tuple[tuple[str, str], ...] = ()
+    host: tuple[Callable[[str, Node], None], ...] = ()  # each host, as it is read
+    cluster: tuple[Callable[[str, Cluster], None], ...] = ()  # across hosts, once all are read
+
+
+def read_cluster(inventory: str | Path | None = None, *, allow_placeholders: bool = False,
+                 checks: InventoryChecks = InventoryChecks()) -> Cluster:
     """Read and check the inventory (default: ansible.cfg's); the first problem is one DtlabError line.
 
     Nothing is written and no node is contacted: variables render only when read (the generated-secret
     lookups never run here) and Ansible's fact cache is not opened. With allow_placeholders, the
     documentation addresses of inventory/cluster.example.yml pass (for commands that contact no node).
+    `checks` are run too, at their moments; dtlab.platforms.load_cluster hands in every platform's.
     """
     path = check_source_readable(inventory)
     loader, manager, variables = _read(path)
@@ -42,11 +56,13 @@ def load_cluster(inventory: str | Path | None = None, *, allow_placeholders: boo
     hosts = manager.get_hosts()
     _check_groups(where, manager)
 
-    nodes = [_node(where, host, loader, variables, allow_placeholders) for host in hosts]
+    nodes = [_node(where, host, loader, variables, allow_placeholders, checks) for host in hosts]
     cluster = Cluster(
         name=str(nodes[0].var("dtlab_cluster_name") or path.stem), inventory_path=path, nodes=tuple(nodes)
     )
     _check_cluster(where, cluster)
+    for check in checks.cluster:
+        check(where, cluster)
     return cluster
 
 
@@ -86,8 +102,10 @@ def _check_groups(where: str, manager: Any) -> None:
         )
 
 
-def _node(where: str, host: Any, loader: Any, variables: Any, allow_placeholders: bool) -> Node:
-    """One host as a Node; its address, ports, GPU indices and device are checked on the way."""
+def _node(where: str, host: Any, loader: Any, variables: Any, allow_placeholders: bool,
+          checks: InventoryChecks) -> Node:
+    """One host as a Node; its address, ports, GPU indices and device are checked on the way, then `checks`'
+    host checks."""
     raw = variables.get_vars(host=host, include_hostvars=False)
     where = f"{where}: host {host.name}"
     render = _renderer(loader, raw, where)
@@ -105,20 +123,15 @@ def _node(where: str, host: Any, loader: Any, variables: Any, allow_placeholders
             " inventory/cluster.example.yml); set the node's real address"
         )
     ports = {key: _port(where, key, get(key)) for key in sorted(raw) if key.endswith(PORT_SUFFIX)}
-    _check_distinct_ports(where, ports)
+    _check_distinct_ports(where, ports, checks.port_ranges)
     gpu_indices = _gpu_indices(where, get("gpu_indices", []))
     device = str(get("dtlab_device", "cuda"))
     if device not in ("cuda", "cpu"):
         raise DtlabError(f"{where}: dtlab_device must be cuda or cpu, got {device!r}")
-    _check_spark_version(where, get("spark_version"))
-    spark_session = get("spark_session", "application")
-    if spark_session not in SPARK_SESSIONS:
-        raise DtlabError(f"{where}: spark_session must be {' or '.join(SPARK_SESSIONS)}, "
-                         f"got {spark_session!r}")
     ssh_args, known_hosts = _ssh_options(
         f"{get('ansible_ssh_common_args', '')} {get('ansible_ssh_extra_args', '')}"
     )
-    return Node(
+    node = Node(
         name=host.name,
         address=address,
         groups=tuple(sorted(g.name for g in host.get_groups() if g.name != "all")),
@@ -132,6 +145,9 @@ def _node(where: str, host: Any, loader: Any, variables: Any, allow_placeholders
         hostvars=dict(raw),
         render=render,
     )
+    for check in checks.host:
+        check(where, node)
+    return node
 
 
 def _is_placeholder(address: str) -> bool:
@@ -142,11 +158,7 @@ def _is_placeholder(address: str) -> bool:
     return any(ip in net for net in PLACEHOLDER_NETWORKS if net.version == ip.version)
 
 
-# A range of ports one service takes a port from, by its first and last port's variables.
-PORT_RANGES = (("ray_min_worker_port", "ray_max_worker_port"),)
-
-
-def _check_distinct_ports(where: str, ports: dict[str, int]) -> None:
+def _check_distinct_ports(where: str, ports: dict[str, int], ranges: tuple[tuple[str, str], ...]) -> None:
     """Two services on one port (or one inside another's range) would fail at start, on the node: refused
     here, before a secret is generated or a node contacted."""
     owner: dict[int, str] = {}
@@ -155,7 +167,7 @@ def _check_distinct_ports(where: str, ports: dict[str, int]) -> None:
             raise DtlabError(f"{where}: {owner[number]} and {key} are both {number}; give each service "
                              "a port of its own")
         owner[number] = key
-    for first, last in PORT_RANGES:
+    for first, last in ranges:
         if first in ports and last in ports:
             inside = [key for key, number in ports.items()
                       if key not in (first, last) and ports[first] <= number <= ports[last]]
@@ -214,7 +226,7 @@ def _renderer(loader: Any, raw: dict[str, Any], where: str):
 
 
 def _check_cluster(where: str, cluster: Cluster) -> None:
-    """Checks across nodes: one address per node, one Determined agent_id per worker."""
+    """Checks across nodes: one address per node."""
     seen: dict[str, str] = {}
     for node in cluster.nodes:
         if node.address in seen:
@@ -223,27 +235,3 @@ def _check_cluster(where: str, cluster: Cluster) -> None:
                 " give each node its own address"
             )
         seen[node.address] = node.name
-    agents: dict[str, str] = {}
-    for worker in cluster.workers:  # same default as the determined_agent role: the inventory name
-        agent_id = str(worker.var("determined_agent_id") or worker.name)
-        if agent_id in agents:
-            raise DtlabError(
-                f"{where}: determined_agent_id '{agent_id}' is used by {agents[agent_id]} and {worker.name};"
-                " give each worker its own determined_agent_id"
-            )
-        agents[agent_id] = worker.name
-
-
-def _check_spark_version(where: str, version: Any) -> None:
-    """A host's spark_version (the Spark it runs) must be the pyspark pin's release: the nodes' driver."""
-    if version in (None, ""):
-        return  # no Spark facts in this inventory (no group_vars/all.yml); the spark role requires them
-    version = str(version).strip()
-    pin = pinned("pyspark")
-    if pin is None:
-        raise DtlabError(f"{paths.CONSTRAINTS_FILE}: no pyspark==<version> pin; spark_version follows it")
-    if version.split(".")[:2] != pin.split(".")[:2]:
-        raise DtlabError(
-            f"{where}: spark_version {version} does not match pyspark=={pin} in constraints.txt (the nodes'"
-            f" Spark driver); remove the spark_version override, or pin pyspark=={version} in constraints.txt"
-        )

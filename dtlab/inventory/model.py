@@ -142,14 +142,6 @@ class Cluster:
         return str(self.var("dtlab_shared_checkpoint_dir") or "") or None
 
     @property
-    def rendezvous_port(self) -> int:
-        return int(self.require("dtlab_rendezvous_port"))
-
-    @property
-    def determined_master_port(self) -> int:
-        return int(self.require("determined_master_port"))
-
-    @property
     def socket_env_file(self) -> str:
         """The file on each node naming gloo's and NCCL's interface (the common role writes it from the
         node's facts); every trainer unit reads it."""
@@ -166,6 +158,12 @@ class Cluster:
 
     @property
     def trainer_runtime(self) -> str:
-        """native or docker (the study's Listing 4.1) for DDP cells."""
+        """native or docker (the study's Listing 4.1): how the platforms that start torchrun run it."""
         return str(self.require("dtlab_trainer_runtime"))
+
+    @property
+    def trainer_image(self) -> str:
+        """The trainer's Docker image, name:tag, as the trainer role builds it (group_vars/all.yml): the
+        docker runtime runs it, trainer.deploy builds it (or finds it, from an offline bundle)."""
+        return f"{self.require('trainer_docker_image_name')}:{self.require('trainer_docker_image_tag')}"
 

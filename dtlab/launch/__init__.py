@@ -1,6 +1,6 @@
 """What every platform's launch shares: which nodes and GPUs a cell gets (placement), where its files go
 (CellPaths), what bench runs (Launch), the trainer's config and environment, and the driver-on-the-master
-shape that Spark, Ray and Slurm share. Each platform's own launch is its module in dtlab.platforms.
+shape that Spark, Ray and Slurm share. Each platform's own launch is in its package in dtlab.platforms.
 """
 
 from __future__ import annotations

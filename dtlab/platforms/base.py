@@ -1,8 +1,9 @@
-"""The Platform interface: everything dtlab knows about one training platform, in one module per platform.
+"""The Platform interface: everything dtlab knows about one training platform, in one package per platform.
 
 bench, cluster, doctor, faults' caller and report iterate over the registry (dtlab.platforms) and never
-name a platform. A platform module defines one subclass of Platform and one instance, PLATFORM. The
-contract test (tests/harness/test_platform_contract.py) checks every registered platform has every part.
+name a platform. A platform package (dtlab/platforms/<name>/) defines one subclass of Platform and one
+instance, registered as it is imported: `PLATFORM = register(MyPlatform())`. The contract test
+(tests/harness/test_platform_contract.py) checks every registered platform has every part.
 
 What a platform owns:
 - who it is: `name` (the trainer's framework name), `label`, `colour`, `description`;
@@ -14,6 +15,9 @@ What a platform owns:
 - the cluster: `probe_lines` (its part of cluster.check's one probe script per node), `check_rows`,
   `gpu_rows`, `reset` (its step of cluster.reset) and `wait_ready` (after the reset);
 - faults: `recovery` (what recovers a lost worker, as dtlab configures it);
+- the inventory: `check_inventory_host` and `check_inventory` (its variables that would fail later, refused
+  as one line when the inventory is read: dtlab.platforms.load_cluster), `port_ranges` (ports it takes from
+  a range, kept free of the other services' ports);
 - the controller: `start_controller_build` (a build its roles run on the controller, started early);
 - an offline cluster: `offline_wheels` / `build_offline_wheels` (wheels its roles build, built for the
   bundle) and `offline_releases` (files its roles download), which dtlab.bundle puts in the bundle.
@@ -143,6 +147,16 @@ class Platform:
     def wait_ready(self, cluster: Cluster, workers: list[Node], timeout_s: float) -> None:
         """After the reset: wait (bounded) until its services take cells again."""
 
+    # --- the inventory ---
+
+    def check_inventory_host(self, where: str, node: Node) -> None:
+        """Raise DtlabError, one line starting with `where`, for a variable of its own on this host that would
+        fail later (in its role, or a cell): run on every host as the inventory is read, before anything
+        starts (every `invoke` command, and site.yml through plugins/; dtlab.platforms.load_cluster)."""
+
+    def check_inventory(self, where: str, cluster: Cluster) -> None:
+        """The same across hosts, once every host is read (one value per worker, say)."""
+
     # --- an offline cluster ---
 
     def offline_wheels(self, cluster: Cluster) -> list[str]:
@@ -168,6 +182,25 @@ class Platform:
     def recovery(self, cluster: Cluster) -> str:
         """How it recovers from a lost worker, as dtlab configures it (docs/faults.md)."""
         raise NotImplementedError
+
+
+_REGISTERED: dict[str, Platform] = {}
+
+
+def register(platform: Platform) -> Platform:
+    """Register a platform, as its package does on import (`PLATFORM = register(MyPlatform())`); the
+    registry (dtlab.platforms) orders the registered ones as the trainer's FRAMEWORKS lists them."""
+    package = type(platform).__module__.split(".")
+    if package[:2] != ["dtlab", "platforms"] or len(package) < 3 or package[2] != platform.name:
+        raise ImportError(f"{type(platform).__module__}: registers a platform named {platform.name!r}; a "
+                          f"platform registers from its own package, dtlab.platforms.{platform.name}")
+    _REGISTERED[platform.name] = platform
+    return platform
+
+
+def registered() -> dict[str, Platform]:
+    """Every platform registered so far, by name, in the order their packages were imported."""
+    return dict(_REGISTERED)
 
 
 def unit_command(unit: str, verb: str) -> str:

@@ -1,7 +1,7 @@
 # Determined sources this file from the top of the context directory in every task container,
 # before the entrypoint starts. As in the study (chapter 4.4.3), it installs the trainer's Python
 # dependencies there, because a requirements file did not install reliably inside the containers.
-# requirements.txt and constraints.txt are written next to it by dtlab.detconfig.stage_context
+# requirements.txt and constraints.txt are written next to it by dtlab.platforms.determined.config.stage_context
 # (from pyproject.toml and the repository's one pin list). DTLAB_PIP_OPTIONS adds pip options,
 # e.g. "--no-index --find-links /wheelhouse" on agents without a package index.
 # DTLAB_TORCH_REQUIREMENTS names the torch build the trainer role chose for the cluster's GPUs: a

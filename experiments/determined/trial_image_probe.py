@@ -3,8 +3,8 @@
 What Determined's task setup and startup-hook.sh need of the image's python3: its version (each pin's
 Requires-Python), pip, and whether the hook's own `pip install` (the same constraints and requirements,
 here with --dry-run --no-index) has anything left to fetch. Prints one JSON line; the decision is
-dtlab.detconfig.trial_image_verdict's, on the controller. Standard library only, Python 3.7 or newer: it
-runs in whatever image determined_trial_image names.
+dtlab.platforms.determined.config.trial_image_verdict's, on the controller. Standard library only,
+Python 3.7 or newer: it runs in whatever image determined_trial_image names.
 
     python3 trial_image_probe.py [TORCH_REQUIREMENTS_FILE]
 """

@@ -1,9 +1,9 @@
-"""Action dtlab_inventory_check: site.yml's inventory checks are dtlab's own (dtlab.inventory.load_cluster).
+"""Action dtlab_inventory_check: site.yml's inventory checks are dtlab's own (dtlab.platforms.load_cluster).
 
-ansible/validate.yml runs it first, so ansible-playbook and every `invoke` command refuse a bad inventory
-with the same one line, before any secret is generated or any node contacted. It runs in the controller's
-ansible-playbook process, reads the inventory sources again (so YAML syntax errors, which Ansible only
-warns about, are reported with the parser's message) and needs no connection to any host.
+site.yml's validation play runs it first, so ansible-playbook and every `invoke` command refuse a bad
+inventory with the same one line, before any secret is generated or any node contacted. It runs in the
+controller's ansible-playbook process, reads the inventory sources again (so YAML syntax errors, which
+Ansible only warns about, are reported with the parser's message) and needs no connection to any host.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class ActionModule(ActionBase):
         if str(REPO_ROOT) not in sys.path:  # this checkout's dtlab, also where the venv has another
             sys.path.insert(0, str(REPO_ROOT))
         from dtlab.errors import DtlabError
-        from dtlab.inventory import load_cluster
+        from dtlab.platforms import load_cluster
 
         result["changed"] = False
         if len(sources) != 1:

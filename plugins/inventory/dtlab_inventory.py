@@ -4,7 +4,7 @@ ansible.cfg enables only this plugin. Without it, a mistyped `-i` path or a YAML
 (or in its group_vars/host_vars) reaches the user as a stack of Ansible warnings, one per inventory plugin
 tried, and any other mistake (two hosts on one address, a port out of range) as Ansible's task-failure
 block of site.yml's validation play, the line twice in it. Here, when ansible-playbook is about to run
-site.yml on one inventory file, every check of dtlab.inventory.load_cluster runs while Ansible reads it;
+site.yml on one inventory file, every check of dtlab.platforms.load_cluster runs while Ansible reads it;
 for any other playbook (the tests' role plays run on parts of a cluster's inventory) the first two. The
 line every `invoke` command prints goes to stderr alone, and ansible-playbook exits 2 before any play
 starts. A source that passes is parsed by ansible.builtin.yaml, unchanged. site.yml's validation play still
@@ -24,7 +24,7 @@ if str(REPO_ROOT) not in sys.path:  # this checkout's dtlab, also where the venv
     sys.path.insert(0, str(REPO_ROOT))
 
 from dtlab.errors import DtlabError  # noqa: E402
-from dtlab.inventory import YAML_SUFFIXES, check_source_readable, load_cluster, reading_inventory  # noqa: E402
+from dtlab.inventory import YAML_SUFFIXES, check_source_readable, reading_inventory  # noqa: E402
 
 DOCUMENTATION = """
     name: dtlab_inventory
@@ -32,7 +32,7 @@ DOCUMENTATION = """
     description:
         - Parses the source with ansible.builtin.yaml. A source that does not exist, whose YAML (or
           that of its group_vars and host_vars) does not parse, or that fails any other check of
-          dtlab.inventory.load_cluster, is refused with dtlab.inventory's one line on stderr.
+          dtlab.platforms.load_cluster, is refused with dtlab's one line on stderr.
 """
 
 
@@ -46,6 +46,8 @@ class InventoryModule(BaseInventoryPlugin):
     def parse(self, inventory, loader, path, cache=True):
         try:
             if _runs_site_yml() and _the_one_source(path) and not reading_inventory():
+                from dtlab.platforms import load_cluster  # its platforms' checks too; only here (0.4 s)
+
                 load_cluster(path)  # which parses it again: then reading_inventory(), and the branch below
             else:
                 check_source_readable(path)
@@ -74,7 +76,7 @@ def _runs_site_yml() -> bool:
 
 def _the_one_source(path) -> bool:
     """Whether `path` is the command's one inventory source (-i, or ansible.cfg's), not a file of a folder
-    given as the source (load_cluster reads the folder: ansible/validate.yml checks it whole) or one of
+    given as the source (load_cluster reads the folder: site.yml's validation play checks it whole) or one of
     several (refused there)."""
     from ansible import context
 

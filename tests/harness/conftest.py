@@ -12,7 +12,7 @@ from lab_session import EXISTING_LAB_INVENTORY  # a provisioned lab instead of t
 
 @pytest.fixture
 def gpu_cluster(tmp_path):
-    from dtlab.inventory import load_cluster
+    from dtlab.platforms import load_cluster
 
     return load_cluster(
         write_inventory(tmp_path, GPU_CLUSTER_4X2, group_vars={"all": "dtlab_cluster_name: four\n"})
@@ -21,7 +21,7 @@ def gpu_cluster(tmp_path):
 
 @pytest.fixture
 def cpu_cluster(tmp_path):
-    from dtlab.inventory import load_cluster
+    from dtlab.platforms import load_cluster
 
     return load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": CPU_SITE_VARS}))
 
@@ -51,7 +51,7 @@ def harness_lab(request, tmp_path_factory):
     """(Cluster, env) of the provisioned session lab with the trainer deployed; results in a temp store."""
     from dtlab import paths
     from dtlab.deploy import deploy
-    from dtlab.inventory import load_cluster
+    from dtlab.platforms import load_cluster
 
     if EXISTING_LAB_INVENTORY:
         inventory = EXISTING_LAB_INVENTORY

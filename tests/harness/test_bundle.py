@@ -15,8 +15,8 @@ from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, invoke, write_inventor
 
 from dtlab import bundle, paths, roles
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
 from dtlab.pins import pinned
+from dtlab.platforms import load_cluster
 
 LAB_ROLE_PACKAGES = {"docker.io", "postgresql", "python3-psycopg2", "munge", "slurm-client", "slurmctld",
                      "slurmd", "openjdk-17-jre-headless", "nftables", "cmake", "g++", "python3-dev",

@@ -24,7 +24,7 @@ from harness_helpers import GPU_CLUSTER_4X2, write_inventory
 
 from dtlab import bundle
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
+from dtlab.platforms import load_cluster
 
 # roles/nvidia/vars/Debian-12.yml's driver packages
 GPU_PACKAGES_DEBIAN = ("nvidia-kernel-dkms", "nvidia-smi", "nvidia-persistenced", "libcuda1")

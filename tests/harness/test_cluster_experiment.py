@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from dtlab import detmaster
 from dtlab.errors import DtlabError
 from dtlab.platforms import determined
+from dtlab.platforms.determined import master as detmaster
 
 
 class StandInExperiment:

@@ -6,7 +6,7 @@ from harness_helpers import CPU_CLUSTER_3, write_inventory
 
 from dtlab import cluster as cluster_module
 from dtlab import platforms
-from dtlab.inventory import load_cluster
+from dtlab.platforms import load_cluster
 from dtlab.platforms.base import ResetSteps, restart_command
 
 # A unit file every machine with systemd has (the controller needs systemd-container for the lab).

@@ -1,6 +1,6 @@
 """The harness logs in to Determined with the password the master was given: the generated secret that
-Ansible renders into master.yaml (initial_user_password) is the file dtlab.detmaster reads; a login the
-master refuses is a failed row of cluster.reset, never a silent skip."""
+Ansible renders into master.yaml (initial_user_password) is the file dtlab.platforms.determined.master
+reads; a login the master refuses is a failed row of cluster.reset, never a silent skip."""
 
 import io
 import shlex
@@ -17,10 +17,10 @@ from harness_helpers import write_inventory
 from rich.console import Console
 
 from dtlab import cluster as cluster_module
-from dtlab import detmaster, paths, remote
+from dtlab import paths, remote
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
-from dtlab.platforms import determined
+from dtlab.platforms import determined, load_cluster
+from dtlab.platforms.determined import master as detmaster
 from tests.trainer.conftest import free_loopback_port
 
 ANSIBLE_PLAYBOOK = paths.REPO_ROOT / ".venv" / "bin" / "ansible-playbook"
@@ -181,7 +181,7 @@ def test_reset_on_the_lab_reports_a_refused_login_as_a_failed_row(harness_lab, s
     variant = source.with_name(f"{source.stem}-refused-login.yml")  # beside it: the same group_vars
     variant.write_text(yaml.safe_dump(document))
     cluster = load_cluster(variant)
-    master, port, log = cluster.master, cluster.determined_master_port, "/tmp/dtlab-test-refused-logins"
+    master, port, log = cluster.master, detmaster.master_port(cluster), "/tmp/dtlab-test-refused-logins"
     unit = "dtlab-test-refusing-login"  # outside reset's unit patterns: reset neither stops nor restarts it
     try:
         write_wrong_password(cluster)

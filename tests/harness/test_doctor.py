@@ -18,8 +18,8 @@ from dtlab.cell import Cell
 from dtlab.cluster import CheckRow
 from dtlab.commands import matrix_summary
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
 from dtlab.outcome import CellOutcome
+from dtlab.platforms import load_cluster
 
 LIMITS = doctor.Thresholds(
     max_clock_skew_s=1.0,

@@ -11,8 +11,7 @@ from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
 from dtlab import faults, launch, platforms
 from dtlab.cell import Cell, Fault
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
-from dtlab.platforms import determined
+from dtlab.platforms import determined, load_cluster
 from trainer import progress
 
 

@@ -29,8 +29,7 @@ def test_stopping_a_cell_ends_the_ranks_of_every_attempt_and_leaves_other_proces
 
     from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
 
-    from dtlab.inventory import load_cluster
-    from dtlab.platforms import horovod
+    from dtlab.platforms import horovod, load_cluster
     from trainer import progress
 
     # The controller's venv as the nodes' one: the kill checks /proc/PID/exe against it.

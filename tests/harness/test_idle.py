@@ -16,8 +16,8 @@ from harness_helpers import invoke
 from dtlab import idle
 from dtlab.cluster import SERVICE_VARIABLES
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
 from dtlab.paths import INVENTORY_DIR
+from dtlab.platforms import load_cluster
 from trainer.config import FRAMEWORKS
 
 MiB = 2**20

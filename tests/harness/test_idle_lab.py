@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from dtlab.inventory import load_cluster
 from dtlab.lab.access import run_on_node
 from dtlab.paths import IDLE_DIRNAME
+from dtlab.platforms import load_cluster
 from dtlab.report.comparison import cluster_measures
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow, pytest.mark.timeout(3600)]

@@ -8,8 +8,7 @@ from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, GPU_CLUSTER_4X2, write
 
 from dtlab import inventory, paths
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
-from dtlab.platforms import determined, spark
+from dtlab.platforms import ddp, determined, load_cluster, spark
 
 
 def test_example_cluster_inventory_reads_as_the_studys_three_gpu_nodes():
@@ -20,8 +19,8 @@ def test_example_cluster_inventory_reads_as_the_studys_three_gpu_nodes():
     assert cluster.device == "cuda" and cluster.max_gpus == 2
     assert all(w.gpu_indices == (0,) and w.ssh_user == "ubuntu" for w in cluster.workers)
     # Ports and paths come from group_vars/all.yml, through Ansible's variable precedence.
-    assert cluster.rendezvous_port == 29500 and spark.master_port(cluster) == 7077
-    assert spark.master_webui_port(cluster) == 8090 and cluster.determined_master_port == 8080
+    assert ddp.rendezvous_port(cluster) == 29500 and spark.master_port(cluster) == 7077
+    assert spark.master_webui_port(cluster) == 8090 and determined.master.master_port(cluster) == 8080
     assert cluster.venv_dir == "/opt/dtlab/venv" and cluster.python == "/opt/dtlab/venv/bin/python"
     assert determined.has_master(cluster) and not cluster.is_lab
 

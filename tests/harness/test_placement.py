@@ -6,7 +6,7 @@ from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, build_launch, write_in
 from dtlab import launch, matrix
 from dtlab.cell import Cell
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
+from dtlab.platforms import load_cluster
 
 
 def cell(framework="ddp", gpus=1, epochs=2, seed=0):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import re
 from pathlib import Path
 
@@ -17,8 +18,9 @@ from dtlab import matrix, paths, platforms
 from dtlab.cell import Cell
 from dtlab.checks import CheckRow
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
-from dtlab.platforms.base import Platform, ResetSteps
+from dtlab.inventory import read_cluster
+from dtlab.platforms import load_cluster
+from dtlab.platforms.base import Platform, ResetSteps, register, registered
 from dtlab.report import generate_report
 from dtlab.results import Provenance, ResultStore
 from trainer import config as trainer_config
@@ -221,18 +223,72 @@ def test_a_refused_strategy_stops_the_matrix_before_the_gate_and_writes_nothing(
     bench.check_cells(dataclasses.replace(selected, cells=selected.cells[:3]))
 
 
-def test_outside_the_platform_modules_the_harness_names_no_platform():
-    """A platform's knowledge lives in its module: no other module of dtlab spells a platform's name.
-    Allowed: the report's study.py (the study's own three, facts about the publication) and Determined's
-    client modules, which only its platform module uses (detmaster: the master's REST login;
-    detconfig: its experiment configs)."""
-    dtlab = paths.REPO_ROOT / "dtlab"
-    allowed = {dtlab / "report" / "study.py", dtlab / "detconfig.py", dtlab / "detmaster.py"}
+PLATFORMS_DIR = paths.REPO_ROOT / "dtlab" / "platforms"
+# The study's own three, in its order, and its run tables: facts about the publication, which the report
+# names beside its figures. The one module outside the platforms' packages that names a platform, until
+# dtlab/data/study_results.yaml carries them (its `runs:` are keyed by these names already).
+STUDY = paths.REPO_ROOT / "dtlab" / "report" / "study.py"
+
+
+def test_each_platform_is_a_package_of_its_own_that_registers_itself():
+    """dtlab/platforms/<name>/ holds the platform (its class, and PLATFORM, which it registered on import);
+    the registry lists no platform: it imports the packages beside it, in the trainer's FRAMEWORKS order."""
+    packages = sorted(p.name for p in PLATFORMS_DIR.iterdir() if (p / "__init__.py").is_file())
+    assert packages == sorted(trainer_config.FRAMEWORKS)
+    for platform in platforms.ALL:
+        package = importlib.import_module(f"dtlab.platforms.{platform.name}")
+        assert package.PLATFORM is platform and type(platform).__module__ == package.__name__
+    registry = ast.parse((PLATFORMS_DIR / "__init__.py").read_text())
+    named = {node.value for node in ast.walk(registry) if isinstance(node, ast.Constant)}
+    named &= set(platforms.NAMES)
+    assert named == {platforms.BASELINE}, "the registry names the baseline only (its docstring aside)"
+
+
+def test_a_platform_registers_from_its_own_package_only():
+    class Elsewhere(Platform):
+        name = "ddp"
+
+    with pytest.raises(ImportError, match="registers from its own package, dtlab.platforms.ddp"):
+        register(Elsewhere())
+    assert platforms.get("ddp") is not None and registered()["ddp"] is platforms.get("ddp")
+
+
+def test_the_inventory_checks_of_every_platform_run_as_the_inventory_is_read(tmp_path):
+    """dtlab.inventory reads and checks what every inventory has; each platform adds its own checks
+    (Platform.check_inventory_host, check_inventory, port_ranges) through platforms.load_cluster."""
+    assert platforms.INVENTORY_CHECKS.port_ranges == tuple(r for p in platforms.ALL for r in p.port_ranges)
+    site = CPU_SITE_VARS + "spark_session: server\n"
+    path = write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": site})
+    assert read_cluster(path).nodes, "without the platforms' checks, the inventory alone passes"
+    with pytest.raises(DtlabError, match="spark_session must be application or connect, got 'server'"):
+        platforms.load_cluster(path)
+
+
+def _harness_modules() -> list[Path]:
+    """dtlab's modules outside dtlab/platforms/."""
+    return [path for path in sorted((paths.REPO_ROOT / "dtlab").rglob("*.py"))
+            if PLATFORMS_DIR not in path.parents]
+
+
+def test_outside_the_platform_packages_the_harness_names_no_platform_and_none_of_its_variables():
+    """A platform's knowledge lives in its package: no other module of dtlab spells a platform's name, nor
+    one of its group_vars (its variable_prefixes, service_variables and port_ranges), as a string, an
+    attribute or a definition. (trainer/launchers/ is the platforms' side of the trainer.)"""
+    prefixes = tuple(prefix for platform in platforms.ALL for prefix in platform.variable_prefixes)
+    owned = {variable for platform in platforms.ALL
+             for variable in (*platform.service_variables, *(v for r in platform.port_ranges for v in r))}
     named = []
-    for path in sorted((paths.REPO_ROOT / "dtlab").rglob("*.py")):
-        if "platforms" in path.parts or path in allowed:
-            continue
+    for path in _harness_modules():
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and node.value in platforms.NAMES:
-                named.append(f"{path.relative_to(paths.REPO_ROOT)}:{node.lineno}: {node.value!r}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                word = node.value
+            elif isinstance(node, ast.Attribute):
+                word = node.attr
+            elif isinstance(node, ast.FunctionDef | ast.ClassDef):
+                word = node.name
+            else:
+                continue
+            platform_name = word in platforms.NAMES and isinstance(node, ast.Constant) and path != STUDY
+            if platform_name or word.startswith(prefixes) or word in owned:
+                named.append(f"{path.relative_to(paths.REPO_ROOT)}:{node.lineno}: {word!r}")
     assert not named, named

@@ -11,8 +11,7 @@ import pytest
 from harness_helpers import write_inventory
 
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
-from dtlab.platforms import ray
+from dtlab.platforms import load_cluster, ray
 from dtlab.remote import CommandResult
 from dtlab.waiting import wait_until
 

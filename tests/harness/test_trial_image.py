@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
 
-from dtlab import detconfig, pins
+from dtlab import pins
 from dtlab.cell import Cell
-from dtlab.inventory import load_cluster
 from dtlab.launch import CellPaths, place, trainer_config
-from dtlab.platforms import determined
+from dtlab.platforms import determined, load_cluster
+from dtlab.platforms.determined import config as detconfig
 
 IMAGE = "registry.example/trial:1"
 LINE_START = f"determined: trial image {IMAGE} on node1 cannot install the pins: "

@@ -116,7 +116,7 @@ def test_ansible_sees_each_labs_own_cluster_name(tmp_path):
 
 
 def test_an_inventory_variant_sets_its_host_vars_over_group_vars_and_leaves_the_original(tmp_path):
-    from dtlab.inventory import load_cluster
+    from dtlab.platforms import load_cluster
 
     inventory_dir = tmp_path / "inventory"  # as the repository lays it out (../constraints.txt)
     inventory_dir.mkdir()

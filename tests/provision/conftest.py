@@ -19,3 +19,4 @@ def controller_inventory(tmp_path):
         "          ansible_python_interpreter: /usr/bin/python3\n          gpu_indices: [0]\n"
         "    workers:\n      hosts:\n        controller:\n")
     return inventory_dir / "hosts.yml"
+

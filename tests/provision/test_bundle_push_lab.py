@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from dtlab import bundle, provision
-from dtlab.inventory import load_cluster
 from dtlab.lab.access import run_on_node
+from dtlab.platforms import load_cluster
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 

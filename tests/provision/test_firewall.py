@@ -20,8 +20,8 @@ import pytest
 import yaml
 
 from dtlab import paths, provision
-from dtlab.inventory import load_cluster
 from dtlab.lab.access import run_on_node
+from dtlab.platforms import load_cluster
 
 ANSIBLE_PLAYBOOK = paths.REPO_ROOT / ".venv" / "bin" / "ansible-playbook"
 ROLE_DEFAULTS = yaml.safe_load((paths.REPO_ROOT / "roles/firewall/defaults/main.yml").read_text())

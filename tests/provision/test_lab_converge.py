@@ -13,9 +13,9 @@ import yaml
 
 import dtlab.lab
 from dtlab import paths, platforms, provision
-from dtlab.inventory import load_cluster
 from dtlab.lab.access import run_on_node, ssh_argv
 from dtlab.pins import pinned
+from dtlab.platforms import load_cluster
 from dtlab.waiting import wait_until
 
 # The first test also pays for the session's first converge (cold: several minutes on 2 cores).
@@ -553,7 +553,7 @@ def test_sshd_refuses_passwords_and_still_admits_the_keys(provisioned_lab, clust
 def test_determined_configs_parse_and_carry_the_inventory_values(provisioned_lab, cluster):
     lab, _ = provisioned_lab
     master = yaml.safe_load(on(lab, cluster.master.name, "cat /etc/determined/master.yaml").stdout)
-    assert master["port"] == cluster.determined_master_port
+    assert master["port"] == platforms.determined.master.master_port(cluster)
     assert master["db"] == {"host": "127.0.0.1", "port": platforms.determined.postgresql_port(cluster),
                             "name": "determined", "user": "determined",
                             "password": secret(cluster, "determined_db_password")}
@@ -569,7 +569,7 @@ def test_determined_configs_parse_and_carry_the_inventory_values(provisioned_lab
         assert on(lab, worker.name, "stat -c '%a' /etc/determined/agent.yaml").stdout.strip() == "644"
         agent = yaml.safe_load(on(lab, worker.name, "cat /etc/determined/agent.yaml").stdout)
         assert agent["master_host"] == cluster.master.address
-        assert agent["master_port"] == cluster.determined_master_port
+        assert agent["master_port"] == platforms.determined.master.master_port(cluster)
         assert agent["slot_type"] == ("cuda" if worker.device == "cuda" else "cpu")
         agent_ids.append(agent["agent_id"])
     assert sorted(agent_ids) == sorted(w.name for w in cluster.workers)

@@ -14,7 +14,7 @@ import jinja2
 import pytest
 
 from dtlab import paths
-from dtlab.inventory import load_cluster
+from dtlab.platforms import load_cluster
 from dtlab.platforms.spark import executor_env, master_port
 from trainer.launchers._spark import CONNECT_TOKEN_ENV, spark_conf
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from dtlab import provision
-from dtlab.inventory import load_cluster
 from dtlab.lab.access import run_on_node
+from dtlab.platforms import load_cluster
 from dtlab.roles import role_value
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]

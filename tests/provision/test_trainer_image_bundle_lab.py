@@ -16,8 +16,8 @@ import pytest
 from dtlab import provision
 from dtlab.deploy import deploy, require_image
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
 from dtlab.lab.access import run_on_node
+from dtlab.platforms import load_cluster
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 

@@ -1,6 +1,6 @@
-"""The inventory checks: one implementation (dtlab.inventory.load_cluster) behind both entry points.
+"""The inventory checks: one implementation (dtlab.platforms.load_cluster) behind both entry points.
 
-Every `invoke` command reads the cluster with load_cluster; site.yml's first play (ansible/validate.yml)
+Every `invoke` command reads the cluster with load_cluster; site.yml's first play (tag validate)
 runs the same code through plugins/action/dtlab_inventory_check.py. Each bad inventory below is refused
 by both with the same one line, naming the file, host or variable and the fix, and a non-zero exit;
 nothing is written (no generated secret) and no node is contacted.
@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,8 +18,8 @@ import yaml
 
 from dtlab import paths
 from dtlab.errors import DtlabError
-from dtlab.inventory import load_cluster
 from dtlab.pins import pinned
+from dtlab.platforms import load_cluster
 
 ANSIBLE_PLAYBOOK = paths.REPO_ROOT / ".venv" / "bin" / "ansible-playbook"
 INVOKE = Path(sys.executable).parent / "invoke"
@@ -77,9 +78,15 @@ def harness_message(path):
     return None
 
 
-def play(path, playbook="ansible/validate.yml", *extra):
-    return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(path), playbook, *extra], cwd=paths.REPO_ROOT,
-                          capture_output=True, text=True, timeout=300, env=ANSIBLE_ENV)
+def play(path, playbook=None, *extra):
+    """ansible-playbook on the inventory: `playbook` with `extra`, or (None) site.yml's first play alone, its
+    validation play, as a playbook of its own (what the other plays would do needs nodes)."""
+    with tempfile.TemporaryDirectory(prefix="dtlab-validate-") as scratch:
+        if playbook is None:
+            playbook = str(Path(scratch) / "validate.yml")
+            Path(playbook).write_text(yaml.safe_dump([yaml.safe_load(paths.SITE_PLAYBOOK.read_text())[0]]))
+        return subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(path), playbook, *extra], cwd=paths.REPO_ROOT,
+                              capture_output=True, text=True, timeout=300, env=ANSIBLE_ENV)
 
 
 def play_message(result):

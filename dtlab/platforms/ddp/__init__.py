@@ -10,13 +10,18 @@ from dtlab.cell import Cell
 from dtlab.checks import CheckRow, NodeStates
 from dtlab.inventory import Cluster, Node
 from dtlab.launch import CellPaths, Launch, Slot, place, trainer_config, trainer_env, unit
-from dtlab.platforms.base import DTLAB_RETRY, Platform, ResetSteps
+from dtlab.platforms.base import DTLAB_RETRY, Platform, ResetSteps, register
 from dtlab.remote import UnitSpec
 
 NAME = "ddp"
 LABEL = "ddp (torchrun)"
 TRAINER_MODULE = "trainer.launchers.torchrun"
 AGENT_MODULE = "trainer.launchers.agent"  # torch.distributed.run, unchanged
+
+
+def rendezvous_port(cluster: Cluster) -> int:
+    """torchrun's static rendezvous port on the first placed worker (slurm's torchrun takes it too)."""
+    return int(cluster.require("dtlab_rendezvous_port"))
 
 
 def torchrun_argv(
@@ -48,16 +53,11 @@ def torchrun_argv(
     ]
 
 
-def trainer_image(cluster: Cluster) -> str:
-    """The DDP image's name:tag, as the trainer role builds it (group_vars/all.yml)."""
-    return f"{cluster.require('trainer_docker_image_name')}:{cluster.require('trainer_docker_image_tag')}"
-
-
 def docker_argv(
     cluster: Cluster, cell: Cell, node: Node, slot: Slot, env: dict[str, str], inner: list[str]
 ) -> list[str]:
     """Listing 4.1: docker run --gpus --network host -v code:/app image torchrun ..."""
-    image = trainer_image(cluster)
+    image = cluster.trainer_image
     argv = [
         "docker",
         "run",
@@ -103,7 +103,7 @@ def build(
     for index, slot in enumerate(placement.slots):
         env = {**trainer_env(cluster, slot.node, slot), **(extra_env or {})}
         argv = torchrun_argv(
-            cluster.python, placement.slots, index, first, cluster.rendezvous_port, module, paths.config_path
+            cluster.python, placement.slots, index, first, rendezvous_port(cluster), module, paths.config_path
         )
         if docker:
             argv = docker_argv(cluster, cell, slot.node, slot, env, argv)
@@ -156,7 +156,7 @@ class Ddp(Platform):
     def probe_lines(self, cluster: Cluster, node: Node) -> list[str]:
         if node not in cluster.workers:
             return []
-        return [f"echo ddp.rendezvous=$({rendezvous_listeners_command(cluster.rendezvous_port)})"]
+        return [f"echo ddp.rendezvous=$({rendezvous_listeners_command(rendezvous_port(cluster))})"]
 
     def check_rows(self, cluster: Cluster, states: NodeStates) -> list[CheckRow]:
         """The rendezvous port free on each worker: a process left holding it (a torchrun started by hand,
@@ -168,7 +168,7 @@ class Ddp(Platform):
                 continue
             holders = values.get("ddp.rendezvous", "").strip()
             running = [u for u in values.get("units", "").split(",") if u]
-            port = cluster.rendezvous_port
+            port = rendezvous_port(cluster)
             if not holders:
                 rows.append(CheckRow(self.check_names[0], worker.name, True, f"{port} free"))
             elif running:  # a cell of its own may hold it now
@@ -192,4 +192,4 @@ class Ddp(Platform):
         return DTLAB_RETRY
 
 
-PLATFORM = Ddp()
+PLATFORM = register(Ddp())

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from dtlab import detmaster, remote
 from dtlab import paths as dtlab_paths
+from dtlab import remote
 from dtlab.cell import Cell
 from dtlab.checks import CheckRow, NodeStates, service_state
 from dtlab.errors import DtlabError
@@ -33,13 +33,15 @@ from dtlab.platforms.base import (
     Release,
     ResetSteps,
     missing_unit_row,
+    register,
     restart_command,
 )
+from dtlab.platforms.determined import master as detmaster
 from dtlab.roles import role_value
 from dtlab.waiting import wait_until
 
 if TYPE_CHECKING:
-    from dtlab.detconfig import TrialImageVerdict
+    from dtlab.platforms.determined.config import TrialImageVerdict
 
 NAME = "determined"
 OFF_CLUSTER_LABEL = "determined (Core API, off-cluster)"
@@ -106,7 +108,7 @@ def experiment_template(slots: int) -> Path:
 
 def render_experiment(cluster: Cluster, cell: Cell, config: dict[str, Any]) -> dict[str, Any]:
     """The template with this cell's slots, epochs, seed and options; validated offline (detconfig)."""
-    from dtlab import detconfig
+    from dtlab.platforms.determined import config as detconfig
 
     rendered = copy.deepcopy(detconfig.load_experiment(experiment_template(cell.gpus)))
     rendered["name"] = f"dtlab-{cell.key}"
@@ -154,7 +156,7 @@ def trial_image(cluster: Cluster) -> str:
     return str(cluster.require("determined_trial_image"))
 
 
-# --- the trial image on the agents: can its python3 install the pins? (dtlab.detconfig decides) -------
+# --- the trial image on the agents: can its python3 install the pins? (its config module decides) ----
 PROBE_DIR = "/dtlab-probe"  # where the probe and the hook's pin files appear inside the image
 # How the probe enters the image on an agent: Docker, as Determined's agent runs a trial (root, no
 # network: the answer must not depend on an index). {image}, {mounts} and {entry} are shell words; the
@@ -167,7 +169,7 @@ def trial_image_probe_command(image: str, torch_requirements: str | None,
                               run_probe: str = DOCKER_RUN_PROBE) -> str:
     """The shell command an agent runs: stage the probe files, run the probe in the image, clean up.
     Exits detconfig.PROBE_MISSING_IMAGE_EXIT when the agent's Docker does not have the image."""
-    from dtlab import detconfig
+    from dtlab.platforms.determined import config as detconfig
 
     staging = [f"printf %s {base64.b64encode(text.encode()).decode()} | base64 -d > \"$staged\"/{name}"
                for name, text in detconfig.trial_image_probe_files().items()]
@@ -195,7 +197,7 @@ def check_trial_image(cluster: Cluster, nodes: Sequence[Node], image: str | None
                       sessions: remote.Sessions | None = None,
                       run_probe: str = DOCKER_RUN_PROBE) -> list[TrialImageVerdict]:
     """One verdict per node, in the given order: the probe run in the trial image there."""
-    from dtlab import detconfig
+    from dtlab.platforms.determined import config as detconfig
 
     image = image or trial_image(cluster)
     build_dir = cluster.var("dtlab_torch_build_dir")
@@ -236,7 +238,7 @@ class ClusterExperiment:
         return detmaster.master_url(self.cluster)
 
     def run(self) -> dict[str, Any]:
-        from dtlab import detconfig
+        from dtlab.platforms.determined import config as detconfig
 
         det = detmaster.connect(self.cluster)  # admin, with the password the master was given
         with tempfile.TemporaryDirectory(prefix="dtlab-det-context-") as context:
@@ -340,6 +342,16 @@ class Determined(Platform):
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         return build(cluster, cell, attempt, timeout_s)
 
+    def check_inventory(self, where: str, cluster: Cluster) -> None:
+        """One agent_id per worker: two agents of one id take each other's place at the master."""
+        agents: dict[str, str] = {}
+        for worker in cluster.workers:  # same default as the determined_agent role: the inventory name
+            agent_id = str(worker.var("determined_agent_id") or worker.name)
+            if agent_id in agents:
+                raise DtlabError(f"{where}: determined_agent_id '{agent_id}' is used by {agents[agent_id]} "
+                                 f"and {worker.name}; give each worker its own determined_agent_id")
+            agents[agent_id] = worker.name
+
     def offline_releases(self, cluster: Cluster) -> list[Release]:
         """The master's and the agents' release packages, where the inventory installs them."""
         if not bool(cluster.require("determined_install_binaries")):  # as has_master
@@ -431,4 +443,4 @@ class Determined(Platform):
         return f"{DTLAB_RETRY}, a stand-in for the Determined master's trial restart"
 
 
-PLATFORM = Determined()
+PLATFORM = register(Determined())

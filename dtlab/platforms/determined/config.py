@@ -8,6 +8,7 @@ that only Determined's Go code implements (optionalRef, union, checks, condition
 which a standard JSON Schema validator silently ignores. Hyperparameters are trainer options, checked by
 the trainer's own schema and rules. Every failure is one DtlabError line that names the file and the key.
 
+    from dtlab.platforms.determined import config as detconfig
     config = detconfig.load_experiment("experiments/determined/bert-tiny-imdb-2slot.yaml")
     context = detconfig.stage_context("/tmp/ctx")  # det experiment create <config> /tmp/ctx
 
@@ -127,7 +128,7 @@ def trial_requirements() -> list[str]:
 
 
 def _requirements_file() -> str:
-    return ("# Written by dtlab.detconfig from pyproject.toml; pinned by constraints.txt.\n"
+    return ("# Written by dtlab.platforms.determined.config from pyproject.toml; pinned by constraints.txt.\n"
             + "\n".join(trial_requirements()) + "\n")
 
 

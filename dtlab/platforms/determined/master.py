@@ -4,6 +4,7 @@ The determined_master role writes `security.initial_user_password: {{ determined
 master.yaml; that variable is the generated secret whose file is `determined_admin_password_file`
 (inventory/group_vars/all.yml). The harness reads that same file, never a password of its own.
 
+    from dtlab.platforms.determined import master as detmaster
     det = detmaster.connect(cluster)      # a logged-in determined.experimental.client.Determined
     det.list_experiments()
 """
@@ -19,10 +20,14 @@ from dtlab.inventory import Cluster
 ADMIN_USER = "admin"
 
 
+def master_port(cluster: Cluster) -> int:
+    return int(cluster.require("determined_master_port"))
+
+
 def master_url(cluster: Cluster) -> str:
     if cluster.master is None:
         raise DtlabError(f"{cluster.inventory_path}: no master host, so no Determined master")
-    return f"http://{cluster.master.address}:{cluster.determined_master_port}"
+    return f"http://{cluster.master.address}:{master_port(cluster)}"
 
 
 def admin_password_file(cluster: Cluster) -> Path:

@@ -23,7 +23,7 @@ from dtlab.checks import CheckRow, NodeStates
 from dtlab.inventory import Cluster, Node
 from dtlab.launch import CellPaths, Launch, Placement, driver_on_master, place, trainer_env
 from dtlab.pins import pinned
-from dtlab.platforms.base import DTLAB_RETRY, Platform, PreflightError, ResetSteps, Run, Say
+from dtlab.platforms.base import DTLAB_RETRY, Platform, PreflightError, ResetSteps, Run, Say, register
 from trainer import progress, strategies
 
 NAME = "horovod"
@@ -199,4 +199,4 @@ class Horovod(Platform):
         return DTLAB_RETRY
 
 
-PLATFORM = Horovod()
+PLATFORM = register(Horovod())

@@ -24,6 +24,7 @@ from dtlab.platforms.base import (
     PreflightError,
     ResetSteps,
     missing_unit_row,
+    register,
     restart_command,
     units_down,
     why_not,
@@ -248,4 +249,4 @@ class Ray(Platform):
         return f"Ray Train FailureConfig(max_failures={failures}), then {DTLAB_RETRY}"
 
 
-PLATFORM = Ray()
+PLATFORM = register(Ray())

@@ -19,8 +19,8 @@ from dtlab.checks import CheckRow, NodeStates, service_state
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
 from dtlab.launch import CellPaths, Launch, Placement, driver_on_master, place, trainer_env
-from dtlab.platforms.base import DTLAB_RETRY, Platform, PreflightError, ResetSteps, missing_unit_row
-from dtlab.platforms.ddp import TRAINER_MODULE, torchrun_argv
+from dtlab.platforms.base import DTLAB_RETRY, Platform, PreflightError, ResetSteps, missing_unit_row, register
+from dtlab.platforms.ddp import TRAINER_MODULE, rendezvous_port, torchrun_argv
 from dtlab.remote import UNIT_PREFIX
 from dtlab.waiting import wait_until
 
@@ -43,7 +43,7 @@ def task_script(cluster: Cluster, placement: Placement, paths: CellPaths) -> str
     for index, slot in enumerate(placement.slots):
         env = trainer_env(cluster, slot.node)  # without a slot: no CUDA_VISIBLE_DEVICES, Slurm sets it
         argv = torchrun_argv(cluster.python, placement.slots, index, placement.slots[0].node,
-                             cluster.rendezvous_port, TRAINER_MODULE, paths.config_path)
+                             rendezvous_port(cluster), TRAINER_MODULE, paths.config_path)
         command = shlex.join(["env", *(f"{key}={value}" for key, value in env.items()), *argv])
         log = shlex.quote(paths.log_path(slot.node))
         branches.append(f"  {shlex.quote(slot.node.name)}) exec > >(tee -a {log}) 2>&1; exec {command} ;;")
@@ -258,4 +258,4 @@ class Slurm(Platform):
         return DTLAB_RETRY
 
 
-PLATFORM = Slurm()
+PLATFORM = register(Slurm())

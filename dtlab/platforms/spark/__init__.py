@@ -26,11 +26,13 @@ from dtlab.platforms.base import (
     Release,
     ResetSteps,
     missing_unit_row,
+    register,
     restart_command,
     unit_command,
     units_down,
     why_not,
 )
+from dtlab.platforms.spark import inventory_checks
 from dtlab.roles import role_value
 from dtlab.waiting import wait_until
 from trainer.launchers._spark import CONNECT_LABEL, STANDALONE_LABEL
@@ -197,6 +199,9 @@ class Spark(Platform):
     reset_title = ("Spark: restart the master (ends running applications), then the workers, then the Connect"
                    " server where it runs (under spark_session application: stopped where installed)")
 
+    def check_inventory_host(self, where: str, node: Node) -> None:
+        inventory_checks.check_host(where, node)
+
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         return build(cluster, cell, attempt, timeout_s)
 
@@ -299,4 +304,4 @@ class Spark(Platform):
         return DTLAB_RETRY
 
 
-PLATFORM = Spark()
+PLATFORM = register(Spark())
