@@ -49,11 +49,13 @@ def record(
 
 
 def record_with_clock(store: ResultStore, cell: Cell, *, time_s: float, startup_s: float,
-                      device: str = "cpu"):
+                      device: str = "cpu", accuracy: float = 0.8, label: str | None = None,
+                      harness_time_s: float | None = None):
     """One ok run with the whole-run clock: its first step `startup_s` after submit, then `time_s` of
     training (Table B.3's phases, the start-up of Table B.10)."""
     result = made_up_result(cell.framework, cell.gpus, cell.epochs, cell.seed, time_total_s=time_s,
-                            final_accuracy=0.8, device=device, framework_label=f"{cell.framework} ({device})")
+                            final_accuracy=accuracy, device=device,
+                            framework_label=label or f"{cell.framework} ({device})")
     submitted = 1000.0
     result["harness_timeline_unix"] = {"submitted": submitted, "recorded": submitted + startup_s + time_s + 2}
     result["timeline_unix"] = {
@@ -64,7 +66,7 @@ def record_with_clock(store: ResultStore, cell: Cell, *, time_s: float, startup_
     }
     return store.record_ok(cell, result, Provenance(config_hash="0123456789abcdef", git_rev="deadbeef",
                                                     inventory="lab", node_versions={},
-                                                    harness_time_s=time_s + startup_s + 2))
+                                                    harness_time_s=harness_time_s or time_s + startup_s + 2))
 
 
 def record_failure(store: ResultStore, cell: Cell, reason: str = "executor lost", **provenance):

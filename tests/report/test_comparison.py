@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 import yaml
-from result_factory import made_up_result
+from report_helpers import record_with_clock
 
 from dtlab import commands, idle, provision
 from dtlab.cell import Cell
@@ -31,7 +31,7 @@ from dtlab.report.comparison import (
     rank,
     shared_roles,
 )
-from dtlab.results import Provenance, ResultStore
+from dtlab.results import ResultStore
 
 SEEDS = (1, 2, 3, 4, 5)
 GROUP_VARS = yaml.safe_load((INVENTORY_DIR / "group_vars" / "all.yml").read_text())
@@ -39,30 +39,8 @@ GROUP_VARS = yaml.safe_load((INVENTORY_DIR / "group_vars" / "all.yml").read_text
 
 def record(store, framework, seed, *, time_s, startup_s=10.0, accuracy=0.8, gpus=2, epochs=4):
     """One ok run with the whole-run clock: submitted at 1000, the first step `startup_s` later."""
-    result = made_up_result(
-        framework,
-        gpus,
-        epochs,
-        seed,
-        time_total_s=time_s,
-        final_accuracy=accuracy,
-        device="cpu",
-        framework_label=f"{framework} (CPU)",
-    )
-    submitted = 1000.0
-    result["harness_timeline_unix"] = {"submitted": submitted, "recorded": submitted + startup_s + time_s + 2}
-    result["timeline_unix"] = {
-        "process_started": submitted + 2.0,
-        "first_step_done": submitted + startup_s,
-        "training_started": submitted + startup_s,
-        "training_ended": submitted + startup_s + time_s,
-    }
-    store.record_ok(
-        Cell(framework, gpus, epochs, seed, "cmp"),
-        result,
-        Provenance(config_hash="0123456789abcdef", git_rev="deadbeef", inventory="lab", node_versions={},
-                   harness_time_s=time_s + 12),
-    )
+    record_with_clock(store, Cell(framework, gpus, epochs, seed, "cmp"), time_s=time_s, startup_s=startup_s,
+                      accuracy=accuracy, label=f"{framework} (CPU)", harness_time_s=time_s + 12)
 
 
 def fill(store, times: dict[str, tuple[float, ...]], **options):

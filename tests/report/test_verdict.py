@@ -4,7 +4,7 @@ command that would decide it and how long that took here."""
 
 import pytest
 import yaml
-from result_factory import made_up_result
+from report_helpers import record_with_clock
 
 from dtlab import matrix
 from dtlab.cell import Cell
@@ -13,26 +13,15 @@ from dtlab.report import build_report, generate_report
 from dtlab.report.comparison import Priorities, rank
 from dtlab.report.recommendation import MEASURED_BY, decide
 from dtlab.report.verdict import SCENARIOS_FILE, build_verdict, load_scenarios
-from dtlab.results import Provenance, ResultStore
+from dtlab.results import ResultStore
 
 OFF_CLUSTER = "determined (Core API, off-cluster)"
 
 
 def record(store, framework, seed, *, time_s, startup_s=10.0, profile="spread", label=None):
     """One ok 2-worker, 2-epoch CPU run with the whole-run clock: its first step `startup_s` after submit."""
-    result = made_up_result(framework, 2, 2, seed, time_total_s=time_s, final_accuracy=0.8, device="cpu",
-                            framework_label=label or f"{framework} (CPU)")
-    submitted = 1000.0
-    result["harness_timeline_unix"] = {"submitted": submitted, "recorded": submitted + startup_s + time_s + 2}
-    result["timeline_unix"] = {
-        "process_started": submitted + 2.0,
-        "first_step_done": submitted + startup_s,
-        "training_started": submitted + startup_s,
-        "training_ended": submitted + startup_s + time_s,
-    }
-    store.record_ok(Cell(framework, 2, 2, seed, profile), result,
-                    Provenance(config_hash="0123456789abcdef", git_rev="deadbeef", inventory="lab",
-                               node_versions={}, harness_time_s=time_s + 12))
+    record_with_clock(store, Cell(framework, 2, 2, seed, profile), time_s=time_s, startup_s=startup_s,
+                      label=label or f"{framework} (CPU)", harness_time_s=time_s + 12)
 
 
 def fill(store, runs: dict[str, list[float]], **options):
