@@ -190,13 +190,15 @@ def test_reset_on_the_lab_reports_a_refused_login_as_a_failed_row(harness_lab, s
         assert started.ok, started.stderr
         wait_for_port(master.address, port)
         output = io.StringIO()
-        rows = cluster_module.reset(cluster, console=Console(file=output, width=200))
+        outcome = cluster_module.reset(cluster, console=Console(file=output, width=200))
         logins = remote.run(master, f"cat {log}").stdout.splitlines()
     finally:
         remote.run(master, f"systemctl stop {unit}; rm -f {log}")
         variant.unlink()
         shutil.rmtree(detmaster.admin_password_file(cluster).parent, ignore_errors=True)
     assert logins == [LOGIN_PATH]
+    assert outcome.unreachable == [], outcome.unreachable  # every node answered
+    rows = outcome.rows
     url = f"http://{master.address}:{port}"
     assert rows[0] == cluster_module.CheckRow(
         "determined login", master.name, False, f"determined: cannot log in as admin at {url}: {REFUSED}")
