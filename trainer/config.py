@@ -47,6 +47,7 @@ COMPILE_MODES = ("no", "default", "reduce-overhead")
 OPTIMIZERS = ("adamw", "sgd")  # sgd exists only for the DDP-equivalence test: Adam hides gradient scale
 DEVICES = ("auto", "cpu", "cuda")
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
+DATA_PATHS = ("loader", "platform")  # the DataLoader's own tokens, or the platform's ETL's
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # strategy pipeline's; the first is the default
 # The one list of platforms: the result schema, the matrix schema and dtlab's registry of platforms
 # (dtlab/platforms/, one package per name) all read it from here.
@@ -136,10 +137,16 @@ class TrainConfig:
     sparse_embedding_sync: bool = hashed_if_set(False)
     # DDP told that every step runs the same graph (static_graph): stock DDP set up at its best on CPU
     ddp_static_graph: bool = hashed_if_set(False)
+    # --- where the tokens come from ---
+    # loader: the trainer tokenizes into its cache and its DataLoader reads it; platform: the platform's own
+    # ETL (Spark's, Ray Data's) reads, cleans and tokenizes the raw reviews (trainer/platform_data.py)
+    data_path: str = hashed_if_set("loader", enum=DATA_PATHS)
+    token_cache: bool = not_hashed(True)  # false: the loader tokenizes afresh (a cold start, as an ETL has)
     # --- where things go ---
     output_dir: str = not_hashed("out")
     checkpoint_dir: str | None = not_hashed(None)  # None = no checkpoints
     cache_dir: str | None = not_hashed(None)  # tokenized-split cache; None = <output_dir>/../token-cache
+    platform_data_dir: str | None = not_hashed(None)  # data_path platform: a directory every node sees
     # --- labels ---
     framework: str = not_hashed(DEFAULT_FRAMEWORK, enum=FRAMEWORKS)
     framework_label: str | None = not_hashed(None)  # overrides the launcher's label in result.json
@@ -175,12 +182,15 @@ class TrainConfig:
         if self.strategy == "pipeline" and self.mixed_precision == "fp16":
             raise ConfigError("mixed_precision: fp16 needs loss scaling, which strategy pipeline cannot do "
                               "(its stages would skip different steps); use bf16 or no")
+        if self.data_path == "platform" and not self.platform_data_dir:
+            raise ConfigError("platform_data_dir: data_path platform reads the raw reviews from a directory "
+                              "every node sees (a shared disk); set it")
         if local:
             if not self.model.startswith(GENERATED_MODEL_PREFIX):
                 _check_source("model", self.model)
             if self.dataset != GENERATED_DATASET:
                 _check_source("dataset", self.dataset)
-            for key in ("output_dir", "checkpoint_dir", "cache_dir"):
+            for key in ("output_dir", "checkpoint_dir", "cache_dir", "platform_data_dir"):
                 if getattr(self, key) is not None:
                     _check_writable(key, Path(getattr(self, key)))
         return self
@@ -340,6 +350,11 @@ _HELP = {
                              "(a dtlab optimisation, labelled in results)",
     "ddp_static_graph": "stock DDP told the graph is the same every step (static_graph=True), which lets it "
                         "plan its all-reduce once; the same numbers, labelled in results",
+    "data_path": "loader (the trainer tokenizes; its DataLoader reads) or platform (Spark's or Ray Data's "
+                 "own ETL reads, cleans and tokenizes the raw reviews: Spark and Ray launchers only)",
+    "token_cache": "reuse the tokenized splits of an earlier run (false: tokenize afresh, a cold start)",
+    "platform_data_dir": "data_path platform: where the raw reviews are staged and the ETL writes, a "
+                         "directory every node sees",
     "output_dir": "where rank 0 writes result.json",
     "checkpoint_dir": "per-epoch checkpoints and resume (null/none = off)",
     "cache_dir": "tokenized-split cache shared by runs (default: <output_dir>/../token-cache)",

@@ -16,7 +16,6 @@ import os
 import random
 import socket
 import time
-from pathlib import Path
 
 import numpy as np
 import psutil
@@ -24,62 +23,16 @@ import torch
 import torch.distributed as dist
 
 from trainer import checkpoint, progress, result, strategies
-from trainer.config import DDP_OPTIONS, DEFAULT_FRAMEWORK, ConfigError, TrainConfig, config_hash
-from trainer.data import LengthGroupedBatchSampler, PaddedBatches, tokenized_splits, validation_batches
+from trainer.config import DDP_OPTIONS, ConfigError, TrainConfig, config_hash
+from trainer.data import LengthGroupedBatchSampler, PaddedBatches, validation_batches
 from trainer.distributed import all_reduce_sum, gather, process_group, resolve_device
+from trainer.hooks import TrainHooks
 from trainer.model import build_model
 
 _PRECISION_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # result.json's names
 _GPU_UTILIZATION_EVERY_STEPS = 20  # an NVML query per step would cost more than it tells
 _COMPILED_PAD_MULTIPLE = 64  # length buckets: at most 512/64 = 8 widths, so few graphs to compile or capture
 _RECOMPILE_LIMIT = 64  # widths x batch sizes x train/eval; torch's default (8) would fall back to eager
-
-
-class TrainHooks:
-    """What a launcher may change. The defaults are plain torchrun behaviour.
-
-    resume_path() and checkpoint_path() are called on rank 0 only (the checkpoint is read there
-    and broadcast, so nodes need no shared disk); on_epoch_end() on rank 0 only; should_stop()
-    on every rank after every epoch's checkpoint (the answers are OR-ed across ranks).
-    The core sets `self.cfg` before calling any of them.
-    """
-
-    framework: str = DEFAULT_FRAMEWORK
-    framework_label: str = "ddp (torchrun)"
-    cfg: TrainConfig | None = None
-    # True when the launcher's own optimizer averages the gradients (Horovod's DistributedOptimizer):
-    # the core then trains wrap_model's module instead of stock DDP's.
-    syncs_gradients: bool = False
-
-    def resume_path(self) -> Path | None:
-        """Checkpoint directory or file to resume from; default: the latest in cfg.checkpoint_dir."""
-        return checkpoint.latest_checkpoint(self.cfg.checkpoint_dir)
-
-    def checkpoint_path(self, epoch: int) -> contextlib.AbstractContextManager[Path | None]:
-        """Directory to write this epoch's checkpoint into; None skips it (checkpointing off)."""
-        if self.cfg.checkpoint_dir is None:
-            return contextlib.nullcontext(None)
-        return checkpoint.atomic_epoch_dir(self.cfg.checkpoint_dir, epoch)
-
-    def on_epoch_end(self, epoch: int, metrics: dict) -> None:
-        """Global metrics of a finished epoch: val_loss, val_accuracy, train_time_s, val_time_s, ..."""
-
-    def should_stop(self) -> bool:
-        """True to stop after this epoch's checkpoint (preemption); train() then returns None."""
-        return False
-
-    def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:
-        """With syncs_gradients: the module to train (the core's DDP otherwise)."""
-        return model
-
-    def wrap_optimizer(self, optimizer: torch.optim.Optimizer,
-                       model: torch.nn.Module) -> torch.optim.Optimizer:
-        """With syncs_gradients: the optimizer that averages the gradients across ranks."""
-        return optimizer
-
-    def optimizer_step(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
-        """One optimizer step through the loss scaler (a no-op scaler unless fp16)."""
-        scaler.step(optimizer)
 
 
 def auto_precision(capability: tuple[int, int]) -> str:
@@ -162,7 +115,13 @@ class _Run:
 
     def build(self) -> None:
         cfg = self.cfg
-        splits = tokenized_splits(cfg, log=self.log)
+        if cfg.data_path not in self.hooks.data_paths:
+            raise ConfigError(f"data_path: {cfg.data_path} is Spark's and Ray's own ETL; "
+                              f"{self.hooks.framework_label} reads through the DataLoader: use loader")
+        data_started = time.time()
+        splits = self.hooks.tokenized_splits(self.log)
+        self.data_marks = {**(self.hooks.data_marks or {}), "data_started": data_started,
+                           "data_ready": time.time()}
         self._seed()
         model = build_model(cfg).to(self.device)
         self.model = model
@@ -491,7 +450,7 @@ class _Run:
             timeline_unix={"process_started": self.process_started, "core_entered": self.core_entered,
                            "training_started": training_started_at,
                            "first_step_done": self.first_step_done_at,
-                           "training_ended": self.training_ended_at})
+                           "training_ended": self.training_ended_at, **self.data_marks})
         path = result.write_result(run_result, self.cfg.output_dir)
         self.log(f"final accuracy {run_result['final_accuracy']:.4f} in {time_total:.2f}s; wrote {path}")
         return run_result

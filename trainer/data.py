@@ -230,15 +230,20 @@ def tokenizer_fingerprint(tokenizer) -> str:
 # --- the token cache ---------------------------------------------------------------------
 
 class TokenizedSplit:
-    """One split as a flat token array + offsets + labels (memory-mapped from the cache)."""
+    """One split as a flat token array + offsets + labels: memory-mapped from the cache (from_cache),
+    or handed over by a platform's own data path (trainer/platform_data.py)."""
 
-    def __init__(self, directory: Path, split: str):
+    def __init__(self, fingerprint: str, ids: np.ndarray, offsets: np.ndarray, labels: np.ndarray):
         # The cache key: hash(dataset fingerprint, tokenizer bytes, max_length). Same key, same tokens.
-        self.fingerprint = directory.name.removeprefix("tokens-")
-        self.ids = np.load(directory / f"{split}_ids.npy", mmap_mode="r")
-        self.offsets = np.load(directory / f"{split}_offsets.npy")
-        self.labels = np.load(directory / f"{split}_labels.npy")
+        self.fingerprint = fingerprint
+        self.ids, self.offsets, self.labels = ids, offsets, labels
         self.lengths = np.diff(self.offsets)
+
+    @classmethod
+    def from_cache(cls, directory: Path, split: str) -> TokenizedSplit:
+        return cls(directory.name.removeprefix("tokens-"),
+                   np.load(directory / f"{split}_ids.npy", mmap_mode="r"),
+                   np.load(directory / f"{split}_offsets.npy"), np.load(directory / f"{split}_labels.npy"))
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -249,26 +254,48 @@ def token_cache_key(dataset_fingerprint: str, tokenizer_hash: str, max_length: i
     return hashlib.sha256(key.encode()).hexdigest()[:24]
 
 
+def tokens_fingerprint(cfg: TrainConfig, source: TextSource, tokenizer) -> str:
+    """What the tokens of (dataset, tokenizer, max_length) are called, whichever path makes them."""
+    return token_cache_key(source.fingerprint, tokenizer_fingerprint(tokenizer), cfg.max_length)
+
+
 def tokenized_splits(cfg: TrainConfig, source: TextSource | None = None,
                      log=print) -> dict[str, TokenizedSplit]:
     """Both splits tokenized to cfg.max_length, from the cache or built into it once."""
     source = source or text_source(cfg)
     tokenizer = load_tokenizer(cfg)
     cache_dir = cfg.token_cache_dir
-    key = token_cache_key(source.fingerprint, tokenizer_fingerprint(tokenizer), cfg.max_length)
-    final = cache_dir / f"tokens-{key}"
+    final = cache_dir / f"tokens-{tokens_fingerprint(cfg, source, tokenizer)}"
+    if not cfg.token_cache:  # a cold start: tokenized afresh, held in memory, nothing left behind
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".uncached-", dir=cache_dir))
+        try:
+            log(f"tokenizing {cfg.dataset} to max_length {cfg.max_length} (token_cache false)")
+            _build_token_cache(source, tokenizer, cfg.max_length, scratch / final.name)
+            return {split: TokenizedSplit(final.name.removeprefix("tokens-"),
+                                          *(np.load(scratch / final.name / f"{split}_{part}.npy")
+                                            for part in ("ids", "offsets", "labels")))
+                    for split in SPLITS}
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
     if not (final / "meta.json").exists():
-        with _cache_lock(cache_dir, final.name):
+        with cache_lock(cache_dir, final.name):
             if not (final / "meta.json").exists():  # another worker may have built it while we waited
                 log(f"tokenizing {cfg.dataset} to max_length {cfg.max_length} into {final}")
                 _build_token_cache(source, tokenizer, cfg.max_length, final)
-    return {split: TokenizedSplit(final, split) for split in SPLITS}
+    return {split: TokenizedSplit.from_cache(final, split) for split in SPLITS}
+
+
+def token_dtype(tokenizer) -> type:
+    """The narrowest integer type that holds every id of the tokenizer (BERT's 30522: uint16)."""
+    vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
+    return np.uint16 if vocab_size <= np.iinfo(np.uint16).max else np.int32
 
 
 def _build_token_cache(source: TextSource, tokenizer, max_length: int, final: Path) -> None:
     tokenizer.enable_truncation(max_length)
     vocab_size = tokenizer.get_vocab_size(with_added_tokens=True)
-    dtype = np.uint16 if vocab_size <= np.iinfo(np.uint16).max else np.int32
+    dtype = token_dtype(tokenizer)
     staging = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
     try:
         loaded = source.load()
@@ -292,7 +319,7 @@ def _build_token_cache(source: TextSource, tokenizer, max_length: int, final: Pa
         tokenizer.no_truncation()
 
 
-def _cache_lock(cache_dir: Path, name: str):
+def cache_lock(cache_dir: Path, name: str):
     cache_dir.mkdir(parents=True, exist_ok=True)
     lock = FileLock(str(cache_dir / f".{name}.lock"), timeout=CACHE_LOCK_TIMEOUT_S)
 

@@ -33,6 +33,7 @@ def speed_options_label(cfg: TrainConfig) -> str:
     label = f" + strategy {cfg.strategy}" if cfg.strategy != strategies.DEFAULT else ""
     label += " + sparse embedding sync (dtlab)" if cfg.sparse_embedding_sync else ""
     label += " + DDP static graph" if cfg.ddp_static_graph else ""
+    label += " + platform ETL" if cfg.data_path == "platform" else ""
     return label + (f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else "")
 
 
