@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 
 from trainer import checkpoint, progress, result, strategies
+from trainer.batches import LengthGroupedBatchSampler, PaddedBatches, validation_batches
 from trainer.config import DDP_OPTIONS, ConfigError, TrainConfig, config_hash
-from trainer.data import LengthGroupedBatchSampler, PaddedBatches, validation_batches
 from trainer.distributed import all_reduce_sum, gather, process_group, resolve_device
 from trainer.hooks import TrainHooks
 from trainer.model import build_model

@@ -9,15 +9,9 @@ import numpy as np
 import pytest
 import torch
 
+from trainer.batches import LengthGroupedBatchSampler, PaddedBatches, validation_batches
 from trainer.config import TrainConfig
-from trainer.data import (
-    LengthGroupedBatchSampler,
-    PaddedBatches,
-    generate_imdb_like,
-    load_tokenizer,
-    tokenized_splits,
-    validation_batches,
-)
+from trainer.data import generate_imdb_like, load_tokenizer, tokenized_splits
 
 
 def test_generated_data_is_deterministic_balanced_and_imdb_shaped():
@@ -142,3 +136,15 @@ def test_batches_are_padded_to_their_longest_member(make_config):
     assert batch["input_ids"].shape == (3, width)
     assert batch["attention_mask"].sum().item() == int(splits["train"].lengths[[0, 1, 2]].sum())
     assert batch["labels"].tolist() == splits["train"].labels[[0, 1, 2]].tolist()
+
+
+def test_the_tokens_module_imports_no_torch():
+    """A platform's ETL tasks tokenize with trainer.data and trainer.platform_data: torch's import (2-9 s
+    per Spark Python worker or Ray Data task on the lab) would count in the ETL's time."""
+    import subprocess
+    import sys
+
+    check = "import sys, trainer.data, trainer.platform_data; print('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True,
+                          timeout=120).stdout.strip() == "False"
+

@@ -12,11 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from ray.train.v2._internal.constants import CHECKPOINT_MANAGER_SNAPSHOT_FILENAME
 
 from tests.raycluster import RayCluster
 from tests.trainer.conftest import TINY, free_loopback_port, run, torchrun_command, trainer_env, write_config
+from trainer import data
 from trainer.config import TrainConfig
 from trainer.distributed import scheduler_gives_gpus
 from trainer.launchers.ray import LABEL, PROG
@@ -59,8 +61,10 @@ def registered_with_ray(checkpoint_dir: Path) -> list[str]:
     return []
 
 
-def assert_same_epochs(result: dict, reference: dict) -> None:
-    assert result["config_hash"] == reference["config_hash"]
+def assert_same_epochs(result: dict, reference: dict, same_config: bool = True) -> None:
+    """The same per-epoch numbers; same_config: of the same config_hash (data_path platform has its own)."""
+    if same_config:
+        assert result["config_hash"] == reference["config_hash"]
     for key in COMPARED:
         assert [m[key] for m in result["epoch_metrics"]] == [m[key] for m in reference["epoch_metrics"]], key
 
@@ -144,6 +148,63 @@ def test_a_run_ray_gives_up_on_ends_with_one_line(loopback_ray, torchrun_referen
                     "checkpoint_dir: the checkpoint was written by 2 workers, this run has 1; "
                     "resume with the same world size"]
     assert not (tmp_path / "out" / "result.json").exists()
+
+
+@pytest.mark.slow
+def test_ray_datas_rows_train_as_the_dataloaders_do(loopback_ray, torchrun_reference, make_config, tmp_path):
+    """data_path platform: Ray Data's ETL on the driver, every row to both workers; torchrun's epochs."""
+    reference, _ = torchrun_reference
+    cfg = make_config(epochs=EPOCHS, data_path="platform", platform_data_dir=str(tmp_path / "shared"))
+    command = ray_command(loopback_ray, cfg, tmp_path, "--num-workers", "2")
+    launched = subprocess.run(command, env=ray_env(loopback_ray), capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    validate_result(result)
+    assert result["framework_label"] == f"{LABEL} + platform ETL"
+    assert result["world_size"] == 2
+    assert result["data_fingerprint"] == reference["data_fingerprint"]
+    assert_same_epochs(result, reference, same_config=False)
+    timeline = result["timeline_unix"]
+    assert timeline["etl_started"] < timeline["etl_ended"] <= timeline["data_started"]
+    print(f"ray data ETL {timeline['etl_ended'] - timeline['etl_started']:.1f} s; "
+          f"the workers' rows {timeline['data_ready'] - timeline['data_started']:.1f} s")
+
+
+# Ray Data's ETL alone, in a driver of its own (Ray's token is read once a process, so not this one's):
+# each split's materialized rows as the workers' hooks take them, saved as the core's arrays.
+ETL_DRIVER = """import os, sys
+import numpy as np, ray
+from trainer import platform_data
+from trainer.config import from_dict, load_yaml
+from trainer.launchers import _ray_data
+address, config, out = sys.argv[1:]
+ray.init(address, runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})
+cfg = from_dict(load_yaml(config))
+run, directories = platform_data.etl_run(cfg)
+tables = {split: _ray_data.rows_table(rows) for split, rows in _ray_data.ray_etl(cfg, directories).items()}
+for split, tokens in platform_data.splits_from_tables(cfg, tables, run.tokens_fingerprint).items():
+    np.savez(f"{out}/{split}.npz", ids=tokens.ids, offsets=tokens.offsets, labels=tokens.labels)
+print(f"fingerprint: {run.tokens_fingerprint}")
+"""
+
+
+@pytest.mark.slow
+def test_ray_datas_etl_gives_the_loaders_tokens(loopback_ray, make_config, tmp_path):
+    cfg = make_config(data_path="platform", platform_data_dir=str(tmp_path / "shared"))
+    command = [sys.executable, "-c", ETL_DRIVER, loopback_ray.address,
+               str(write_config(cfg, tmp_path / "run.yml")), str(tmp_path)]
+    etl = subprocess.run(command, env=ray_env(loopback_ray), capture_output=True, text=True,
+                         timeout=RUN_TIMEOUT_S)
+    assert etl.returncode == 0, etl.stdout[-3000:] + etl.stderr[-3000:]
+    loader = data.tokenized_splits(make_config())  # the torchrun reference's config: its tokens
+    assert f"fingerprint: {loader['train'].fingerprint}" in etl.stdout
+    for split in data.SPLITS:
+        platform = np.load(tmp_path / f"{split}.npz")
+        assert platform["ids"].dtype == loader[split].ids.dtype
+        for part in ("ids", "offsets", "labels"):
+            assert np.array_equal(platform[part], getattr(loader[split], part)), (split, part)
 
 
 @pytest.mark.slow

@@ -18,7 +18,15 @@ import pytest
 
 from dtlab.waiting import wait_until
 from tests.sparkcluster import connect_server_conf, role_defaults
-from tests.trainer.conftest import SUBPROCESS_TIMEOUT_S, run, torchrun_command, trainer_env, write_config
+from tests.trainer.conftest import (
+    SUBPROCESS_TIMEOUT_S,
+    TINY,
+    run,
+    torchrun_command,
+    trainer_env,
+    write_config,
+)
+from trainer.config import TrainConfig
 from trainer.launchers._spark import CONNECT_LABEL, CONNECT_TOKEN_ENV, SECRET_ENV, STANDALONE_LABEL
 from trainer.result import validate_result
 
@@ -167,6 +175,108 @@ def test_two_processes_train_on_a_connect_servers_executors_as_under_torchrun(lo
     assert refused.stderr.strip().splitlines()[-1] == ("python -m trainer.launchers.spark: error: --remote: "
                                                        f"{remote} refused the token in ${CONNECT_TOKEN_ENV}")
     assert not (tmp_path / "refused" / "result.json").exists()
+
+
+# data_path platform (#53): Spark's own ETL in the run's application or session, then TorchDistributor.
+PLATFORM_SMALL = dict(generated_train_size=300, generated_test_size=40, max_length=32)
+# The ETL alone, in an application of its own (a subprocess: the test process keeps no JVM): the
+# launcher's session on the cluster, spark_etl writing each split's rows under argv[3].
+ETL_ALONE = """
+import os, sys
+from pathlib import Path
+from types import SimpleNamespace
+from trainer import platform_data
+from trainer.config import TrainConfig, load_yaml
+from trainer.launchers._spark import session
+from trainer.launchers._spark_etl import spark_etl
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+cfg = TrainConfig(**load_yaml(sys.argv[1])).validate()
+spark = session(cfg, SimpleNamespace(remote=None, master=sys.argv[2], num_processes=2, spark_conf=[],
+                                     secret_file=None))
+try:
+    _, directories = platform_data.etl_run(cfg)
+    spark_etl(spark, cfg, directories, Path(sys.argv[3]))
+finally:
+    spark.stop()
+"""
+
+
+def etl_directories(platform_data_dir: Path) -> list[Path]:
+    return sorted(platform_data_dir.glob("etl-*"))
+
+
+@pytest.fixture(scope="module")
+def loader_reference(tmp_path_factory, token_cache) -> dict:
+    """torchrun's result on the DataLoader path, 2 processes, 1 epoch of PLATFORM_SMALL: what the
+    platform path's runs must give. Once for the module: each run of it costs seconds."""
+    directory = tmp_path_factory.mktemp("loader-reference")
+    cfg = TrainConfig(**{**TINY, "epochs": 1, **PLATFORM_SMALL, "output_dir": str(directory / "out"),
+                         "cache_dir": str(token_cache)}).validate()
+    run(torchrun_command(2, "--config", str(write_config(cfg, directory / "run.yml"))))
+    return json.loads((directory / "out" / "result.json").read_text())
+
+
+@pytest.mark.parametrize("mode", ["standalone", "connect"])
+def test_spark_etl_then_torch_distributor_train_as_the_loader_path(loopback_spark, make_config, tmp_path,
+                                                                   loader_reference, mode):
+    """One application (standalone) or one Connect session reads the staged reviews, tokenizes them on
+    its executors and writes the rows; its 2 training processes train on them to torchrun's numbers on
+    the loader path. The ETL's rows are removed afterwards, the staged reviews kept."""
+    shared = tmp_path / "shared"
+    cfg = make_config(epochs=1, data_path="platform", platform_data_dir=str(shared), **PLATFORM_SMALL)
+    args = ["--config", str(write_config(cfg, tmp_path / "run.yml")), "--num-processes", "2"]
+    if mode == "connect":
+        token = secrets.token_hex(16)
+        remote = loopback_spark.start_connect_server(token, connect_server_conf(2, cfg.threads), slots=2)
+        try:
+            launched = spark_launch(loopback_spark, *args, remote=remote, token=token)
+        finally:
+            loopback_spark.stop_connect_server()
+    else:
+        launched = spark_launch(loopback_spark, *args)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    validate_result(result)
+    assert result["framework_label"].startswith(CONNECT_LABEL if mode == "connect" else STANDALONE_LABEL)
+    assert result["framework_label"].endswith(" + platform ETL")
+    assert result["world_size"] == 2 and result["data_fingerprint"] == loader_reference["data_fingerprint"]
+    for key in ("train_loss", "val_loss", "val_accuracy", "train_samples"):  # tolerance 0
+        assert ([m[key] for m in result["epoch_metrics"]]
+                == [m[key] for m in loader_reference["epoch_metrics"]]), key
+    timeline = result["timeline_unix"]
+    assert timeline["etl_started"] < timeline["etl_ended"] <= timeline["data_started"]
+    assert not etl_directories(shared)  # the ETL's rows: removed with the run
+    staged = list(shared.glob("reviews-*/train/*.parquet"))
+    assert staged, f"the staged reviews are gone: {list(shared.iterdir())}"
+
+
+def test_spark_etl_writes_the_loaders_tokens(loopback_spark, make_config, tmp_path):
+    """The ETL alone on the cluster's executors: its rows, back as the core's splits, are token for token
+    the DataLoader path's."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    from trainer import data, platform_data
+
+    cfg = make_config(data_path="platform", platform_data_dir=str(tmp_path / "shared"), **PLATFORM_SMALL)
+    _, env = launcher_command(loopback_spark, [])
+    out_root = tmp_path / "shared" / "etl-alone"
+    etl = subprocess.run([sys.executable, "-c", ETL_ALONE, str(write_config(cfg, tmp_path / "run.yml")),
+                          loopback_spark.master_url, str(out_root)],
+                         env=env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    assert etl.returncode == 0, etl.stdout[-3000:] + etl.stderr[-3000:]
+
+    run_record, _ = platform_data.etl_run(cfg)
+    tables = {split: pq.read_table(out_root / split) for split in data.SPLITS}
+    written = platform_data.splits_from_tables(cfg, tables, run_record.tokens_fingerprint)
+    loader = data.tokenized_splits(cfg)
+    for split in data.SPLITS:
+        assert (out_root / split / "_SUCCESS").is_file()  # Spark's DataFrameWriter wrote it
+        assert written[split].fingerprint == loader[split].fingerprint
+        assert np.array_equal(written[split].ids, loader[split].ids), split
+        assert np.array_equal(written[split].offsets, loader[split].offsets), split
+        assert np.array_equal(written[split].labels, loader[split].labels), split
 
 
 @pytest.mark.parametrize(("flags", "said"), [

@@ -22,12 +22,16 @@ CONNECT_TOKEN_ENV = "SPARK_CONNECT_AUTHENTICATE_TOKEN"
 CONNECT_DEFAULT_PORT = 15002  # Spark Connect's own default (spark.connect.grpc.binding.port)
 
 
-def train_on_executor(cfg, framework_label: str) -> dict | None:
+def train_on_executor(cfg, framework_label: str, etl=None) -> dict | None:
     """Each training process's function. Here, not in the launcher: TorchDistributor pickles it by
     reference, so every training process imports its module, and this one imports no pyspark (0.3 s
-    against the launcher's 0.9 s, timed by hand)."""
+    against the launcher's 0.9 s, timed by hand). `etl`: what _spark_etl.platform_etl gives on the
+    platform path (the run, the directories of its rows), else None."""
     from trainer.core import TrainHooks, train  # here, not on top: Spark's Python worker need not load torch
-    hooks = TrainHooks()  # the default file checkpoints in cfg.checkpoint_dir, on rank 0's node
+    from trainer.launchers._spark_etl import etl_hooks
+
+    # The default file checkpoints in cfg.checkpoint_dir, on rank 0's node.
+    hooks = TrainHooks() if etl is None else etl_hooks(*etl)
     hooks.framework, hooks.framework_label = "spark", framework_label
     result = train(cfg, hooks)
     gc.freeze()  # TorchDistributor's process exits once it has pickled this: skip its final collection

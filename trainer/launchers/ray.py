@@ -11,7 +11,7 @@ from trainer import progress
 from trainer.config import from_dict
 from trainer.core import TrainHooks, train
 from trainer.distributed import scheduler_gives_gpus
-from trainer.launchers import _cli
+from trainer.launchers import _cli, _ray_data
 from trainer.result import write_result
 
 PROG, LABEL = "python -m trainer.launchers.ray", "ray (Ray Train, TorchTrainer)"
@@ -29,7 +29,7 @@ def add_ray_flags(parser):
     return parser
 
 
-class RayHooks(TrainHooks):
+class RayHooks(_ray_data.RayDataHooks):  # data_path platform: Ray Data's rows (_ray_data)
     framework, framework_label, metrics = "ray", LABEL, {}
 
     def resume_path(self) -> Path | None:  # Ray's latest (after a restart) if on this node's disk, else ours
@@ -52,15 +52,16 @@ def launch(cfg, args) -> None:
     env = {key: os.environ[key] for key in FORWARDED if key in os.environ} | PLAIN_PRINT
     ray.init(_cli.reachable(args.address, "Ray's GCS"), runtime_env={"env_vars": env})
     gpus = scheduler_gives_gpus(cfg.device, ray.cluster_resources().get("GPU", 0))
-    absolute = {key: str(Path(value).resolve()) for key in ("output_dir", "checkpoint_dir", "cache_dir")
-                if (value := getattr(cfg, key))}  # Ray picks the workers' cwd
+    absolute = {key: str(Path(value).resolve()) for key in ("output_dir", "checkpoint_dir", "cache_dir",
+                "platform_data_dir") if (value := getattr(cfg, key))}  # Ray picks the workers' cwd
     cfg = from_dict({**cfg.as_dict(), **absolute, "framework": "ray", "device": "cuda" if gpus else "cpu"})
     run_dir = Path(cfg.checkpoint_dir or Path(cfg.output_dir, "ray-run"))
+    run, ray_data = _ray_data.etl(cfg, PROG)  # platform: Ray Data's ETL; TorchTrainer's datasets, its rows
     trainer = TorchTrainer(  # placed as dtlab places ddp: on CPU one worker a node, GPUs filled node by node
-        lambda _: train(cfg, RayHooks()), torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
+        lambda _: train(cfg, RayHooks(run)), torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
         scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers, use_gpu=gpus,  # 1 GPU a worker
             resources_per_worker=None if gpus else {"CPU": cfg.threads},
-            placement_strategy="PACK" if gpus else "SPREAD"),
+            placement_strategy="PACK" if gpus else "SPREAD"), **ray_data,
         run_config=ray.train.RunConfig(storage_path=str(run_dir.parent), name=run_dir.name,
                                        failure_config=ray.train.FailureConfig(max_failures=args.max_failures)))
     try:

@@ -15,6 +15,7 @@ from pyspark.ml.torch.distributor import TorchDistributor
 from trainer.config import ConfigError
 from trainer.launchers import _cli
 from trainer.launchers._spark import CONNECT_LABEL, STANDALONE_LABEL, jvm_label, session, train_on_executor
+from trainer.launchers._spark_etl import platform_etl
 from trainer.result import write_result
 
 PROG = "python -m trainer.launchers.spark"
@@ -43,7 +44,8 @@ def launch(cfg, args) -> None:
         label = cfg.framework_label + jvm_label(spark.conf)  # the JVMs' setup, as it ran
         cfg = dataclasses.replace(cfg, framework_label=label)
         distributor = TorchDistributor(args.num_processes, local_mode=False, use_gpu=use_gpu)
-        result = distributor.run(train_on_executor, cfg, cfg.framework_label)  # trainer is on the executors
+        with platform_etl(spark, cfg) as etl:  # data_path platform: Spark's own ETL first, in this session
+            result = distributor.run(train_on_executor, cfg, cfg.framework_label, etl)  # trainer on executors
     except Exception as error:  # SPARK-24819: a barrier job needs more free slots than the cluster has
         if "BarrierJobSlotsNumberCheckFailed" not in str(error):
             raise
