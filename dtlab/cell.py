@@ -12,6 +12,7 @@ from typing import Any
 from dtlab.errors import DtlabError
 from trainer import strategies
 
+DEFAULT_DATA_PATH = "loader"  # trainer.config.DATA_PATHS[0], without importing the trainer's config here
 # The faults a fault plan can inject (dtlab.faults injects them; docs/faults.md says what each does).
 FAULT_KINDS = ("kill", "netdrop", "restart")
 # A fault's spec, also the suffix of its cell's key: kill-after1, kill-after1-node2, netdrop-after1-20s.
@@ -63,6 +64,10 @@ class Cell:
     # A model other than the profile's (a run's `models:`): part of the identity, the key (model_label)
     # and the hash; "" for the profile's own `trainer: model`, so those cells keep their keys and hashes.
     model: str = ""
+    # Where the tokens come from (trainer.config.DATA_PATHS): the DataLoader's own ("loader"), or the
+    # platform's own ETL ("platform": Spark's, Ray Data's). Part of the identity, the hash (when not the
+    # default) and the key (-etl), so every earlier cell keeps its key and hash.
+    data_path: str = "loader"
 
     def __post_init__(self) -> None:
         # One statement of the model: a models: cell trains it, whatever trainer_config was given.
@@ -71,13 +76,15 @@ class Cell:
 
     @property
     def key(self) -> str:
-        """FRAMEWORK-gN-eE-sS[-STRATEGY][-MODEL][-FAULT]: ddp-g2-e2-s0, ddp-g2-e2-s0-fsdp,
-        ddp-g2-e2-s0-fsdp-bert-mini, ray-g2-e2-s0-zero1-kill-after1."""
+        """FRAMEWORK-gN-eE-sS[-STRATEGY][-MODEL][-etl][-FAULT]: ddp-g2-e2-s0, ddp-g2-e2-s0-fsdp,
+        ddp-g2-e2-s0-fsdp-bert-mini, spark-g2-e2-s0-etl, ray-g2-e2-s0-zero1-kill-after1."""
         key = f"{self.framework}-g{self.gpus}-e{self.epochs}-s{self.seed}"
         if self.strategy != strategies.DEFAULT:
             key += f"-{self.strategy}"
         if self.model:
             key += f"-{model_label(self.model)}"
+        if self.data_path != DEFAULT_DATA_PATH:
+            key += "-etl"
         return f"{key}-{self.fault}" if self.fault else key
 
     @property
@@ -88,7 +95,7 @@ class Cell:
     def undisturbed(self) -> Cell:
         """The same cell without its fault: the run a faulted one is measured against."""
         return Cell(self.framework, self.gpus, self.epochs, self.seed, self.profile, self.trainer_config,
-                    strategy=self.strategy, model=self.model)
+                    strategy=self.strategy, model=self.model, data_path=self.data_path)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -101,6 +108,7 @@ class Cell:
             **({"fault": self.fault} if self.fault else {}),
             **({"strategy": self.strategy} if self.strategy != strategies.DEFAULT else {}),
             **({"model": self.model} if self.model else {}),
+            **({"data_path": self.data_path} if self.data_path != DEFAULT_DATA_PATH else {}),
         }
 
 
@@ -122,6 +130,7 @@ def trainer_options(cell: Cell) -> dict[str, Any]:
         "seed": cell.seed,
         "framework": cell.framework,
         **({"strategy": cell.strategy} if cell.strategy != strategies.DEFAULT else {}),
+        **({"data_path": cell.data_path} if cell.data_path != DEFAULT_DATA_PATH else {}),
     }
 
 

@@ -1,9 +1,10 @@
 """experiments/matrix.yml -> validated matrix cells, in a stable order.
 
-A profile expands each `runs:` entry to frameworks x strategies x models x gpus x epochs x seeds
-(strategies: the trainer's parallelism strategies, default [ddp]; a run's `strategies:` is the one place
-a profile names them, so its `trainer:` may not; models: default the profile's `trainer: model`, whose
-cells keep the keys and hashes they had before the axis existed). The file's shape (keys,
+A profile expands each `runs:` entry to frameworks x strategies x models x data_paths x gpus x epochs x
+seeds (strategies: the trainer's parallelism strategies, default [ddp]; a run's `strategies:` is the one
+place a profile names them, so its `trainer:` may not, and so with data_paths, default [loader]; models:
+default the profile's `trainer: model`, whose cells keep the keys and hashes they had before the axis
+existed). The file's shape (keys,
 types, ranges, frameworks) is SCHEMA below, whose profiles' `trainer:` sections are the trainer's own
 schema (trainer.config.SCHEMA, referred to by its $id, not copied); what a schema cannot say (more GPUs
 than the inventory has, duplicate cells, the trainer's rules for the inventory's device) is checked in
@@ -26,7 +27,7 @@ import yaml
 from referencing import Registry, Resource
 
 from dtlab import paths
-from dtlab.cell import FAULT_KINDS, Cell, Fault, model_label
+from dtlab.cell import DEFAULT_DATA_PATH, FAULT_KINDS, Cell, Fault, model_label
 from dtlab.errors import DtlabError
 from trainer import config as trainer_config
 from trainer import strategies
@@ -43,6 +44,7 @@ HARNESS_OWNED_OPTIONS = (
     "output_dir",
     "checkpoint_dir",
     "cache_dir",
+    "platform_data_dir",
     "device",
     "threads",
 )
@@ -51,6 +53,9 @@ RUN_KEYS = ("frameworks", "gpus", "epochs", "seeds")
 # models other than the profile's (a model size each; the report sets them side by side).
 STRATEGIES_KEY = "strategies"
 MODELS_KEY = "models"
+# ... and where the tokens come from (trainer.config.DATA_PATHS): the DataLoader's, or the platform's own
+# ETL (Spark's, Ray Data's); a platform without one refuses it (Platform.data_path_refusal).
+DATA_PATHS_KEY = "data_paths"
 _DEFAULT_MODEL = next(f.default for f in dataclasses.fields(trainer_config.TrainConfig) if f.name == "model")
 
 
@@ -101,6 +106,11 @@ SCHEMA = {
                             "x-message": "set per run: list it under the run's strategies: (e.g. "
                             "strategies: [ddp, zero1]), the one place a profile names strategies",
                         },
+                        "data_path": {
+                            "not": {},
+                            "x-message": "set per run: list it under the run's data_paths: (e.g. "
+                            "data_paths: [loader, platform]), the one place a profile names data paths",
+                        },
                     },
                 },
                 "runs": {"type": "array", "minItems": 1, "items": {"$ref": "#/$defs/run"}},
@@ -138,6 +148,11 @@ SCHEMA = {
                 STRATEGIES_KEY: {
                     **_one_or_more({"$ref": trainer_config.SCHEMA["$id"] + "#/properties/strategy"}),
                     "allOf": [{"uniqueItems": True, "x-message": "each strategy once, got {value!r}"}],
+                },
+                # Optional (default: loader alone); each data path once.
+                DATA_PATHS_KEY: {
+                    **_one_or_more({"$ref": trainer_config.SCHEMA["$id"] + "#/properties/data_path"}),
+                    "allOf": [{"uniqueItems": True, "x-message": "each data path once, got {value!r}"}],
                 },
                 # Optional (default: the profile's trainer: model); each model once.
                 MODELS_KEY: {
@@ -394,11 +409,12 @@ def _expand(
 ) -> Iterator[Cell]:
     frameworks, gpus, epochs, seeds = (_as_list(run[key]) for key in RUN_KEYS)
     strategy_names = _as_list(run.get(STRATEGIES_KEY, strategies.DEFAULT))
-    # Stable order: epochs, then seeds, then GPUs, then model, then strategy, then framework, so
-    # frameworks interleave in time (and a run without strategies: or models: keeps the order it had
-    # before they existed).
-    for epoch_count, seed, gpu_count, model, strategy, framework in itertools.product(
-        epochs, seeds, gpus, _run_models(run, profile_model), strategy_names, frameworks
+    data_paths = _as_list(run.get(DATA_PATHS_KEY, DEFAULT_DATA_PATH))
+    # Stable order: epochs, then seeds, then GPUs, then model, then strategy, then data path, then
+    # framework, so frameworks interleave in time (and a run without strategies:, models: or data_paths:
+    # keeps the order it had before they existed).
+    for epoch_count, seed, gpu_count, model, strategy, data_path, framework in itertools.product(
+        epochs, seeds, gpus, _run_models(run, profile_model), strategy_names, data_paths, frameworks
     ):
         cell = Cell(
             framework=framework,
@@ -409,6 +425,7 @@ def _expand(
             trainer_config=trainer_options,  # Cell puts a models: entry's model in it
             strategy=strategy,
             model=model,
+            data_path=data_path,
         )
         yield cell
         if fault is not None:  # the faulted run right after its undisturbed twin, on the same nodes

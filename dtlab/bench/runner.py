@@ -20,7 +20,7 @@ from dtlab.bench.options import BenchOptions
 from dtlab.bench.prepare import PrepareStep
 from dtlab.bench.record import RecordStep
 from dtlab.bench.watch import PROBE_TIMEOUT_S
-from dtlab.cell import Cell, config_hash
+from dtlab.cell import DEFAULT_DATA_PATH, Cell, config_hash
 from dtlab.display import Display
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster
@@ -100,11 +100,17 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
 
     def check_cells(self, selected: matrix_module.Matrix) -> None:
         """What the controller alone decides about the cells: each cell's platform can run its strategy
-        (Platform.strategy_refusal), and each fault plan's node is one its cell runs on."""
+        and data path (Platform.strategy_refusal, data_path_refusal; a platform's ETL needs the shared
+        disk), and each fault plan's node is one its cell runs on."""
+        where = f"{selected.source}: profiles.{selected.profile}"
         for cell in selected.cells:
-            refusal = platforms.get(cell.framework).strategy_refusal(cell.strategy)
+            platform = platforms.get(cell.framework)
+            refusal = platform.strategy_refusal(cell.strategy) or platform.data_path_refusal(cell.data_path)
+            shared_disk = self.cluster.shared_checkpoint_dir
+            if refusal is None and cell.data_path != DEFAULT_DATA_PATH and not shared_disk:
+                refusal = (f"data_path {cell.data_path}: the platform's ETL reads and writes on a disk every "
+                           "node mounts; set dtlab_shared_checkpoint_dir in the inventory, or use loader")
             if refusal is not None:
-                where = f"{selected.source}: profiles.{selected.profile}"
                 raise DtlabError(f"{where}: cell {cell.key}: {refusal}")
         for cell in selected.cells:
             if cell.fault:

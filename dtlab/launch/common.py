@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Protocol
 
 import yaml
 
-from dtlab.cell import Cell, trainer_options
+from dtlab.cell import DEFAULT_DATA_PATH, Cell, trainer_options
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
 from dtlab.remote import UnitSpec, unit_name
@@ -130,6 +130,12 @@ class CellPaths:
     def cache_dir(self) -> str:
         return f"{self.cluster.data_dir}/token-cache"
 
+    @property
+    def platform_data_dir(self) -> str | None:
+        """A platform ETL's raw reviews and rows (data_path platform), on the disk every node mounts."""
+        shared = self.cluster.shared_checkpoint_dir
+        return f"{shared}/platform-data" if shared else None
+
 
 @dataclass
 class Launch:
@@ -171,6 +177,8 @@ def trainer_config(cluster: Cluster, placement: Placement, paths: CellPaths, lab
         cache_dir=paths.cache_dir,
         framework_label=label,
     )
+    if placement.cell.data_path != DEFAULT_DATA_PATH:  # runner.check_cells refuses it without a shared disk
+        config["platform_data_dir"] = paths.platform_data_dir
     return config
 
 
@@ -258,8 +266,12 @@ def shared_checkpoint_command(launch: Launch, owner: str, fresh: bool) -> str | 
     if not p.cluster.shared_checkpoint_dir:
         return None
     drop = f"rm -rf {shlex.quote(p.checkpoint_dir)} && " if fresh else ""
+    etl = ""  # its ETL's folder, whose staged reviews later cells reuse: made and owned, never emptied
+    if "platform_data_dir" in launch.trainer_config:
+        etl = (f" && mkdir -p {shlex.quote(p.platform_data_dir)} && "
+               f"chown {shlex.quote(owner)} {shlex.quote(p.platform_data_dir)}")
     return (f"{drop}mkdir -p {shlex.quote(p.checkpoint_dir)} && "
-            f"chown -R {shlex.quote(owner)} {shlex.quote(p.checkpoint_root)}")
+            f"chown -R {shlex.quote(owner)} {shlex.quote(p.checkpoint_root)}{etl}")
 
 
 def unit(cell: Cell, node: Node) -> str:

@@ -10,7 +10,8 @@ What a platform owns:
 - what a user adopts: `launcher_files` (the lines a user writes), `roles` (what site.yml installs for it),
   `variable_prefixes` (its group_vars names: ports, services), `service_variables` (its systemd units);
 - one cell's life: `strategy_refusal` (a parallelism strategy it cannot run, and why: bench refuses
-  such a cell before the matrix starts), `build` (the Launch bench runs), `preflight` (is the platform
+  such a cell before the matrix starts), `data_paths` / `data_path_refusal` (its own ETL, if any),
+  `build` (the Launch bench runs), `preflight` (is the platform
   ready for this cell?), `stop` (what stopping its units leaves behind);
 - the cluster: `probe_lines` (its part of cluster.check's one probe script per node), `check_rows`,
   `gpu_rows`, `reset` (its step of cluster.reset) and `wait_ready` (after the reset);
@@ -101,7 +102,19 @@ class Platform:
     # Run labels (their start) that mark a stand-in, not the platform itself: the report says so.
     stand_in_labels: ClassVar[tuple[str, ...]] = ()
 
+    # TrainConfig.data_path values its launcher trains on: every launcher reads through the trainer's
+    # DataLoader; a platform with an ETL of its own (trainer/platform_data.py) adds "platform".
+    data_paths: ClassVar[tuple[str, ...]] = ("loader",)
+    etl_label: ClassVar[str] = ""  # what its own ETL is, as the report's Table B.13 names it
+
     # --- one cell ---
+
+    def data_path_refusal(self, data_path: str) -> str | None:
+        """Why this platform's launcher cannot take its tokens from `data_path`, or None when it can."""
+        if data_path in self.data_paths:
+            return None
+        return (f"data_path {data_path}: {self.label}'s launcher has no ETL of its own "
+                f"(trainer/platform_data.py names those that have); use {', '.join(self.data_paths)}")
 
     def strategy_refusal(self, strategy: str) -> str | None:
         """Why this platform cannot run the trainer's parallelism strategy `strategy` (one of

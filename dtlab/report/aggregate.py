@@ -16,7 +16,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dtlab.cell import model_label
+from dtlab.cell import DEFAULT_DATA_PATH, Cell, model_label
 from dtlab.platforms import BASELINE
 from dtlab.report.run_clock import PHASE_COLUMNS, RunClock, epoch_ends_from_submit, whole_run_phases
 from dtlab.report.run_clock import QUEUE_PHASE as QUEUE_PHASE  # `as`: also read as aggregate.QUEUE_PHASE
@@ -56,6 +56,14 @@ class Sample:
     model: str = ""  # the trained model's label (cell.model_label): bert-tiny, bert-mini, ...
     # Whether it trained the profile's own model; a run's models: entry goes to Table B.12 alone.
     profile_model: bool = True
+    data_path: str = DEFAULT_DATA_PATH  # the cell's: a platform ETL's run goes to Table B.13 alone
+    etl_s: float | None = None  # data_path platform: the driver's ETL (read, clean, tokenize, hand over)
+    tokens_ready_s: float | None = None  # the core's wait for both splits' tokens on rank 0
+
+    @property
+    def in_study_tables(self) -> bool:
+        return (self.strategy == strategies.DEFAULT and self.profile_model
+                and self.data_path == DEFAULT_DATA_PATH)
 
     @classmethod
     def from_run(cls, run: Run) -> Sample:
@@ -85,7 +93,21 @@ class Sample:
             peak_worker_mb=peak_worker_mb(result),
             model=model_label(str((result.get("hyperparameters") or {}).get("model", ""))),
             profile_model=not run.cell.model,
+            data_path=run.cell.data_path,
+            etl_s=_span(result, "etl_started", "etl_ended"),
+            tokens_ready_s=_span(result, "data_started", "data_ready"),
         )
+
+
+def in_study_tables(cell: Cell) -> bool:
+    """The study's tables compare the platforms as the study ran them: strategy ddp, the profile's model,
+    the DataLoader; other strategies, models and data paths have tables of their own (B.12, B.13)."""
+    return cell.strategy == strategies.DEFAULT and not cell.model and cell.data_path == DEFAULT_DATA_PATH
+
+
+def _span(result: dict, start: str, end: str) -> float | None:
+    marks = result.get("timeline_unix") or {}
+    return marks[end] - marks[start] if marks.get(start) is not None and marks.get(end) is not None else None
 
 
 def peak_worker_mb(result: dict) -> float | None:

@@ -7,8 +7,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from dtlab.cell import DEFAULT_DATA_PATH
 from dtlab.errors import DtlabError
-from dtlab.report.aggregate import GroupKey, GroupStats, Sample, group, long_epochs, primary_epochs
+from dtlab.report.aggregate import (
+    GroupKey,
+    GroupStats,
+    Sample,
+    group,
+    in_study_tables,
+    long_epochs,
+    primary_epochs,
+)
 from dtlab.report.comparison import (
     Comparison,
     Priorities,
@@ -17,9 +26,11 @@ from dtlab.report.comparison import (
     check_study_conclusion,
     with_recommendation,
 )
+from dtlab.report.data_paths import data_paths_table, etl_summaries
 from dtlab.report.faults import FaultSection, fault_section, is_faulted
 from dtlab.report.gate import GateSection, gate_section
 from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
+from dtlab.report.own_tables import resumed_costs
 from dtlab.report.strategies import SizePoint, any_other_strategy, size_lines, strategies_table
 from dtlab.report.study import (
     DISPLAY_NAMES,
@@ -32,7 +43,6 @@ from dtlab.report.study import (
     published,
 )
 from dtlab.report.tables import (
-    ResumedCost,
     Table,
     TableBuilder,
     config_label,
@@ -42,9 +52,7 @@ from dtlab.report.tables import (
 )
 from dtlab.report.verdict import Verdict, build_verdict
 from dtlab.results import ResultStore, Run, newest_per_cell, unreadable_reason
-from trainer import progress
 from trainer.config import GENERATED_DATASET, GENERATED_MODEL_PREFIX
-from trainer.strategies import DEFAULT as DEFAULT_STRATEGY
 
 
 class EmptyStoreError(DtlabError):
@@ -319,50 +327,6 @@ def build_study_report(priorities: Priorities | None = None) -> Report:
     )
 
 
-def epochs_begun(run: Run) -> int | None:
-    """Epochs a failed attempt began, from its logs (rank 0's has the trainer's progress lines);
-    None when it kept no logs."""
-    logs = sorted(run.log_dir.glob("*.log")) if run.log_dir.is_dir() else []
-    if not logs:
-        return None
-    counts = [progress.epochs_begun(path.read_text(errors="replace").splitlines()) for path in logs]
-    return max((c for c in counts if c is not None), default=0)
-
-
-def resumed_costs(resumed: list[Run], all_runs: list[Run], groups: dict[GroupKey, GroupStats]
-                  ) -> list[ResumedCost]:
-    """What each resumed run really cost: every attempt since the cell's previous success."""
-    costs = []
-    for run in resumed:
-        earlier = sorted((r for r in all_runs if r.cell_key == run.cell_key and r.attempt < run.attempt),
-                         key=lambda r: r.attempt, reverse=True)
-        failed = []
-        for attempt in earlier:
-            if attempt.status == "ok":
-                break
-            failed.append(attempt)
-        resumed_from = int(run.result["resumed_from_epoch"])
-        begun = [epochs_begun(attempt) for attempt in failed]
-        # Epochs begun by the failed attempts beyond the checkpoint: negative means their logs miss lines.
-        redone = sum(begun) - resumed_from if None not in begun else None
-        attempts = [*failed, run]
-        whole = sum(a.harness_time_s for a in attempts) if all(a.harness_time_s for a in attempts) else None
-        # The groups are strategy ddp's on the profile's model: another strategy's or model's run has no
-        # undisturbed mean among them.
-        stats = groups.get((run.cell.framework, run.cell.gpus, run.cell.epochs))
-        stats = stats if stats is not None and stats.strategy == run.cell.strategy and not run.cell.model \
-            else None
-        undisturbed = (stats.time_mean + stats.harness_extra_s_mean
-                       if stats is not None and stats.harness_extra_s_mean is not None else None)
-        costs.append(ResumedCost(
-            cell_key=run.cell_key, attempts=len(attempts), resumed_from=resumed_from,
-            epochs_redone=redone if redone is not None and redone >= 0 else None,
-            trainer_time_s=float(run.result["time_total_s"]), whole_harness_s=whole,
-            undisturbed_harness_s=undisturbed,
-        ))
-    return costs
-
-
 def build_report(
     store: ResultStore, *, profile: str | None = None, priorities: Priorities | None = None
 ) -> Report:
@@ -397,12 +361,11 @@ def build_report(
     undisturbed, other_setup = newest_setup_only(
         [run for run in ok_runs if not run.result.get("resumed_from_epoch")])
     samples = [Sample.from_run(run) for run in undisturbed]
-    # The study's tables compare the platforms at the default strategy (ddp) on the profile's model, as
-    # the study ran them; other strategies and a run's models: are set beside it in their own table
-    # (B.12) and figure (B.4), never in these means.
-    study_samples = [s for s in samples if s.strategy == DEFAULT_STRATEGY and s.profile_model]
-    study_undisturbed = [run for run in undisturbed if run.cell.strategy == DEFAULT_STRATEGY
-                         and not run.cell.model]
+    # The study's tables compare the platforms at the default strategy (ddp) on the profile's model through
+    # the DataLoader, as the study ran them; other strategies, a run's models: and the platforms' own ETL
+    # are set beside it in their own tables (B.12, B.13) and figure (B.4), never in these means.
+    study_samples = [s for s in samples if s.in_study_tables]
+    study_undisturbed = [run for run in undisturbed if in_study_tables(run.cell)]
     groups = group(study_samples)
     short = primary_epochs(k[2] for k in groups)
     long = long_epochs((k[2] for k in groups), short)
@@ -418,6 +381,8 @@ def build_report(
     ]
     if any_other_strategy(samples):
         extra.append(strategies_table(samples))
+    if any(s.data_path != DEFAULT_DATA_PATH for s in samples):
+        extra.append(data_paths_table(samples))
     if failed:
         extra.append(failures_table(failed, ok_runs))
     if resumed:
@@ -451,8 +416,9 @@ def build_report(
             f"This cluster's short runs have {short} epochs, the study's 20: whole-run times are "
             "not comparable across the two (per-epoch times and ratios are)."
         )
-    comparison = with_recommendation(
-        build_comparison(groups, study_samples, faults, short, store.root), priorities)
+    etl = etl_summaries(samples)
+    comparison = with_recommendation(build_comparison(groups, study_samples, faults, short, store.root, etl),
+                                     priorities)
     return Report(
         title=f"dtlab report: {_join(run.inventory for run in all_runs)}",
         size_lines=size_lines(samples),
@@ -482,12 +448,13 @@ def build_report(
 
 
 def newest_setup_only(runs: list[Run]) -> tuple[list[Run], list[Run]]:
-    """(kept, left out): in each group of runs (framework, GPUs, epochs, strategy, model), the runs whose
-    framework_label is the newest run's. The label names the setup (the launcher, and options beyond the
-    study's protocol such as ' + DDP static graph'), so a profile's runs from before and after a change of
-    its trainer options never share a mean (a partly rerun matrix would otherwise mix them)."""
+    """(kept, left out): in each group of runs (framework, GPUs, epochs, strategy, model, data path), the
+    runs whose framework_label is the newest run's. The label names the setup (the launcher, and options
+    beyond the study's protocol such as ' + DDP static graph'), so a profile's runs from before and after a
+    change of its trainer options never share a mean (a partly rerun matrix would otherwise mix them)."""
     def group_of(run: Run) -> tuple:
-        return run.cell.framework, run.cell.gpus, run.cell.epochs, run.cell.strategy, run.cell.model
+        return run.cell.framework, run.cell.gpus, run.cell.epochs, run.cell.strategy, run.cell.model, \
+            run.cell.data_path
 
     newest_label = {group_of(run): run.result["framework_label"] for run in sorted(runs, key=lambda r: r.id)}
     kept = [run for run in runs if run.result["framework_label"] == newest_label[group_of(run)]]

@@ -217,7 +217,8 @@ def parse_revisions(spec: str) -> tuple[str, str]:
 # --- the comparison ---------------------------------------------------------------------------------
 
 
-GroupId = tuple[str, int, int, str, str]  # (framework, gpus, epochs, strategy, model): the report's group
+# (framework, gpus, epochs, strategy, model, data path): the report's group
+GroupId = tuple[str, int, int, str, str, str]
 
 
 def group_name(run: Run) -> str:
@@ -228,10 +229,10 @@ def group_name(run: Run) -> str:
 
 
 def _group_order(group: GroupId) -> tuple:
-    framework, gpus, epochs, strategy, model = group
+    framework, gpus, epochs, strategy, model, data_path = group
     order = list(DISPLAY_NAMES)
     return (order.index(framework) if framework in order else len(order), framework, gpus, epochs, strategy,
-            model)
+            model, data_path)
 
 
 @dataclass
@@ -318,7 +319,8 @@ def compare_groups(matched: Sequence[tuple[Run, Run]]) -> list[GroupComparison]:
     by_group: dict[GroupId, list[tuple[Run, Run]]] = defaultdict(list)
     for run_a, run_b in matched:
         cell = run_a.cell
-        by_group[(cell.framework, cell.gpus, cell.epochs, cell.strategy, cell.model)].append((run_a, run_b))
+        group_id = (cell.framework, cell.gpus, cell.epochs, cell.strategy, cell.model, cell.data_path)
+        by_group[group_id].append((run_a, run_b))
     groups = []
     for group_id in sorted(by_group, key=_group_order):
         pairs = sorted(by_group[group_id], key=lambda pair: pair[0].cell.seed)

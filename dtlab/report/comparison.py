@@ -64,6 +64,7 @@ from dtlab.report.comparison_records import (
     shared_roles,
     variable_platform,
 )
+from dtlab.report.data_paths import etl_not_measured
 from dtlab.report.faults import FaultSection
 from dtlab.report.numbers import fmt, text
 from dtlab.report.recommendation import (
@@ -126,7 +127,7 @@ COLUMNS = [
     "Services",
     "Listening ports",
     "Centralised management (study)",
-    "Data pipelines (study)",
+    "Data pipelines: own ETL, measured (the study's word)",
     "Provisioning time",
     "Idle memory / CPU per node",
     "Upstream",
@@ -172,7 +173,8 @@ COMPARISON_NOTE = (
     "of its launcher (Slurm: its driver; the sbatch options are dtlab.platforms.slurm's, not counted). "
     "Services and ports: the names inventory/group_vars/all.yml gives the platform (a port range counts "
     "once). The study's two columns are its Table 5.11 and section 5.6.4 (the study covers DDP, "
-    "Determined and Spark only): shown beside the measured, never ranked on this cluster's runs. "
+    "Determined and Spark only): shown beside the measured, never ranked on this cluster's runs; the data "
+    "pipelines column leads with the platform's own ETL as Table B.13 measured it. "
     "Upstream: dtlab/data/upstream.yml, each fact with its source."
 )
 
@@ -183,9 +185,10 @@ def build_comparison(
     faults: FaultSection | None,
     short: int | None,
     root: Path | None = None,
+    etl: Mapping[str, str] | None = None,
 ) -> Comparison:
     """Table B.10 from this cluster's runs, and from the provisioning and idle records under `root` (its
-    results folder)."""
+    results folder); `etl`: each platform's own ETL as Table B.13 measured it (data_paths.etl_summaries)."""
     samples = list(samples)
     count = comparison_count(groups, short)
     measures: dict[str, dict[str, Measure]] = {c: {} for c in CRITERIA}
@@ -201,6 +204,8 @@ def build_comparison(
         parts[p] = moving_parts(p)
         measures["footprint"][p] = _exact(parts[p].count, f"{parts[p].count}")
         measures["checklist"][p], measures["pipelines"][p] = _qualitative(p)
+        measures["pipelines"][p] = Measure(None, f"{(etl or {}).get(p, etl_not_measured(p))}; study: "
+                                                 f"{measures['pipelines'][p].shown}")
         measures["whole_run"][p] = _whole_run(groups, key) if count is not None else Measure(None, "no run")
         measures["unattended"][p] = _unattended(faults, p)
     for criterion, found in cluster_ranked(root).items():

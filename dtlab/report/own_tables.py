@@ -14,12 +14,14 @@ from dtlab.report.aggregate import (
     GroupKey,
     GroupStats,
     Score,
+    in_study_tables,
     ratio_spread,
     score,
 )
 from dtlab.report.numbers import Value, fmt, missing, num, ratio, text
 from dtlab.report.table_base import SPREAD_NOTE, Table, TableContext, spread_text
 from dtlab.results import Run
+from trainer import progress
 
 
 class OwnTables(TableContext):
@@ -286,3 +288,46 @@ def failures_table(failed: Iterable[Run], ok_runs: Iterable[Run]) -> Table:
         ["Cell", "Profile", "Attempt", "Node", "Exit code", "Reason", "Cell later ok", "Recorded"],
         rows,
     )
+
+
+def epochs_begun(run: Run) -> int | None:
+    """Epochs a failed attempt began, from its logs (rank 0's has the trainer's progress lines);
+    None when it kept no logs."""
+    logs = sorted(run.log_dir.glob("*.log")) if run.log_dir.is_dir() else []
+    if not logs:
+        return None
+    counts = [progress.epochs_begun(path.read_text(errors="replace").splitlines()) for path in logs]
+    return max((c for c in counts if c is not None), default=0)
+
+
+def resumed_costs(resumed: list[Run], all_runs: list[Run], groups: dict[GroupKey, GroupStats]
+                  ) -> list[ResumedCost]:
+    """What each resumed run really cost: every attempt since the cell's previous success."""
+    costs = []
+    for run in resumed:
+        earlier = sorted((r for r in all_runs if r.cell_key == run.cell_key and r.attempt < run.attempt),
+                         key=lambda r: r.attempt, reverse=True)
+        failed = []
+        for attempt in earlier:
+            if attempt.status == "ok":
+                break
+            failed.append(attempt)
+        resumed_from = int(run.result["resumed_from_epoch"])
+        begun = [epochs_begun(attempt) for attempt in failed]
+        # Epochs begun by the failed attempts beyond the checkpoint: negative means their logs miss lines.
+        redone = sum(begun) - resumed_from if None not in begun else None
+        attempts = [*failed, run]
+        whole = sum(a.harness_time_s for a in attempts) if all(a.harness_time_s for a in attempts) else None
+        # The groups are the study tables' (in_study_tables): another strategy's, model's or data path's
+        # run has no undisturbed mean among them.
+        key = (run.cell.framework, run.cell.gpus, run.cell.epochs)
+        stats = groups.get(key) if in_study_tables(run.cell) else None
+        undisturbed = (stats.time_mean + stats.harness_extra_s_mean
+                       if stats is not None and stats.harness_extra_s_mean is not None else None)
+        costs.append(ResumedCost(
+            cell_key=run.cell_key, attempts=len(attempts), resumed_from=resumed_from,
+            epochs_redone=redone if redone is not None and redone >= 0 else None,
+            trainer_time_s=float(run.result["time_total_s"]), whole_harness_s=whole,
+            undisturbed_harness_s=undisturbed,
+        ))
+    return costs

@@ -158,7 +158,7 @@ def _profile_shape(profile: str) -> tuple[int, int] | None:
         cells = matrix.load(profile).cells
     except DtlabError:
         return None
-    per = Counter((c.framework, c.gpus, c.epochs, c.strategy, c.model, c.fault) for c in cells)
+    per = Counter((c.framework, c.gpus, c.epochs, c.strategy, c.model, c.data_path, c.fault) for c in cells)
     return len(cells), min(per.values()) if per else 0
 
 

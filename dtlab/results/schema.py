@@ -9,19 +9,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dtlab.cell import Cell
+from dtlab.cell import DEFAULT_DATA_PATH, Cell
 from dtlab.errors import DtlabError
 from dtlab.results.records import Run
 from trainer import strategies
 
-_SCHEMA_VERSION = 4
-# 0: a new file; 1 to 3: read as they are and upgraded by the first write.
-_READABLE_VERSIONS = (0, 1, 2, 3, _SCHEMA_VERSION)
+_SCHEMA_VERSION = 5
+# 0: a new file; 1 to 4: read as they are and upgraded by the first write.
+_READABLE_VERSIONS = (0, 1, 2, 3, 4, _SCHEMA_VERSION)
 
 # Columns each version added, by the version that added them: an upgrade adds the ones after its own.
 _V2_COLUMNS = ("fault TEXT NOT NULL DEFAULT ''", "fault_record TEXT")
 _V3_COLUMNS = (f"strategy TEXT NOT NULL DEFAULT '{strategies.DEFAULT}'",)
 _V4_COLUMNS = ("model TEXT NOT NULL DEFAULT ''",)
+_V5_COLUMNS = (f"data_path TEXT NOT NULL DEFAULT '{DEFAULT_DATA_PATH}'",)
 _DDL = (
     """CREATE TABLE IF NOT EXISTS runs (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -51,6 +52,7 @@ _DDL = (
     fault_record    TEXT,                      -- JSON: what the fault plan did in this attempt's run
     strategy        TEXT    NOT NULL DEFAULT 'ddp',  -- the cell's parallelism strategy (version 3)
     model           TEXT    NOT NULL DEFAULT '',  -- a run's models: entry; '' the profile's (version 4)
+    data_path       TEXT    NOT NULL DEFAULT 'loader',  -- the cell's data path (version 5)
     UNIQUE (cell_key, attempt)
 )""",
     "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs (cell_key, config_hash, status)",
@@ -77,10 +79,10 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
             f"{_SCHEMA_VERSION}; use the dtlab revision that wrote it"
         )
     # Every row kept: fault plans came with version 2 (two columns), strategies with version 3 and the
-    # models axis with 4 (one each, whose defaults read every earlier run as what it was: a ddp run
-    # of its profile's model).
-    added = {1: _V2_COLUMNS + _V3_COLUMNS + _V4_COLUMNS, 2: _V3_COLUMNS + _V4_COLUMNS,
-             3: _V4_COLUMNS}.get(version, ())
+    # models axis with 4, data paths with 5 (one each, whose defaults read every earlier run as what it
+    # was: a ddp run of its profile's model through the DataLoader).
+    later = (_V2_COLUMNS, _V3_COLUMNS, _V4_COLUMNS, _V5_COLUMNS)  # versions 2 to 5's
+    added = sum(later[version - 1:], ()) if version >= 1 else ()
     for column in added:
         conn.execute(f"ALTER TABLE runs ADD COLUMN {column}")
     # Statement by statement: executescript would commit the open transaction first.
@@ -101,6 +103,7 @@ def run_from_row(row: Mapping[str, Any], root: Path) -> Run:
         _column(row, "fault") or "",
         _column(row, "strategy") or strategies.DEFAULT,  # a store before version 3: ddp
         _column(row, "model") or "",  # before version 4: the profile's model
+        _column(row, "data_path") or DEFAULT_DATA_PATH,  # before version 5: the DataLoader's
     )
     return Run(
         id=row["id"],

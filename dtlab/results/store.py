@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from dtlab.cell import Cell
+from dtlab.cell import DEFAULT_DATA_PATH, Cell
 from dtlab.errors import DtlabError
 from dtlab.files import atomic_copy, atomic_write_text
 from dtlab.paths import results_dir_for
@@ -100,6 +100,12 @@ class ResultStore(ResultsDatabase):
         if cell.model and trained_model != cell.model:
             raise DtlabError(
                 f"{where}: model is {trained_model!r} but the cell has {cell.model!r}; "
+                "record the result under its own cell"
+            )
+        trained_path = (result.get("config") or {}).get("data_path", DEFAULT_DATA_PATH)
+        if trained_path != cell.data_path:
+            raise DtlabError(
+                f"{where}: data_path is {trained_path!r} but the cell has {cell.data_path!r}; "
                 "record the result under its own cell"
             )
         return self._record(cell, "ok", provenance, result=dict(result),
@@ -198,6 +204,7 @@ class ResultStore(ResultsDatabase):
             "fault_record": json.dumps(dict(fault_record), sort_keys=True) if fault_record else None,
             "strategy": cell.strategy,
             "model": cell.model,
+            "data_path": cell.data_path,
         }
         columns = ", ".join(row)
         placeholders = ", ".join(f":{name}" for name in row)

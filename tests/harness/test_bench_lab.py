@@ -151,6 +151,33 @@ def test_the_same_cell_again_without_the_token_cache_trains_to_the_same_numbers(
     assert _trajectory(rerun) == _trajectory(first)
 
 
+def test_spark_and_ray_train_through_their_own_etl_to_the_dataloaders_numbers(harness_lab):
+    """The pipeline profile's first seed (issue #53): each platform's own ETL (Spark's DataFrame, Ray Data)
+    beside its DataLoader run, the same tokens, the same per-epoch numbers, timed on one clock, in B.13."""
+    cluster, env = harness_lab
+    done = invoke("bench.all", "-i", str(cluster.inventory_path), "--profile", "pipeline", "--only", "s1",
+                  env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    store = ResultStore.for_cluster(cluster.name)
+    ok = {run.cell_key: run for run in store.runs(status="ok") if run.cell.profile == "pipeline"}
+    for name in ("spark", "ray"):
+        loader, etl = ok[f"{name}-g2-e1-s1"], ok[f"{name}-g2-e1-s1-etl"]
+        assert etl.result["config"]["data_path"] == "platform" and etl.cell.data_path == "platform"
+        assert etl.result["framework_label"].endswith(" + platform ETL")
+        assert etl.result["data_fingerprint"] == loader.result["data_fingerprint"], name  # the same tokens
+        assert _trajectory(etl) == _trajectory(loader), name
+        marks = etl.result["timeline_unix"]
+        assert marks["etl_started"] < marks["etl_ended"] <= marks["data_started"] < marks["data_ready"], marks
+        assert (etl.result["world_size"], etl.result["nodes"]) == (2, 2)
+    # The raw reviews stay staged on the shared disk for the next cells; each run's ETL rows are gone.
+    shared = f"{cluster.var('dtlab_shared_checkpoint_dir')}/platform-data"
+    listing = remote.run(cluster.master, f"ls {shared}").stdout.split()
+    assert any(name.startswith("reviews-") for name in listing) and not [n for n in listing if "etl" in n]
+    b13 = next(t for t in build_report(store, profile="pipeline").extra_tables if t.number == "B.13")
+    assert len(b13.rows) == 4 and all("no spread" in row[11].text for row in b13.rows if "DataLoader" not in
+                                      row[3].text)
+
+
 def _trajectory(run) -> list[tuple]:
     """Per-epoch train loss, validation loss and accuracy: every printed digit."""
     return [(m["train_loss"], m["val_loss"], m["val_accuracy"]) for m in run.result["epoch_metrics"]]

@@ -48,6 +48,8 @@ def test_every_cell_is_a_config_file_the_trainer_accepts(profile, tmp_path):
     # The trainer's own parsing and validation, of the options a node gets for each cell.
     for cell in matrix.load(profile):
         options = {**trainer_options(cell), "output_dir": str(tmp_path / "out")}
+        if cell.data_path != "loader":  # the harness adds the shared disk's folder (launch.trainer_config)
+            options["platform_data_dir"] = str(tmp_path / "shared")
         config_file = tmp_path / f"{cell.key}.yml"
         config_file.write_text(yaml.safe_dump(options))
         config = parse_args(["--config", str(config_file)])
@@ -122,7 +124,8 @@ def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
         ),
         (
             "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0, hosts: 2}]",
-            "p.runs[0].hosts: unknown key; allowed: frameworks, strategies, models, gpus, epochs, seeds",
+            "p.runs[0].hosts: unknown key; allowed: frameworks, strategies, data_paths, models, gpus, "
+            "epochs, seeds",
         ),
         (
             "timeout: 60\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
@@ -285,6 +288,43 @@ def test_a_fault_plan_with_a_node_and_a_netdrop_names_both_in_the_cell_key(matri
     assert faulted.key == "ray-g2-e3-s4-netdrop-after1-20s-node2"
     plan = faulted.fault_plan
     assert (plan.kind, plan.after_epoch, plan.seconds, plan.node) == ("netdrop", 1, 20, "node2")
+
+
+# --- the data paths axis ---------------------------------------------------------------------------------
+
+
+def test_data_paths_are_an_axis_whose_platform_cells_end_in_etl_and_whose_loader_cells_keep_their_hash(
+        matrix_file):
+    [plain] = matrix.load("p", matrix_file(RUN)).cells
+    path = matrix_file("runs: [{frameworks: [spark, ray], data_paths: [loader, platform], gpus: 2, "
+                       "epochs: 1, seeds: 0}]")
+    cells = matrix.load("p", path, max_gpus=2).cells
+    assert [c.key for c in cells] == ["spark-g2-e1-s0", "ray-g2-e1-s0", "spark-g2-e1-s0-etl",
+                                      "ray-g2-e1-s0-etl"]
+    assert [c.data_path for c in cells] == ["loader", "loader", "platform", "platform"]
+    assert "data_path" not in trainer_options(cells[0])
+    assert trainer_options(cells[2])["data_path"] == "platform"
+    assert len({config_hash(c) for c in cells}) == 4
+    [loader] = matrix.load("p", matrix_file(RUN.replace("seeds: 0", "seeds: 0, data_paths: loader"))).cells
+    assert loader == plain and config_hash(loader) == config_hash(plain)
+    assert cells[2].undisturbed == cells[2]
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ("runs: [{frameworks: spark, data_paths: [loader, spark], gpus: 1, epochs: 1, seeds: 0}]",
+     "p.runs[0].data_paths[1]: must be one of loader, platform; got 'spark'"),
+    ("runs: [{frameworks: spark, data_paths: [platform, platform], gpus: 1, epochs: 1, seeds: 0}]",
+     "p.runs[0].data_paths: each data path once, got ['platform', 'platform']"),
+    (f"trainer: {{data_path: platform}}\n{RUN}",
+     "p.trainer.data_path: set per run: list it under the run's data_paths:"),
+    (f"trainer: {{platform_data_dir: /srv}}\n{RUN}",
+     "p.trainer.platform_data_dir: set per cell by the harness"),
+])
+def test_a_bad_data_paths_axis_fails_with_one_line_naming_the_file_and_key(matrix_file, body, message):
+    path = matrix_file(body)
+    with pytest.raises(DtlabError) as failure:
+        matrix.load("p", path, max_gpus=2, device="cpu")
+    assert str(failure.value).startswith(f"{path}: profiles.{message}") and "\n" not in str(failure.value)
 
 
 # --- the strategies axis ---------------------------------------------------------------------------------

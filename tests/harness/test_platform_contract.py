@@ -292,3 +292,49 @@ def test_outside_the_platform_packages_the_harness_names_no_platform_and_none_of
             if platform_name or word.startswith(prefixes) or word in owned:
                 named.append(f"{path.relative_to(paths.REPO_ROOT)}:{node.lineno}: {word!r}")
     assert not named, named
+
+
+def test_a_platforms_data_paths_are_its_launchers_own():
+    """Platform.data_paths (asked before any cell starts) against the launcher: a platform offers its own
+    ETL exactly where its launcher files hand the core the platform's rows (trainer/platform_data.py)."""
+    for platform in platforms.ALL:
+        launcher_text = "".join((paths.REPO_ROOT / f).read_text() for f in platform.launcher_files)
+        etl_files = list((paths.REPO_ROOT / "trainer" / "launchers").glob(f"_{platform.name}*.py"))
+        uses_platform_rows = "platform_data" in launcher_text + "".join(p.read_text() for p in etl_files)
+        assert ("platform" in platform.data_paths) == uses_platform_rows, platform.name
+        assert platform.data_path_refusal("loader") is None
+        refusal = platform.data_path_refusal("platform")
+        if refusal is not None:
+            assert "\n" not in refusal and platform.label in refusal and refusal.endswith("use loader")
+
+
+def test_a_data_path_the_platform_or_the_cluster_lacks_stops_the_matrix_in_one_line(tmp_path,
+                                                                                    loopback_inventory):
+    """A platform ETL cell: refused where the launcher has none, and where the inventory has no shared disk
+    for the ETL's reviews and rows; before the gate, nothing written."""
+    from dtlab.bench import Bench, BenchOptions
+
+    path = tmp_path / "matrix.yml"
+    path.write_text(yaml.safe_dump({"profiles": {"p": {"runs": [
+        {"frameworks": ["spark", "ddp"], "data_paths": ["loader", "platform"], "gpus": [2], "epochs": [2],
+         "seeds": [0]}]}}}))
+    store = ResultStore(tmp_path / "results")
+    bench = Bench(load_cluster(loopback_inventory), BenchOptions(profile="p", matrix_path=path), store=store)
+    selected = bench.load_matrix()
+    assert [c.key for c in selected] == ["spark-g2-e2-s0", "ddp-g2-e2-s0", "spark-g2-e2-s0-etl",
+                                         "ddp-g2-e2-s0-etl"]
+    with pytest.raises(DtlabError) as refused:
+        bench.check_before_start(selected)
+    assert str(refused.value) == (
+        f"{path}: profiles.p: cell spark-g2-e2-s0-etl: data_path platform: the platform's ETL reads and "
+        "writes on a disk every node mounts; set dtlab_shared_checkpoint_dir in the inventory, or use loader")
+    shared_disk = f"{CPU_SITE_VARS}\ndtlab_shared_checkpoint_dir: /srv/shared\n"
+    shared = write_inventory(tmp_path / "shared-inv", CPU_CLUSTER_3.replace("127.0.20.", "127.0.66."),
+                             group_vars={"all": shared_disk})
+    bench = Bench(load_cluster(shared), BenchOptions(profile="p", matrix_path=path), store=store)
+    with pytest.raises(DtlabError) as refused:
+        bench.run_matrix(selected)
+    assert str(refused.value) == (
+        f"{path}: profiles.p: cell ddp-g2-e2-s0-etl: data_path platform: PyTorch DDP's launcher has no ETL "
+        "of its own (trainer/platform_data.py names those that have); use loader")
+    assert not store.root.exists()

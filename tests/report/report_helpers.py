@@ -50,9 +50,10 @@ def record(
 
 def record_with_clock(store: ResultStore, cell: Cell, *, time_s: float, startup_s: float,
                       device: str = "cpu", accuracy: float = 0.8, label: str | None = None,
-                      harness_time_s: float | None = None):
+                      harness_time_s: float | None = None, marks: dict | None = None):
     """One ok run with the whole-run clock: its first step `startup_s` after submit, then `time_s` of
-    training (Table B.3's phases, the start-up of Table B.10)."""
+    training (Table B.3's phases, the start-up of Table B.10); `marks`: more of the trainer's marks, as
+    seconds after submit (data_started, etl_started, ...)."""
     result = made_up_result(cell.framework, cell.gpus, cell.epochs, cell.seed, time_total_s=time_s,
                             final_accuracy=accuracy, device=device,
                             framework_label=label or f"{cell.framework} ({device})")
@@ -63,7 +64,9 @@ def record_with_clock(store: ResultStore, cell: Cell, *, time_s: float, startup_
         "first_step_done": submitted + startup_s,
         "training_started": submitted + startup_s,
         "training_ended": submitted + startup_s + time_s,
+        **{name: submitted + seconds for name, seconds in (marks or {}).items()},
     }
+    result["config"] = {**result.get("config", {}), "data_path": cell.data_path}
     return store.record_ok(cell, result, Provenance(config_hash="0123456789abcdef", git_rev="deadbeef",
                                                     inventory="lab", node_versions={},
                                                     harness_time_s=harness_time_s or time_s + startup_s + 2))

@@ -288,7 +288,7 @@ def test_a_version_1_store_is_read_as_is_and_upgraded_by_its_next_write_with_eve
     old = ResultStore(tmp_path / "old")
     old.root.mkdir(parents=True)
     v1_ddl = "\n".join(line for line in _DDL[0].splitlines()
-                       if not line.lstrip().startswith(("fault", "strategy", "model")))
+                       if not line.lstrip().startswith(("fault", "strategy", "model", "data_path")))
     with sqlite3.connect(old.db_path) as conn:
         conn.execute(v1_ddl)
         assert "fault" not in [row[1] for row in conn.execute("PRAGMA table_info(runs)")]
@@ -307,7 +307,7 @@ def test_a_version_1_store_is_read_as_is_and_upgraded_by_its_next_write_with_eve
     assert [(r.attempt, r.status, r.reason) for r in runs] == [(1, "failed", "boom"), (2, "ok", None)]
     assert [r.cell.strategy for r in runs] == ["ddp", "ddp"]
     with sqlite3.connect(old.db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 5
 
 
 def _version_2_store(root) -> ResultStore:
@@ -315,7 +315,7 @@ def _version_2_store(root) -> ResultStore:
     old = ResultStore(root)
     old.root.mkdir(parents=True)
     v2_ddl = "\n".join(line for line in _DDL[0].splitlines()
-                        if not line.lstrip().startswith(("strategy", "model")))
+                        if not line.lstrip().startswith(("strategy", "model", "data_path")))
     faulted = Cell("ray", 2, 3, 7, "faults", {"max_length": 64}, fault="kill-after1")
     result = result_for(faulted)
     with sqlite3.connect(old.db_path) as conn:
@@ -357,7 +357,8 @@ def test_a_version_3_store_reads_as_its_profiles_model_and_its_next_write_adds_t
     the column, and a cell of another model is its own key, hash and row."""
     old = ResultStore(tmp_path / "v3")
     old.root.mkdir(parents=True)
-    v3_ddl = "\n".join(line for line in _DDL[0].splitlines() if not line.lstrip().startswith("model"))
+    v3_ddl = "\n".join(line for line in _DDL[0].splitlines()
+                       if not line.lstrip().startswith(("model", "data_path")))
     with sqlite3.connect(old.db_path) as conn:
         conn.execute(v3_ddl)
         conn.execute("INSERT INTO runs (cell_key, attempt, framework, gpus, epochs, seed, profile, "
@@ -378,9 +379,39 @@ def test_a_version_3_store_reads_as_its_profiles_model_and_its_next_write_adds_t
         ("ddp-g2-e3-s7-fsdp", ""), ("ddp-g2-e3-s7-fsdp-bert-mini", "generated:bert-mini")]
     assert runs[0] == read
     with sqlite3.connect(old.db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 4
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 5
         models = conn.execute("SELECT model FROM runs ORDER BY id").fetchall()
         assert models == [("",), ("generated:bert-mini",)]
+
+
+def test_a_version_4_store_reads_as_the_loaders_and_its_next_write_adds_the_data_path(tmp_path):
+    """Before the data paths (version 4): every run read its tokens through the DataLoader; the first write
+    adds the column, and a platform-ETL cell is its own key, hash and row."""
+    old = ResultStore(tmp_path / "v4")
+    old.root.mkdir(parents=True)
+    v4_ddl = "\n".join(line for line in _DDL[0].splitlines() if not line.lstrip().startswith("data_path"))
+    with sqlite3.connect(old.db_path) as conn:
+        conn.execute(v4_ddl)
+        conn.execute("INSERT INTO runs (cell_key, attempt, framework, gpus, epochs, seed, profile, "
+                     "trainer_config, config_hash, node_versions, status, reason, run_dir, recorded_at) "
+                     "VALUES ('spark-g2-e3-s7', 1, 'spark', 2, 3, 7, 'smoke', '{}', ?, '{}', 'failed', "
+                     "'boom', 'runs/spark-g2-e3-s7/attempt-1', '2026-01-01T00:00:00Z')", (HASH,))
+        conn.execute("PRAGMA user_version=4")
+    [read] = old.runs(status=None)
+    assert (read.cell.data_path, read.cell.key) == ("loader", "spark-g2-e3-s7")
+    etl = Cell("spark", 2, 3, 7, "smoke", {"max_length": 64}, data_path="platform")
+    assert etl.key == "spark-g2-e3-s7-etl" and config_hash(etl) != config_hash(read.cell)
+    result = result_for(etl)
+    with pytest.raises(DtlabError, match="data_path is 'loader' but the cell has 'platform'"):
+        old.record_ok(etl, result, Provenance(config_hash=config_hash(etl), git_rev=None, inventory="lab"))
+    result["config"] = {**result.get("config", {}), "data_path": "platform"}
+    old.record_ok(etl, result, Provenance(config_hash=config_hash(etl), git_rev=None, inventory="lab"))
+    runs = old.runs(status=None)
+    assert [(r.cell.key, r.cell.data_path) for r in runs] == [
+        ("spark-g2-e3-s7", "loader"), ("spark-g2-e3-s7-etl", "platform")]
+    assert runs[0] == read
+    with sqlite3.connect(old.db_path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 5
 
 
 def test_a_model_is_its_own_cell_key_and_hash_and_a_result_of_another_model_is_refused(tmp_path):

@@ -177,6 +177,8 @@ class Ray(Platform):
     colour = "#9467bd"
     description = "Ray Train's TorchTrainer, the driver on the master, workers on the workers' raylets"
     launcher_files = ("trainer/launchers/ray.py",)
+    data_paths = ("loader", "platform")  # its own ETL: trainer/platform_data.py
+    etl_label = "Ray Data: read_parquet, map_batches, the object store"
     roles = ("ray",)
     variable_prefixes = ("ray_",)
     port_ranges = (("ray_min_worker_port", "ray_max_worker_port"),)

@@ -192,6 +192,8 @@ class Spark(Platform):
     colour = "#d62728"
     description = "TorchDistributor on a standalone Spark cluster: the driver on the master, barrier tasks"
     launcher_files = ("trainer/launchers/spark.py", "trainer/launchers/_spark.py")
+    data_paths = ("loader", "platform")  # its own ETL: trainer/platform_data.py
+    etl_label = "Spark DataFrame: read Parquet, mapInPandas, Parquet on the shared disk"
     roles = ("spark",)
     variable_prefixes = ("spark_",)
     service_variables = ("spark_master_service", "spark_worker_service", "spark_connect_service")
