@@ -11,8 +11,8 @@ from typing import Any
 
 from dtlab.errors import DtlabError
 from trainer import strategies
+from trainer.config import DEFAULT_DATA_PATH
 
-DEFAULT_DATA_PATH = "loader"  # trainer.config.DATA_PATHS[0], without importing the trainer's config here
 # The faults a fault plan can inject (dtlab.faults injects them; docs/faults.md says what each does).
 FAULT_KINDS = ("kill", "netdrop", "restart")
 # A fault's spec, also the suffix of its cell's key: kill-after1, kill-after1-node2, netdrop-after1-20s.
@@ -67,7 +67,7 @@ class Cell:
     # Where the tokens come from (trainer.config.DATA_PATHS): the DataLoader's own ("loader"), or the
     # platform's own ETL ("platform": Spark's, Ray Data's). Part of the identity, the hash (when not the
     # default) and the key (-etl), so every earlier cell keeps its key and hash.
-    data_path: str = "loader"
+    data_path: str = DEFAULT_DATA_PATH
 
     def __post_init__(self) -> None:
         # One statement of the model: a models: cell trains it, whatever trainer_config was given.

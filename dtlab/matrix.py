@@ -4,12 +4,11 @@ A profile expands each `runs:` entry to frameworks x strategies x models x data_
 seeds (strategies: the trainer's parallelism strategies, default [ddp]; a run's `strategies:` is the one
 place a profile names them, so its `trainer:` may not, and so with data_paths, default [loader]; models:
 default the profile's `trainer: model`, whose cells keep the keys and hashes they had before the axis
-existed). The file's shape (keys,
-types, ranges, frameworks) is SCHEMA below, whose profiles' `trainer:` sections are the trainer's own
-schema (trainer.config.SCHEMA, referred to by its $id, not copied); what a schema cannot say (more GPUs
-than the inventory has, duplicate cells, the trainer's rules for the inventory's device) is checked in
-code after it. Everything wrong is one DtlabError line naming the file and the key, raised before
-anything starts.
+existed). The file's shape (keys, types, ranges, frameworks) is SCHEMA below, whose profiles' `trainer:`
+sections are the trainer's own schema (trainer.config.SCHEMA, referred to by its $id, not copied); what
+a schema cannot say (more GPUs than the inventory has, duplicate cells, the trainer's rules for the
+inventory's device) is checked in code after it. Everything wrong is one DtlabError line naming the file
+and the key, raised before anything starts.
 """
 
 from __future__ import annotations

@@ -48,6 +48,7 @@ OPTIMIZERS = ("adamw", "sgd")  # sgd exists only for the DDP-equivalence test: A
 DEVICES = ("auto", "cpu", "cuda")
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 DATA_PATHS = ("loader", "platform")  # the DataLoader's own tokens, or the platform's ETL's
+DEFAULT_DATA_PATH, PLATFORM_DATA_PATH = DATA_PATHS
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # strategy pipeline's; the first is the default
 # The one list of platforms: the result schema, the matrix schema and dtlab's registry of platforms
 # (dtlab/platforms/, one package per name) all read it from here.
@@ -140,7 +141,7 @@ class TrainConfig:
     # --- where the tokens come from ---
     # loader: the trainer tokenizes into its cache and its DataLoader reads it; platform: the platform's own
     # ETL (Spark's, Ray Data's) reads, cleans and tokenizes the raw reviews (trainer/platform_data.py)
-    data_path: str = hashed_if_set("loader", enum=DATA_PATHS)
+    data_path: str = hashed_if_set(DEFAULT_DATA_PATH, enum=DATA_PATHS)
     token_cache: bool = not_hashed(True)  # false: the loader tokenizes afresh (a cold start, as an ETL has)
     # --- where things go ---
     output_dir: str = not_hashed("out")
@@ -182,7 +183,7 @@ class TrainConfig:
         if self.strategy == "pipeline" and self.mixed_precision == "fp16":
             raise ConfigError("mixed_precision: fp16 needs loss scaling, which strategy pipeline cannot do "
                               "(its stages would skip different steps); use bf16 or no")
-        if self.data_path == "platform" and not self.platform_data_dir:
+        if self.data_path == PLATFORM_DATA_PATH and not self.platform_data_dir:
             raise ConfigError("platform_data_dir: data_path platform reads the raw reviews from a directory "
                               "every node sees (a shared disk); set it")
         if local:

@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from trainer import checkpoint
-from trainer.config import DEFAULT_FRAMEWORK, TrainConfig
-from trainer.data import TokenizedSplit, tokenized_splits
+from trainer.config import DATA_PATHS, DEFAULT_DATA_PATH, DEFAULT_FRAMEWORK, PLATFORM_DATA_PATH, TrainConfig
+from trainer.data import SPLITS, TokenizedSplit, tokenized_splits
 
 
 class TrainHooks:
@@ -29,7 +29,7 @@ class TrainHooks:
     syncs_gradients: bool = False
     # TrainConfig.data_path values this launcher trains on: the DataLoader's own tokens, and where the
     # platform has its own ETL (Spark, Ray), its tokens (trainer/platform_data.py).
-    data_paths: tuple[str, ...] = ("loader",)
+    data_paths: tuple[str, ...] = (DEFAULT_DATA_PATH,)
     # The platform ETL's wall-clock marks on the driver (etl_started, etl_ended): in result.json's timeline.
     data_marks: dict | None = None
 
@@ -66,3 +66,28 @@ class TrainHooks:
     def optimizer_step(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
         """One optimizer step through the loss scaler (a no-op scaler unless fp16)."""
         scaler.step(optimizer)
+
+
+class PlatformRowsHooks(TrainHooks):
+    """A launcher whose platform has its own ETL (trainer/platform_data.py): with data_path platform its
+    tokens are the rows the driver's ETL handed over (`platform_rows`), else the trainer's own. `etl_run`:
+    the driver's EtlRun (None on the loader path)."""
+
+    data_paths = DATA_PATHS
+
+    def __init__(self, etl_run=None):
+        self.etl_run = etl_run
+        self.data_marks = etl_run.marks if etl_run else None
+
+    def platform_rows(self, split: str):
+        """One split's rows (a pyarrow Table of platform_data.TOKEN_COLUMNS, in any order)."""
+        raise NotImplementedError
+
+    def tokenized_splits(self, log) -> dict[str, TokenizedSplit]:
+        if self.cfg.data_path != PLATFORM_DATA_PATH:
+            return super().tokenized_splits(log)
+        from trainer.platform_data import splits_from_tables  # here: pyarrow only where it is used
+
+        log(f"tokens {self.etl_run.tokens_fingerprint}: the platform ETL's rows")
+        tables = {split: self.platform_rows(split) for split in SPLITS}
+        return splits_from_tables(self.cfg, tables, self.etl_run.tokens_fingerprint)

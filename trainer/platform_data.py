@@ -20,6 +20,7 @@ is 26 MB of ids a split.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -29,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.config import ConfigError, TrainConfig
+from trainer.config import TrainConfig
 from trainer.data import (
     SPLITS,
     TokenizedSplit,
@@ -40,7 +41,6 @@ from trainer.data import (
     tokens_fingerprint,
 )
 
-PLATFORM = "platform"
 REVIEW_PARTS = 8  # Parquet parts a split is staged in: the partitions the platform's first stage reads
 TOKEN_COLUMNS = ("index", "input_ids", "label")
 
@@ -55,10 +55,8 @@ class EtlRun:
 
 
 def etl_run(cfg: TrainConfig) -> tuple[EtlRun, dict[str, Path]]:
-    """On the driver, before the ETL: the raw reviews staged (once per dataset) and the run's record."""
-    if not cfg.platform_data_dir:
-        raise ConfigError("platform_data_dir: data_path platform reads the raw reviews from a directory "
-                          "every node sees (a shared disk); set it")
+    """On the driver, before the ETL: the raw reviews staged (once per dataset) and the run's record.
+    (TrainConfig.validate has refused data_path platform without a platform_data_dir.)"""
     source = text_source(cfg)
     tokenizer = load_tokenizer(cfg)
     return EtlRun(tokens_fingerprint(cfg, source, tokenizer)), staged_reviews(cfg, source)
@@ -147,30 +145,23 @@ def splits_from_tables(cfg: TrainConfig, tables: dict, fingerprint: str) -> dict
     dtype = token_dtype(load_tokenizer(cfg))
     splits = {}
     for split in SPLITS:
-        table = tables[split].select(list(TOKEN_COLUMNS)).sort_by("index").combine_chunks()
+        table = tables[split].select(list(TOKEN_COLUMNS)).sort_by("index")
         index = table.column("index").to_numpy()
         if not np.array_equal(index, np.arange(len(index))):
             raise RuntimeError(f"the platform's ETL handed over {len(index)} {split} rows that are not "
                                "each review once")
-        ids = table.column("input_ids").chunk(0) if table.column("input_ids").num_chunks else None
-        lengths = pc.list_value_length(ids).to_numpy(zero_copy_only=False) if ids is not None else []
+        ids = table.column("input_ids")
         offsets = np.zeros(len(index) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = ids.flatten().to_numpy(zero_copy_only=False).astype(dtype) if ids is not None else (
-            np.zeros(0, dtype))
+        np.cumsum(pc.list_value_length(ids).to_numpy(zero_copy_only=False), out=offsets[1:])
+        flat = pc.list_flatten(ids).to_numpy(zero_copy_only=False).astype(dtype)
         labels = table.column("label").to_numpy().astype(np.int64)
         splits[split] = TokenizedSplit(fingerprint, flat, offsets, labels)
     return splits
 
 
+@contextlib.contextmanager
 def timed(marks: dict[str, float], name: str):
-    """A context that records <name>_started and <name>_ended (time.time) in `marks`."""
-
-    class _Timed:
-        def __enter__(self):
-            marks[f"{name}_started"] = time.time()
-
-        def __exit__(self, *exc):
-            marks[f"{name}_ended"] = time.time()
-
-    return _Timed()
+    """Records <name>_started and <name>_ended (time.time) in `marks` around the block."""
+    marks[f"{name}_started"] = time.time()
+    yield
+    marks[f"{name}_ended"] = time.time()

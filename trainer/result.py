@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer import strategies
-from trainer.config import DEFAULT_FRAMEWORK, FRAMEWORKS, PIPELINE_SCHEDULES
+from trainer.config import DEFAULT_FRAMEWORK, FRAMEWORKS, PIPELINE_SCHEDULES, PLATFORM_DATA_PATH
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -33,7 +33,7 @@ def speed_options_label(cfg: TrainConfig) -> str:
     label = f" + strategy {cfg.strategy}" if cfg.strategy != strategies.DEFAULT else ""
     label += " + sparse embedding sync (dtlab)" if cfg.sparse_embedding_sync else ""
     label += " + DDP static graph" if cfg.ddp_static_graph else ""
-    label += " + platform ETL" if cfg.data_path == "platform" else ""
+    label += " + platform ETL" if cfg.data_path == PLATFORM_DATA_PATH else ""
     return label + (f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else "")
 
 

@@ -39,6 +39,7 @@ from dtlab.checks import CheckRow, NodeStates
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
 from dtlab.launch import Launch
+from trainer.config import DEFAULT_DATA_PATH
 
 DTLAB_RETRY = "dtlab retry from the newest checkpoint"
 Run = Callable[[list[str], str, float], subprocess.CompletedProcess]  # an offline build's steps
@@ -104,7 +105,7 @@ class Platform:
 
     # TrainConfig.data_path values its launcher trains on: every launcher reads through the trainer's
     # DataLoader; a platform with an ETL of its own (trainer/platform_data.py) adds "platform".
-    data_paths: ClassVar[tuple[str, ...]] = ("loader",)
+    data_paths: ClassVar[tuple[str, ...]] = (DEFAULT_DATA_PATH,)
     etl_label: ClassVar[str] = ""  # what its own ETL is, as the report's Table B.13 names it
 
     # --- one cell ---

@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 
 from dtlab.cell import DEFAULT_DATA_PATH, Cell, model_label
 from dtlab.platforms import BASELINE
-from dtlab.report.run_clock import PHASE_COLUMNS, RunClock, epoch_ends_from_submit, whole_run_phases
+from dtlab.report.run_clock import (
+    PHASE_COLUMNS,
+    STARTUP_PHASES,
+    RunClock,
+    epoch_ends_from_submit,
+    whole_run_phases,
+)
 from dtlab.report.run_clock import QUEUE_PHASE as QUEUE_PHASE  # `as`: also read as aggregate.QUEUE_PHASE
 from dtlab.report.run_clock import WHOLE_RUN_PHASES as WHOLE_RUN_PHASES  # and as aggregate.WHOLE_RUN_PHASES
 from dtlab.report.study import FRAMEWORKS, STUDY_LONG_EPOCHS, STUDY_SHORT_EPOCHS
@@ -61,9 +67,10 @@ class Sample:
     tokens_ready_s: float | None = None  # the core's wait for both splits' tokens on rank 0
 
     @property
-    def in_study_tables(self) -> bool:
-        return (self.strategy == strategies.DEFAULT and self.profile_model
-                and self.data_path == DEFAULT_DATA_PATH)
+    def startup_s(self) -> float | None:
+        """Submit to the end of the first step (the whole-run clock's STARTUP_PHASES); None without it."""
+        phases = dict(self.phases)
+        return sum(phases[p] for p in STARTUP_PHASES) if all(p in phases for p in STARTUP_PHASES) else None
 
     @classmethod
     def from_run(cls, run: Run) -> Sample:

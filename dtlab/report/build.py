@@ -361,11 +361,12 @@ def build_report(
     undisturbed, other_setup = newest_setup_only(
         [run for run in ok_runs if not run.result.get("resumed_from_epoch")])
     samples = [Sample.from_run(run) for run in undisturbed]
+    in_study = [in_study_tables(run.cell) for run in undisturbed]
     # The study's tables compare the platforms at the default strategy (ddp) on the profile's model through
     # the DataLoader, as the study ran them; other strategies, a run's models: and the platforms' own ETL
     # are set beside it in their own tables (B.12, B.13) and figure (B.4), never in these means.
-    study_samples = [s for s in samples if s.in_study_tables]
-    study_undisturbed = [run for run in undisturbed if in_study_tables(run.cell)]
+    study_samples = [s for s, kept in zip(samples, in_study, strict=True) if kept]
+    study_undisturbed = [run for run, kept in zip(undisturbed, in_study, strict=True) if kept]
     groups = group(study_samples)
     short = primary_epochs(k[2] for k in groups)
     long = long_epochs((k[2] for k in groups), short)

@@ -28,7 +28,6 @@ from dtlab.report.comparison_measures import (
     PLATFORM_ROLES,
     PLATFORMS,
     PORT_RANGES,
-    STARTUP_PHASES,
     VARIABLE_PREFIXES,
     Comparison,
     Measure,
@@ -203,9 +202,9 @@ def build_comparison(
         measures["adoption"][p] = _exact(lines, f"{lines} ({', '.join(LAUNCHER_FILES[p])})")
         parts[p] = moving_parts(p)
         measures["footprint"][p] = _exact(parts[p].count, f"{parts[p].count}")
-        measures["checklist"][p], measures["pipelines"][p] = _qualitative(p)
-        measures["pipelines"][p] = Measure(None, f"{(etl or {}).get(p, etl_not_measured(p))}; study: "
-                                                 f"{measures['pipelines'][p].shown}")
+        measures["checklist"][p], study_pipelines = _qualitative(p)
+        measured = (etl or {}).get(p) or etl_not_measured(p)  # never ranked: the study's word stays beside it
+        measures["pipelines"][p] = Measure(None, f"{measured}; study: {study_pipelines.shown}")
         measures["whole_run"][p] = _whole_run(groups, key) if count is not None else Measure(None, "no run")
         measures["unattended"][p] = _unattended(faults, p)
     for criterion, found in cluster_ranked(root).items():
@@ -249,7 +248,7 @@ def build_study_comparison(pub: Published) -> Comparison:
 __all__ = [
     "COLUMNS", "COMPARISON_NOTE", "CRITERIA", "IDLE_NOT_MEASURED_NOTE", "LAUNCHER_FILES", "LOWER_FIRST",
     "NOT_MEASURED", "PLATFORMS", "PLATFORM_ROLES", "PORT_RANGES", "PROVISION_NOT_MEASURED_NOTE",
-    "READABLE_RECORD_FORMATS", "RECORD_SHAPES", "STARTUP_PHASES", "VARIABLE_PREFIXES", "Comparison",
+    "READABLE_RECORD_FORMATS", "RECORD_SHAPES", "VARIABLE_PREFIXES", "Comparison",
     "Measure", "MovingParts", "Placed", "Priorities", "better", "build_comparison",
     "build_study_comparison", "centralised_features", "check_study_conclusion", "cluster_measures",
     "cluster_ranked",

@@ -43,7 +43,6 @@ VARIABLE_PREFIXES = {p.name: p.variable_prefixes for p in platforms.ALL}
 PLATFORM_ROLES = {p.name: p.roles for p in platforms.ALL}
 PORT_RANGES = {p.name: p.port_ranges[0] for p in platforms.ALL if p.port_ranges}
 
-STARTUP_PHASES = ("submit → trainer process", "→ first step")  # aggregate.WHOLE_RUN_PHASES' first two
 
 # name -> (what it ranks on, which way is better). Every one is measured on this cluster (its runs, its
 # records, or the repository dtlab deploys) but checklist and pipelines, the study's words: shown beside
@@ -206,11 +205,7 @@ def comparison_count(groups: Mapping[GroupKey, GroupStats], short: int | None) -
 def startup(samples: Iterable[Sample], key: GroupKey) -> Measure:
     """Submit → first step (Table B.3's first two phases) of each run of the group `key` that has them."""
     mine = [s for s in samples if (s.framework, s.gpus, s.epochs) == key]
-    values = tuple(
-        sum(dict(s.phases)[p] for p in STARTUP_PHASES)
-        for s in mine
-        if all(p in dict(s.phases) for p in STARTUP_PHASES)
-    )
+    values = tuple(s.startup_s for s in mine if s.startup_s is not None)
     if not values:
         return Measure(None, "no whole-run clock recorded" if mine else "no run")
     mean = sum(values) / len(values)

@@ -16,29 +16,21 @@ from collections.abc import Iterable, Sequence
 
 from dtlab import platforms
 from dtlab.cell import DEFAULT_DATA_PATH
-from dtlab.report.aggregate import Sample, ratio_spread
+from dtlab.report.aggregate import WHOLE_RUN_PHASES, Sample
 from dtlab.report.numbers import Value, fmt, missing, num, text
+from dtlab.report.strategies import known, ratio_cells
 from dtlab.report.study import FRAMEWORKS
 from dtlab.report.tables import Table, config_label
 from trainer import strategies
+from trainer.config import PLATFORM_DATA_PATH
 
 DataPathKey = tuple[str, int, int, str]  # (framework, gpus, epochs, data path)
 LOADER_LABEL = "DataLoader: the trainer tokenizes on each node (its cache), each rank reads"
-
-
-def _phase(sample: Sample, *names: str) -> float | None:
-    phases = dict(sample.phases)
-    values = [phases.get(name) for name in names]
-    return sum(values) if values and None not in values else None
-
-
-def first_step_s(sample: Sample) -> float | None:
-    """Submit to the end of the first training step, on the whole-run clock."""
-    return _phase(sample, "submit → trainer process", "→ first step")
+END_TO_END = WHOLE_RUN_PHASES[-1][0]
 
 
 def end_to_end_s(sample: Sample) -> float | None:
-    return _phase(sample, "end to end")
+    return dict(sample.phases).get(END_TO_END)
 
 
 def _order(key: DataPathKey) -> tuple:
@@ -57,11 +49,8 @@ def by_data_path(samples: Iterable[Sample]) -> dict[DataPathKey, list[Sample]]:
     return {key: groups[key] for key in sorted(groups, key=_order) if key[:3] in with_etl}
 
 
-def _known(values: Iterable[float | None]) -> list[float]:
-    return [v for v in values if v is not None]
-
-
 def _seconds(values: list[float]) -> Value:
+    """The mean, and (min–max) where two or more runs."""
     if not values:
         return missing()
     shown = fmt(statistics.fmean(values), "time_s")
@@ -69,17 +58,12 @@ def _seconds(values: list[float]) -> Value:
                 else shown)
 
 
-def _ratio(these: list[float], loader: list[float]) -> Value:
-    """The ETL runs' mean over the DataLoader runs', its min-max and n, and whether the spread supports it."""
-    found = ratio_spread(these, loader)
-    if found is None:
-        return missing()
-    value = fmt(statistics.fmean(these) / statistics.fmean(loader), "ratio", suffix="×")
-    runs = f"n={'/'.join(str(n) for n in found.runs)}"
-    if found.fewest <= 1:
-        return text(f"{value} (1 run, no spread; {runs})")
-    interval = f"{fmt(found.low, 'ratio', suffix='×')}–{fmt(found.high, 'ratio', suffix='×')}"
-    return text(f"{value} ({interval}{', ' + found.verdict if found.verdict else ''}; {runs})")
+def _step_ms(members: Iterable[Sample]) -> list[float]:
+    return [s * 1000 for s in known(m.step_time_s for m in members)]
+
+
+def _first_step_ratio(members: Iterable[Sample], loader: Iterable[Sample]) -> tuple[Value, Value]:
+    return ratio_cells(known(m.startup_s for m in members), known(m.startup_s for m in loader))
 
 
 def data_paths_table(samples: Sequence[Sample]) -> Table:
@@ -89,24 +73,25 @@ def data_paths_table(samples: Sequence[Sample]) -> Table:
     for (framework, gpus, epochs, data_path), members in groups.items():
         loader = groups.get((framework, gpus, epochs, DEFAULT_DATA_PATH), [])
         is_etl = data_path != DEFAULT_DATA_PATH
-        first, whole = _known(map(first_step_s, members)), _known(map(end_to_end_s, members))
-        steps = [s * 1000 for s in _known(m.step_time_s for m in members)]
+        steps = _step_ms(members)
         devices = sorted({m.device for m in members})
+        baseline = (text("1 (baseline)"), missing())
+        first_ratio = _first_step_ratio(members, loader) if is_etl else baseline
+        step_ratio = ratio_cells(steps, _step_ms(loader)) if is_etl else baseline
         rows.append([
             text(platforms.label(framework)),
             text(config_label(gpus, devices[0]) if len(devices) == 1 else f"{gpus} ({'/'.join(devices)})"),
             text(str(epochs)),
             text(platforms.get(framework).etl_label if is_etl else LOADER_LABEL),
             text(str(len(members))),
-            _seconds(_known(m.etl_s for m in members)) if is_etl else text("— (in tokens ready)"),
-            _seconds(_known(m.tokens_ready_s for m in members)),
-            _seconds(first),
+            _seconds(known(m.etl_s for m in members)) if is_etl else text("— (in tokens ready)"),
+            _seconds(known(m.tokens_ready_s for m in members)),
+            _seconds(known(m.startup_s for m in members)),
             num(statistics.fmean(steps) if steps else None, "step_ms"),
-            _seconds(whole),
+            _seconds(known(map(end_to_end_s, members))),
             num(statistics.fmean([m.accuracy for m in members]), "accuracy"),
-            _ratio(first, _known(map(first_step_s, loader))) if is_etl else text("1 (baseline)"),
-            _ratio(steps, [s * 1000 for s in _known(m.step_time_s for m in loader)]) if is_etl
-            else text("1 (baseline)"),
+            *first_ratio,
+            *step_ratio,
         ])
     return Table(
         "B.13",
@@ -114,7 +99,8 @@ def data_paths_table(samples: Sequence[Sample]) -> Table:
         "Each platform's own data path beside the DataLoader, on one clock (beyond the study)",
         ["Platform", "Configuration", "Epochs", "Data path", "Runs", "ETL on the driver (s)",
          "Tokens ready on rank 0 (s)", "Submit → first step (s)", "Steady step (ms)", "End to end (s)",
-         "Final accuracy", "First step ÷ DataLoader", "Steady step ÷ DataLoader"],
+         "Final accuracy", "First step ÷ DataLoader", "First step ÷ DataLoader: min–max (n)",
+         "Steady step ÷ DataLoader", "Steady step ÷ DataLoader: min–max (n)"],
         rows,
         [
             "ETL: the platform's own read, clean (the trainer's normalisation), tokenize (the trainer's "
@@ -124,8 +110,9 @@ def data_paths_table(samples: Sequence[Sample]) -> Table:
             "run clock (Table B.3). Steady step: the trainer's median step, the first steps left out. Each "
             "the mean over the group's runs, (min–max) where there are two or more.",
             "Ratios: the ETL runs' mean over the same platform's DataLoader runs at the same world size and "
-            "epochs; (min–max) fastest over slowest and slowest over fastest run, n = runs of each; "
-            "\"within noise\": the two groups' runs overlap, so the spread does not support a difference.",
+            "epochs. Min–max: fastest over slowest and slowest over fastest run; then (n=…) the runs of "
+            "each; \"within noise\": the two groups' runs overlap, so the spread does not support a "
+            "difference.",
             "Both paths train on the same tokens in the same order (every rank takes the whole tokenized "
             "split and the sampler its share, as under ddp), so the per-epoch numbers are the DataLoader "
             "path's; what differs is where and when the tokens are made.",
@@ -140,17 +127,16 @@ def etl_summaries(samples: Sequence[Sample]) -> dict[str, str]:
     for (framework, gpus, epochs, data_path), members in groups.items():
         loader = groups.get((framework, gpus, epochs, DEFAULT_DATA_PATH), [])
         if data_path != DEFAULT_DATA_PATH and framework not in lines:
-            ratio = _ratio(_known(map(first_step_s, members)), _known(map(first_step_s, loader)))
-            lines[framework] = f"own ETL: first step {ratio.text} the DataLoader's (Table B.13)"
+            ratio, spread = _first_step_ratio(members, loader)
+            lines[framework] = f"own ETL: first step {ratio.text} the DataLoader's, {spread.text} (B.13)"
     return lines
 
 
 def etl_not_measured(framework: str) -> str:
     """Table B.10's line for a platform without measured ETL runs."""
-    if "platform" in platforms.get(framework).data_paths:
+    if PLATFORM_DATA_PATH in platforms.get(framework).data_paths:
         return "own ETL, not measured yet (bench.all --profile pipeline)"
     return "no ETL of its own in dtlab"
 
 
-__all__ = ["by_data_path", "data_paths_table", "end_to_end_s", "etl_not_measured", "etl_summaries",
-           "first_step_s"]
+__all__ = ["by_data_path", "data_paths_table", "end_to_end_s", "etl_not_measured", "etl_summaries"]

@@ -16,6 +16,9 @@ WHOLE_RUN_PHASES = (
 )
 
 
+STARTUP_PHASES = tuple(phase for phase, _, _ in WHOLE_RUN_PHASES[:2])  # submit -> first step
+
+
 # A platform's own queue, inside "submit → trainer process": how long its scheduler held the job
 # (Slurm's driver marks when sbatch gave the job id and when squeue stopped showing it PENDING).
 # Only runs through a queue have it; the table shows "—" for the others.

@@ -75,8 +75,8 @@ def size_lines(samples: Sequence[Sample]) -> dict[SizeLineKey, list[SizePoint]]:
     for (strategy, model, framework, gpus, epochs), members in by_strategy(samples).items():
         lines[(strategy, framework, gpus, epochs)].append(SizePoint(
             model,
-            tuple(s * 1000 for s in _known(m.step_time_s for m in members)),
-            tuple(_known(m.peak_worker_mb for m in members)),
+            tuple(s * 1000 for s in known(m.step_time_s for m in members)),
+            tuple(known(m.peak_worker_mb for m in members)),
         ))
     return {key: points for key, points in lines.items() if len(points) >= 2}
 
@@ -86,12 +86,14 @@ def _mean(values: Sequence[float | None]) -> float | None:
     return statistics.fmean(known) if known else None
 
 
-def _known(values: Iterable[float | None]) -> list[float]:
+def known(values: Iterable[float | None]) -> list[float]:
+    """The values that were recorded (None: not)."""
     return [v for v in values if v is not None]
 
 
-def _ratio_cell(these: list[float], baseline: list[float]) -> tuple[Value, Value]:
-    """(ratio of the means, its min-max over the runs with n) or missing ones."""
+def ratio_cells(these: list[float], baseline: list[float]) -> tuple[Value, Value]:
+    """(ratio of the means, its min-max over the runs with n and "within noise" where the runs overlap), or
+    missing ones: two cells of a table beyond the study (B.12, B.13)."""
     if not these or not baseline or statistics.fmean(baseline) <= 0:
         return missing(), missing()
     found: Spread | None = ratio_spread(these, baseline)
@@ -113,10 +115,10 @@ def strategies_table(samples: Sequence[Sample]) -> Table:
     rows = []
     for (strategy, model, framework, gpus, epochs), members in groups.items():
         baseline = groups.get((strategies.DEFAULT, model, framework, gpus, epochs), [])
-        steps = _known(s.step_time_s for s in members)
-        memory = _known(s.peak_worker_mb for s in members)
-        step_ratio, step_spread = _ratio_cell(steps, _known(s.step_time_s for s in baseline))
-        memory_ratio, memory_spread = _ratio_cell(memory, _known(s.peak_worker_mb for s in baseline))
+        steps = known(s.step_time_s for s in members)
+        memory = known(s.peak_worker_mb for s in members)
+        step_ratio, step_spread = ratio_cells(steps, known(s.step_time_s for s in baseline))
+        memory_ratio, memory_spread = ratio_cells(memory, known(s.peak_worker_mb for s in baseline))
         devices = sorted({s.device for s in members})
         rows.append([
             text(strategy),
@@ -166,5 +168,5 @@ def strategies_table(samples: Sequence[Sample]) -> Table:
     )
 
 
-__all__ = ["SizePoint", "any_other_strategy", "by_strategy", "model_size_rank", "size_lines",
-           "strategies_table"]
+__all__ = ["SizePoint", "any_other_strategy", "by_strategy", "known", "model_size_rank", "ratio_cells",
+           "size_lines", "strategies_table"]

@@ -174,7 +174,7 @@ def test_spark_and_ray_train_through_their_own_etl_to_the_dataloaders_numbers(ha
     listing = remote.run(cluster.master, f"ls {shared}").stdout.split()
     assert any(name.startswith("reviews-") for name in listing) and not [n for n in listing if "etl" in n]
     b13 = next(t for t in build_report(store, profile="pipeline").extra_tables if t.number == "B.13")
-    assert len(b13.rows) == 4 and all("no spread" in row[11].text for row in b13.rows if "DataLoader" not in
+    assert len(b13.rows) == 4 and all("no spread" in row[12].text for row in b13.rows if "DataLoader" not in
                                       row[3].text)
 
 

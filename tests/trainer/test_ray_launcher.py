@@ -69,19 +69,25 @@ def assert_same_epochs(result: dict, reference: dict, same_config: bool = True) 
         assert [m[key] for m in result["epoch_metrics"]] == [m[key] for m in reference["epoch_metrics"]], key
 
 
+def two_workers(cluster: RayCluster, cfg: TrainConfig, directory: Path
+                ) -> tuple[subprocess.CompletedProcess, dict]:
+    """The launcher with 2 workers, its exit checked: (its process, the result it wrote, schema-checked)."""
+    command = ray_command(cluster, cfg, directory, "--num-workers", "2")
+    launched = subprocess.run(command, env=ray_env(cluster), capture_output=True, text=True,
+                              timeout=RUN_TIMEOUT_S)
+    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
+    result = json.loads((directory / "out" / "result.json").read_text())
+    validate_result(result)
+    return launched, result
+
+
 @pytest.mark.slow
 def test_two_workers_train_as_under_torchrun(loopback_ray, torchrun_reference, make_config, tmp_path):
     """device auto: the driver asks Ray's cluster for GPUs; this one offers none, so CPU (gloo) everywhere."""
     reference, _ = torchrun_reference
     cfg = make_config(epochs=EPOCHS, checkpoint_dir=str(tmp_path / "ckpt"), device="auto")
     started = time.time()
-    command = ray_command(loopback_ray, cfg, tmp_path, "--num-workers", "2")
-    launched = subprocess.run(command, env=ray_env(loopback_ray), capture_output=True, text=True,
-                              timeout=RUN_TIMEOUT_S)
-    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
-
-    result = json.loads((tmp_path / "out" / "result.json").read_text())
-    validate_result(result)
+    launched, result = two_workers(loopback_ray, cfg, tmp_path)
     assert (result["framework"], result["framework_label"]) == ("ray", LABEL)
     assert (result["world_size"], result["device"], result["backend"]) == (2, "cpu", "gloo")
     assert result["resumed_from_epoch"] is None
@@ -155,13 +161,7 @@ def test_ray_datas_rows_train_as_the_dataloaders_do(loopback_ray, torchrun_refer
     """data_path platform: Ray Data's ETL on the driver, every row to both workers; torchrun's epochs."""
     reference, _ = torchrun_reference
     cfg = make_config(epochs=EPOCHS, data_path="platform", platform_data_dir=str(tmp_path / "shared"))
-    command = ray_command(loopback_ray, cfg, tmp_path, "--num-workers", "2")
-    launched = subprocess.run(command, env=ray_env(loopback_ray), capture_output=True, text=True,
-                              timeout=RUN_TIMEOUT_S)
-    assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
-
-    result = json.loads((tmp_path / "out" / "result.json").read_text())
-    validate_result(result)
+    _, result = two_workers(loopback_ray, cfg, tmp_path)
     assert result["framework_label"] == f"{LABEL} + platform ETL"
     assert result["world_size"] == 2
     assert result["data_fingerprint"] == reference["data_fingerprint"]

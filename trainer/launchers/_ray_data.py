@@ -22,9 +22,8 @@ import ray.train
 from ray.data.exceptions import ExecutionTimeoutError
 
 from trainer import platform_data
-from trainer.config import TrainConfig
-from trainer.data import SPLITS, TokenizedSplit
-from trainer.hooks import TrainHooks
+from trainer.config import PLATFORM_DATA_PATH, TrainConfig
+from trainer.hooks import PlatformRowsHooks
 
 # How long a Ray Data execution may move no block before it fails (Ray's default: 30 minutes), and the
 # driver may wait for a free CPU: one ETL task tokenizes its reviews in seconds.
@@ -34,7 +33,7 @@ NO_PROGRESS_TIMEOUT_S = 300
 def etl(cfg: TrainConfig, prog: str) -> tuple[platform_data.EtlRun | None, dict]:
     """On the driver: (the run's record, TorchTrainer's datasets and dataset_config), the datasets each
     split's materialized rows for every worker; (None, {}) for data_path loader."""
-    if cfg.data_path != platform_data.PLATFORM:
+    if cfg.data_path != PLATFORM_DATA_PATH:
         return None, {}
     run, directories = platform_data.etl_run(cfg)
     try:
@@ -81,18 +80,9 @@ def rows_table(rows):
     return pa.concat_tables(batches)
 
 
-class RayDataHooks(TrainHooks):
+class RayDataHooks(PlatformRowsHooks):
     """The Ray launcher's hooks' data part: with data_path platform, the rows Ray Train hands this worker
     (the driver's `etl`) as the core's splits; with loader, the trainer's own tokens."""
 
-    data_paths = ("loader", platform_data.PLATFORM)
-
-    def __init__(self, etl_run: platform_data.EtlRun | None = None):
-        self.etl_run = etl_run
-        self.data_marks = etl_run.marks if etl_run else None
-
-    def tokenized_splits(self, log) -> dict[str, TokenizedSplit]:
-        if self.cfg.data_path != platform_data.PLATFORM:
-            return super().tokenized_splits(log)
-        tables = {split: rows_table(ray.train.get_dataset_shard(split)) for split in SPLITS}
-        return platform_data.splits_from_tables(self.cfg, tables, self.etl_run.tokens_fingerprint)
+    def platform_rows(self, split: str):
+        return rows_table(ray.train.get_dataset_shard(split))

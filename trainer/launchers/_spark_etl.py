@@ -9,7 +9,9 @@ import shutil
 import uuid
 from pathlib import Path
 
-PLATFORM = "platform"  # trainer.platform_data.PLATFORM, whose module imports torch
+from trainer import platform_data
+from trainer.config import PLATFORM_DATA_PATH
+
 REVIEW_SCHEMA = "index bigint, text string, label bigint"  # platform_data.staged_reviews' parts
 TOKEN_SCHEMA = "index bigint, input_ids array<int>, label bigint"  # platform_data.TOKEN_COLUMNS
 
@@ -19,11 +21,9 @@ def platform_etl(spark, cfg):
     """What the training function gets beside cfg: None on the loader path; on the platform path
     (EtlRun, {split: directory of its rows}), the directories removed when the run ends (the staged
     reviews are kept for the next run)."""
-    if cfg.data_path != PLATFORM:
+    if cfg.data_path != PLATFORM_DATA_PATH:
         yield None
         return
-    from trainer import platform_data
-
     run, directories = platform_data.etl_run(cfg)
     out_root = Path(cfg.platform_data_dir).resolve() / f"etl-{uuid.uuid4().hex}"
     try:
@@ -61,21 +61,12 @@ def _tokenize_partition(cfg):
 
 def etl_hooks(run, written: dict[str, str]):
     """A training process's hooks on the platform path: its tokens are the rows the ETL wrote."""
-    from trainer.hooks import TrainHooks  # here: the driver, importing this module, loads no torch
+    from trainer.hooks import PlatformRowsHooks  # here: the driver, importing this module, loads no torch
 
-    class EtlTokens(TrainHooks):
-        data_paths = ("loader", PLATFORM)
-        data_marks = run.marks
-
-        def tokenized_splits(self, log):
-            if self.cfg.data_path != PLATFORM:
-                return super().tokenized_splits(log)
+    class SparkRows(PlatformRowsHooks):
+        def platform_rows(self, split: str):
             import pyarrow.parquet as pq
 
-            from trainer.platform_data import splits_from_tables
+            return pq.read_table(written[split])
 
-            log(f"tokens {run.tokens_fingerprint}: Spark's ETL rows in {Path(written['train']).parent}")
-            tables = {split: pq.read_table(directory) for split, directory in written.items()}
-            return splits_from_tables(self.cfg, tables, run.tokens_fingerprint)
-
-    return EtlTokens()
+    return SparkRows(run)

@@ -30,6 +30,7 @@ from dtlab.platforms.base import (
     why_not,
 )
 from dtlab.waiting import wait_until
+from trainer.config import DATA_PATHS
 
 NAME = "ray"
 JOIN_WAIT_S = 60  # raylets rejoin for a while after a restart (cluster.reset, a node reboot)
@@ -177,7 +178,7 @@ class Ray(Platform):
     colour = "#9467bd"
     description = "Ray Train's TorchTrainer, the driver on the master, workers on the workers' raylets"
     launcher_files = ("trainer/launchers/ray.py",)
-    data_paths = ("loader", "platform")  # its own ETL: trainer/platform_data.py
+    data_paths = DATA_PATHS  # the DataLoader's, and its own ETL (trainer/platform_data.py)
     etl_label = "Ray Data: read_parquet, map_batches, the object store"
     roles = ("ray",)
     variable_prefixes = ("ray_",)

@@ -35,6 +35,7 @@ from dtlab.platforms.base import (
 from dtlab.platforms.spark import inventory_checks
 from dtlab.roles import role_value
 from dtlab.waiting import wait_until
+from trainer.config import DATA_PATHS
 from trainer.launchers._spark import CONNECT_LABEL, STANDALONE_LABEL
 
 NAME = "spark"
@@ -192,7 +193,7 @@ class Spark(Platform):
     colour = "#d62728"
     description = "TorchDistributor on a standalone Spark cluster: the driver on the master, barrier tasks"
     launcher_files = ("trainer/launchers/spark.py", "trainer/launchers/_spark.py")
-    data_paths = ("loader", "platform")  # its own ETL: trainer/platform_data.py
+    data_paths = DATA_PATHS  # the DataLoader's, and its own ETL (trainer/platform_data.py)
     etl_label = "Spark DataFrame: read Parquet, mapInPandas, Parquet on the shared disk"
     roles = ("spark",)
     variable_prefixes = ("spark_",)
