@@ -27,7 +27,7 @@ from mlperf_logging.mllog import constants as mlc
 from mlperf_logging.mllog.mllog import MLLogger
 
 from dtlab.cell import Cell
-from trainer.config import GENERATED_MAX_SPLIT_SIZE
+from trainer.config import IMDB_SPLIT_SIZE
 
 FILENAME = "mlperf.log"  # beside result.json in the run's folder
 ORG = "dtlab"
@@ -109,7 +109,7 @@ def _eval_samples(result: Mapping[str, Any]) -> int:
     config = result.get("config") or {}
     if config.get("dataset") == "generated":
         return int(config["generated_test_size"])
-    return GENERATED_MAX_SPLIT_SIZE
+    return IMDB_SPLIT_SIZE
 
 
 def _unix(stamp: str) -> float:

@@ -19,7 +19,7 @@ from trainer.core import auto_precision, train
     ({"dataset": "./no-such-imdb"}, "dataset: local path ./no-such-imdb does not exist"),
     ({"max_length": 4096}, "max_length: must be between 8 and 512"),
     ({"mixed_precision": "bf16"}, "mixed_precision: bf16 is CUDA-only"),
-    ({"generated_train_size": 30_000}, "generated_train_size: must be between 2 and 25000"),
+    ({"generated_train_size": 500_001}, "generated_train_size: must be between 2 and 500000"),
     ({"device": "tpu"}, "device: must be one of auto, cpu, cuda"),
     ({"compile": "max"}, "compile: must be one of no, default, reduce-overhead"),
     ({"compile": "reduce-overhead"}, "compile: reduce-overhead captures CUDA graphs and is CUDA-only"),
@@ -166,5 +166,5 @@ def test_later_speed_options_keep_the_hash_of_runs_recorded_before_them(tmp_path
 def test_generated_data_sizes_count_only_when_it_is_the_dataset():
     hub = {"model": "prajjwal1/bert-tiny", "dataset": "stanfordnlp/imdb", "generated_train_size": 1}
     assert TrainConfig(**hub).validate(local=False).generated_train_size == 1
-    with pytest.raises(ConfigError, match=r"^generated_train_size: must be between 2 and 25000, got 1$"):
+    with pytest.raises(ConfigError, match=r"^generated_train_size: must be between 2 and 500000, got 1$"):
         TrainConfig(**{**hub, "dataset": "generated"}).validate(local=False)
