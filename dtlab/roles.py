@@ -3,6 +3,7 @@ node exists (the offline bundle, the platforms' releases): a role's variables re
 the apt packages its tasks install.
 
     role_value(node, "spark", "spark_tarball_url", "ubuntu-noble")   # defaults < inventory < vars, templated
+    all_defaults()           # every role's defaults: the lowest layer of each host's variables
     apt_tasks()              # [RoleTask(task file under roles/, its apt `name:`, its `when:`), ...]
     repository_tasks()       # the same for the apt repositories the roles add (deb822_repository)
     role_facts("nvidia")     # the expressions of a role's set_fact tasks, rendered as the role would
@@ -10,6 +11,7 @@ the apt packages its tasks install.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -48,6 +50,30 @@ def read_role_file(path: Path) -> Any:
         return value
 
     return trusted(_loader().load_from_file(str(path)))
+
+
+def all_defaults(roles_dir: Path = ROLES_DIR) -> dict[str, Any]:
+    """Every role's defaults/main.yml in one mapping, its strings trusted as templates: the lowest layer of
+    each host's variables, where Ansible's precedence puts them, so a setting one role owns lives once, in
+    that role, and the harness reads it there too (dtlab.inventory). Two roles defining one name would be
+    two facts: refused in one line."""
+    return dict(_all_defaults(roles_dir))
+
+
+@functools.cache
+def _all_defaults(roles_dir: Path) -> dict[str, Any]:
+    from dtlab.errors import DtlabError
+
+    merged: dict[str, Any] = {}
+    owner: dict[str, str] = {}
+    for path in sorted(roles_dir.glob("*/defaults/main.yml")):
+        role = path.parent.parent.name
+        for key, value in (read_role_file(path) or {}).items():
+            if key in owner:
+                raise DtlabError(f"roles/{role}/defaults/main.yml: {key} is also set in roles/{owner[key]}/"
+                                 "defaults/main.yml; keep it in the one role that uses it, or in group_vars")
+            merged[key], owner[key] = value, role
+    return merged
 
 
 def role_layers(role: str, node_os: str) -> tuple[dict, dict]:

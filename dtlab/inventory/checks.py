@@ -13,6 +13,7 @@ from typing import Any
 from dtlab.errors import DtlabError
 from dtlab.inventory.model import MASTER_GROUP, WORKERS_GROUP, Cluster, Node
 from dtlab.inventory.source import _first_line, _read, check_source_readable
+from dtlab.roles import all_defaults
 
 # --- reading and checking an inventory -------------------------------------------------------------
 # The one implementation of the inventory checks: every `invoke` command reads the cluster with
@@ -106,7 +107,8 @@ def _node(where: str, host: Any, loader: Any, variables: Any, allow_placeholders
           checks: InventoryChecks) -> Node:
     """One host as a Node; its address, ports, GPU indices and device are checked on the way, then `checks`'
     host checks."""
-    raw = variables.get_vars(host=host, include_hostvars=False)
+    # The roles' defaults under the inventory's variables, as Ansible layers them in a play.
+    raw = {**all_defaults(), **variables.get_vars(host=host, include_hostvars=False)}
     where = f"{where}: host {host.name}"
     render = _renderer(loader, raw, where)
 

@@ -16,6 +16,8 @@ What a platform owns:
 - the cluster: `probe_lines` (its part of cluster.check's one probe script per node), `check_rows`,
   `gpu_rows`, `reset` (its step of cluster.reset) and `wait_ready` (after the reset);
 - faults: `recovery` (what recovers a lost worker, as dtlab configures it);
+- upstream: `upstream()` (is it maintained, its last release, where that was read: its package's
+  upstream.yml, a fact checked by hand, which the report's verdict and Table B.10 read);
 - the inventory: `check_inventory_host` and `check_inventory` (its variables that would fail later, refused
   as one line when the inventory is read: dtlab.platforms.load_cluster), `port_ranges` (ports it takes from
   a range, kept free of the other services' ports);
@@ -30,8 +32,12 @@ import shlex
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import yaml
 
 from dtlab import remote
 from dtlab.cell import Cell
@@ -45,6 +51,9 @@ DTLAB_RETRY = "dtlab retry from the newest checkpoint"
 Run = Callable[[list[str], str, float], subprocess.CompletedProcess]  # an offline build's steps
 Say = Callable[[str], None]
 NO_GPU_CPU_INVENTORY = "no GPU (cpu inventory)"
+# What a platform's upstream.yml states: what upstream is, whether releases and fixes still come, the newest
+# release known (with its date where recorded), where that was read, and when it was checked.
+UPSTREAM_KEYS = ("project", "maintained", "last_release", "source", "checked")
 
 
 class PreflightError(DtlabError):
@@ -196,6 +205,24 @@ class Platform:
     def recovery(self, cluster: Cluster) -> str:
         """How it recovers from a lost worker, as dtlab configures it (docs/faults.md)."""
         raise NotImplementedError
+
+    # --- upstream ---
+
+    def upstream(self) -> dict[str, Any]:
+        """Its upstream health (UPSTREAM_KEYS), from upstream.yml in its package."""
+        return dict(_upstream(type(self).__module__))
+
+
+@cache
+def _upstream(package: str) -> dict[str, Any]:
+    where = f"{package.replace('.', '/')}/upstream.yml"
+    try:
+        entry = yaml.safe_load(resources.files(package).joinpath("upstream.yml").read_text())
+    except FileNotFoundError:
+        raise DtlabError(f"{where}: missing; each platform states its upstream health there") from None
+    if not isinstance(entry, dict) or any(key not in entry for key in UPSTREAM_KEYS):
+        raise DtlabError(f"{where}: needs {', '.join(UPSTREAM_KEYS)}")
+    return entry
 
 
 _REGISTERED: dict[str, Platform] = {}

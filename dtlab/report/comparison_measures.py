@@ -24,6 +24,7 @@ from dtlab.report.faults import FaultSection
 from dtlab.report.numbers import fmt
 from dtlab.report.study import DISPLAY_NAMES
 from dtlab.report.tables import Table
+from dtlab.roles import all_defaults
 
 # Every registered platform (dtlab/platforms/: one module each), the study's three first. What each
 # module says about itself, as the comparison reads it:
@@ -132,9 +133,11 @@ class MovingParts:
 
 
 def moving_parts(platform: str, group_vars: Mapping[str, Any] | None = None) -> MovingParts:
-    """The services and listening ports the inventory names for the platform (inventory/group_vars)."""
+    """The services and listening ports the inventory names for the platform: inventory/group_vars/all.yml
+    over the roles' defaults, as every host reads them (a unit one role runs is named in its defaults)."""
     if group_vars is None:
-        group_vars = yaml.safe_load((INVENTORY_DIR / "group_vars" / "all.yml").read_text())
+        site = yaml.safe_load((INVENTORY_DIR / "group_vars" / "all.yml").read_text())
+        group_vars = {**site, **{key: value for key, value in all_defaults().items() if key not in site}}
     mine = [k for k in group_vars if k.startswith(VARIABLE_PREFIXES[platform])]
     ranged = PORT_RANGES.get(platform)
     ports = [str(group_vars[k]) for k in mine if k.endswith("_port") and (not ranged or k not in ranged)]
@@ -333,18 +336,11 @@ def _unattended(faults: FaultSection | None, framework: str) -> Measure:
 
 # --- upstream health ---------------------------------------------------------------------------------
 
-UPSTREAM_KEYS = ("project", "maintained", "last_release", "source", "checked")
-
-
 @cache
 def upstream() -> dict[str, dict[str, Any]]:
-    """dtlab/data/upstream.yml: per platform, whether upstream is maintained, its last release, the source."""
-    data = yaml.safe_load(resources.files("dtlab").joinpath("data/upstream.yml").read_text())
-    for platform in PLATFORMS:
-        entry = data.get(platform)
-        if not isinstance(entry, dict) or any(key not in entry for key in UPSTREAM_KEYS):
-            raise ValueError(f"dtlab/data/upstream.yml: {platform} needs {', '.join(UPSTREAM_KEYS)}")
-    return data
+    """Per platform, whether upstream is maintained, its last release, the source (its package's
+    upstream.yml: Platform.upstream)."""
+    return {platform: platforms.get(platform).upstream() for platform in PLATFORMS}
 
 
 def upstream_text(platform: str) -> str:

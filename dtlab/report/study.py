@@ -11,12 +11,22 @@ import yaml
 
 from dtlab import platforms
 
-FRAMEWORKS = ("ddp", "determined", "spark")  # the study's three, in its order
+
+@cache
+def _study_data() -> dict[str, Any]:
+    return yaml.safe_load(resources.files("dtlab").joinpath("data/study_results.yaml").read_text())
+
+
+# The study's three platforms in its order, the keys of its runs (Tables 5.1-5.3, one a platform, in
+# that order): read from its data, so that no module outside dtlab/platforms/ spells a platform's name.
+FRAMEWORKS = tuple(_study_data()["runs"])
 # The study's three, then the platforms dtlab measures beyond it (their tables only, never the study's);
 # each name as its platform module labels it.
 DISPLAY_NAMES = {name: platforms.label(name)
                  for name in (*FRAMEWORKS, *(n for n in platforms.NAMES if n not in FRAMEWORKS))}
-TABLE_OF_FRAMEWORK = {"ddp": "5.1", "determined": "5.2", "spark": "5.3"}  # the study's run tables
+# The study's run tables: its first tables, one a platform, in the order of its runs.
+TABLE_OF_FRAMEWORK = {name: str(number) for name, number in
+                      zip(FRAMEWORKS, _study_data()["source"]["tables"], strict=False)}
 STUDY_SHORT_EPOCHS, STUDY_LONG_EPOCHS = 20, 100
 STUDY_BASE_GPUS, STUDY_SCALED_GPUS = 1, 2
 STUDY_GPU = "NVIDIA GTX 1060 3 GB"  # one per node (the study's section 4.1)
@@ -43,7 +53,7 @@ class Published:
 
 @cache
 def published() -> Published:
-    data = yaml.safe_load(resources.files("dtlab").joinpath("data/study_results.yaml").read_text())
+    data = _study_data()
     derived = data["derived"]
     runs = {
         (fw, row["gpus"], row["epochs"]): (row["time_s"], row["accuracy"])

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, GPU_CLUSTER_4X2, write_inventory
 
-from dtlab import inventory, paths
+from dtlab import inventory, paths, roles
 from dtlab.errors import DtlabError
 from dtlab.platforms import ddp, determined, load_cluster, spark
 
@@ -51,6 +51,31 @@ def test_group_vars_and_host_vars_apply_with_ansibles_precedence(tmp_path):
     assert cluster.max_gpus == 7
     assert cluster.node("gpu1").var("dtlab_rendezvous_port") == 31000
     assert cluster.master.var("dtlab_rendezvous_port") == 29500  # the master is not in group workers
+
+
+def test_a_roles_own_settings_come_from_its_defaults_under_the_inventorys(tmp_path):
+    """A setting one role owns lives in its defaults/main.yml, and the harness reads it there, templated
+    (spark_connect_env_file names spark_conf_dir), below group_vars and host_vars as in Ansible's play."""
+    path = write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": CPU_SITE_VARS},
+                           host_vars={"n1": "ray_temp_dir: /srv/ray\n"})
+    cluster = load_cluster(path)
+    site_vars = (paths.INVENTORY_DIR / "group_vars" / "all.yml").read_text()
+    assert "spark_conf_dir:" not in site_vars and "ray_temp_dir:" not in site_vars
+    assert cluster.var("spark_conf_dir") == "/etc/spark"
+    assert cluster.var("spark_connect_env_file") == "/etc/spark/connect.env"
+    assert cluster.require("spark_master_service") == "dtlab-spark-master"
+    assert [node.var("ray_temp_dir") for node in cluster.nodes] == ["/var/lib/dtlab/ray", "/srv/ray",
+                                                                     "/var/lib/dtlab/ray"]
+
+
+def test_a_name_two_roles_default_is_refused_in_one_line(tmp_path):
+    for role in ("alpha", "beta"):
+        (tmp_path / role / "defaults").mkdir(parents=True)
+        (tmp_path / role / "defaults" / "main.yml").write_text(f"{role}_own: 1\nshared_path: /srv\n")
+    with pytest.raises(DtlabError, match=r"^roles/beta/defaults/main.yml: shared_path is also set in "
+                                         r"roles/alpha/defaults/main.yml; keep it in the one role"):
+        roles.all_defaults(tmp_path)
+    assert roles.all_defaults()["spark_home"] == "/opt/spark"  # the repository's own roles: one owner each
 
 
 def test_templated_variables_render_and_secret_lookups_do_not_run(tmp_path):

@@ -20,14 +20,16 @@ from dtlab.checks import CheckRow
 from dtlab.errors import DtlabError
 from dtlab.inventory import read_cluster
 from dtlab.platforms import load_cluster
-from dtlab.platforms.base import Platform, ResetSteps, register, registered
+from dtlab.platforms.base import UPSTREAM_KEYS, Platform, ResetSteps, register, registered
 from dtlab.report import generate_report
 from dtlab.results import Provenance, ResultStore
+from dtlab.roles import all_defaults, role_layers
 from trainer import config as trainer_config
 from trainer import result as trainer_result
 
 ABSTRACT = ("build", "check_rows", "reset", "recovery")
 GROUP_VARS = yaml.safe_load((paths.REPO_ROOT / "inventory" / "group_vars" / "all.yml").read_text())
+SETTINGS = {**all_defaults(), **GROUP_VARS}  # what every host reads: the roles' defaults under group_vars
 each_platform = pytest.mark.parametrize("platform", platforms.ALL, ids=lambda p: p.name)
 
 
@@ -52,6 +54,8 @@ def test_every_part_of_the_interface_is_implemented(platform: Platform):
     for attribute in ("label", "colour", "description", "reset_title"):
         assert isinstance(getattr(platform, attribute), str) and getattr(platform, attribute).strip()
     assert re.fullmatch(r"#[0-9a-f]{6}", platform.colour)
+    upstream = platform.upstream()  # its package's upstream.yml, every key stated
+    assert set(UPSTREAM_KEYS) <= set(upstream) and isinstance(upstream["maintained"], bool), upstream
     assert platform.launcher_files and all((paths.REPO_ROOT / f).is_file() for f in platform.launcher_files)
     roles = paths.REPO_ROOT / "roles"
     assert all((roles / role / "tasks").is_dir() for role in platform.roles), platform.roles
@@ -64,11 +68,13 @@ def test_labels_and_colours_tell_the_platforms_apart():
 
 
 @each_platform
-def test_its_variables_and_services_are_in_group_vars(platform: Platform):
+def test_its_variables_and_services_are_set_in_group_vars_or_its_own_roles_defaults(platform: Platform):
     for prefix in platform.variable_prefixes:
-        assert any(name.startswith(prefix) for name in GROUP_VARS), f"no group_vars name starts {prefix}"
+        assert any(name.startswith(prefix) for name in SETTINGS), f"no variable name starts {prefix}"
     for variable in platform.service_variables:
-        assert variable in GROUP_VARS, f"{variable} is not in group_vars/all.yml"
+        in_its_roles = [role for role in platform.roles if variable in role_layers(role, "ubuntu-noble")[0]]
+        assert (variable in GROUP_VARS) != bool(in_its_roles), (
+            f"{variable}: set neither in group_vars/all.yml nor in one of its roles' defaults, or in both")
     for first, last in platform.port_ranges:
         assert int(GROUP_VARS[first]) <= int(GROUP_VARS[last])
 
@@ -224,10 +230,6 @@ def test_a_refused_strategy_stops_the_matrix_before_the_gate_and_writes_nothing(
 
 
 PLATFORMS_DIR = paths.REPO_ROOT / "dtlab" / "platforms"
-# The study's own three, in its order, and its run tables: facts about the publication, which the report
-# names beside its figures. The one module outside the platforms' packages that names a platform, until
-# dtlab/data/study_results.yaml carries them (its `runs:` are keyed by these names already).
-STUDY = paths.REPO_ROOT / "dtlab" / "report" / "study.py"
 
 
 def test_each_platform_is_a_package_of_its_own_that_registers_itself():
@@ -288,7 +290,7 @@ def test_outside_the_platform_packages_the_harness_names_no_platform_and_none_of
                 word = node.name
             else:
                 continue
-            platform_name = word in platforms.NAMES and isinstance(node, ast.Constant) and path != STUDY
+            platform_name = word in platforms.NAMES and isinstance(node, ast.Constant)
             if platform_name or word.startswith(prefixes) or word in owned:
                 named.append(f"{path.relative_to(paths.REPO_ROOT)}:{node.lineno}: {word!r}")
     assert not named, named
