@@ -22,7 +22,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint, progress, result, strategies
+from trainer import checkpoint, flops, progress, result, strategies
 from trainer.batches import LengthGroupedBatchSampler, PaddedBatches, validation_batches
 from trainer.config import DDP_OPTIONS, ConfigError, TrainConfig, config_hash
 from trainer.distributed import all_reduce_sum, gather, process_group, resolve_device
@@ -183,6 +183,9 @@ class _Run:
         if self.strategy.collective_evaluation:
             self.joining_val_forwards = max(gather(len(self.val_loader))) - len(self.val_loader)
         self.train_size, self.test_size = len(train_split), len(test_split)
+        # The whole model's FLOPs, however a strategy splits it: MFU's numerator
+        self.model_flops_per_epoch = flops.training_flops(flops.EncoderShape.of(model.config),
+                                                          np.diff(train_split.offsets))
         self.data_fingerprint = train_split.fingerprint  # the tokens every rank trains on
 
         self.steps_per_epoch = len(self.batch_sampler)
@@ -447,6 +450,7 @@ class _Run:
             mixed_precision=_PRECISION_NAMES.get(self.autocast_dtype, "no"), pad_multiple=self.pad_multiple,
             time_total=time_total, epoch_metrics=epoch_metrics, step_times=self.step_times,
             gpu_utilization=self.gpu_utilization, per_rank=per_rank, resumed_from=resumed_from,
+            model_flops_per_epoch=self.model_flops_per_epoch,
             timeline_unix={"process_started": self.process_started, "core_entered": self.core_entered,
                            "training_started": training_started_at,
                            "first_step_done": self.first_step_done_at,

@@ -46,7 +46,7 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
              device_type: str, backend: str, config_hash: str, data_fingerprint: str, mixed_precision: str,
              pad_multiple: int, time_total: float, epoch_metrics: list[dict], step_times: list[float],
              gpu_utilization: list[float], per_rank: list[dict], timeline_unix: dict,
-             resumed_from: int | None) -> dict:
+             resumed_from: int | None, model_flops_per_epoch: int) -> dict:
     """The run's result.json content, from what the loop measured (`per_rank`: rank_summary of each)."""
     is_cuda = device_type == "cuda"
     hostnames = list(dict.fromkeys(entry["host"] for entry in per_rank))
@@ -89,6 +89,7 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
         "time_total_s": time_total,
         "epoch_metrics": epoch_metrics,
         "samples_per_s": train_samples / train_time if train_time else 0.0,
+        "model_flops_per_epoch": model_flops_per_epoch,
         "steady_step_time_s": statistics.median(steady) if steady else None,
         "timeline_unix": timeline_unix,
         "peak_memory_mb": {"rss": max(e["rss_mb"] for e in per_rank),
