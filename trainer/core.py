@@ -26,6 +26,7 @@ from trainer import checkpoint, flops, progress, result, strategies
 from trainer.batches import LengthGroupedBatchSampler, PaddedBatches, validation_batches
 from trainer.config import DDP_OPTIONS, ConfigError, TrainConfig, config_hash
 from trainer.distributed import all_reduce_sum, gather, process_group, resolve_device
+from trainer.energy import EnergyMeter
 from trainer.hooks import TrainHooks
 from trainer.model import build_model
 
@@ -418,6 +419,20 @@ class _Run:
         dist.barrier()  # all ranks start the timed span together
         training_started_at = time.time()
         span_started = time.perf_counter()
+        meter = EnergyMeter(self.device)
+        meter.start()
+        try:
+            finished = self._epochs(start_epoch, epoch_metrics, elapsed_before, span_started)
+        finally:
+            self.energy = meter.stop()
+        if finished is None:
+            return None
+        return self._result(finished, epoch_metrics, resumed_from, training_started_at)
+
+    def _epochs(self, start_epoch: int, epoch_metrics: list[dict], elapsed_before: float,
+                span_started: float) -> float | None:
+        """Train and validate each epoch left: the study's span in seconds, or None when asked to stop."""
+        cfg = self.cfg
         elapsed = elapsed_before
         for epoch in range(start_epoch, cfg.epochs):
             metrics = {"epoch": epoch + 1, **self._train_epoch(epoch), **self._validate()}
@@ -435,14 +450,17 @@ class _Run:
                 self.log(f"stopping after epoch {epoch + 1} as asked (preemption); "
                          "a resumed run continues from here")
                 return None
-        return self._result(elapsed, epoch_metrics, resumed_from, training_started_at)
+        return elapsed
 
     def _result(self, time_total: float, epoch_metrics: list[dict], resumed_from: int | None,
                 training_started_at: float) -> dict | None:
         cuda_mb = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.is_cuda else None
-        per_rank = gather(result.rank_summary(cuda_mb))  # a collective: every rank takes part
+        per_rank = gather(result.rank_summary(cuda_mb, self.energy))  # a collective: every rank takes part
         if self.rank != 0:
             return None
+        # MFU's denominator: a GPU's is declared per model (the report's); a CPU's is measured here, after
+        # the timed span, on rank 0's threads.
+        peak, source = (None, "declared per GPU model") if self.is_cuda else flops.measured_cpu_peak()
         run_result = result.assemble(
             self.cfg, launcher_framework=self.hooks.framework, launcher_label=self.hooks.framework_label,
             world_size=self.world_size, device_type=self.device.type, backend=dist.get_backend(),
@@ -451,6 +469,7 @@ class _Run:
             time_total=time_total, epoch_metrics=epoch_metrics, step_times=self.step_times,
             gpu_utilization=self.gpu_utilization, per_rank=per_rank, resumed_from=resumed_from,
             model_flops_per_epoch=self.model_flops_per_epoch,
+            device_peak={"flops_per_s": peak, "source": source},
             timeline_unix={"process_started": self.process_started, "core_entered": self.core_entered,
                            "training_started": training_started_at,
                            "first_step_done": self.first_step_done_at,

@@ -37,16 +37,30 @@ def speed_options_label(cfg: TrainConfig) -> str:
     return label + (f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else "")
 
 
-def rank_summary(cuda_peak_mb: float | None) -> dict:
-    """What each rank adds to the result (gathered on rank 0): its host and its peak memory."""
-    return {"host": socket.gethostname(), "rss_mb": _peak_rss_mb(), "cuda_mb": cuda_peak_mb}
+def rank_summary(cuda_peak_mb: float | None, energy: dict) -> dict:
+    """What each rank adds to the result (gathered on rank 0): its host, its peak memory and the energy its
+    training span used (trainer.energy.EnergyMeter.stop)."""
+    return {"host": socket.gethostname(), "rss_mb": _peak_rss_mb(), "cuda_mb": cuda_peak_mb, "energy": energy}
+
+
+def energy_summary(per_rank: list[dict]) -> dict:
+    """The run's energy: every rank's GPU joules, and each node's CPU package joules once (its first rank's);
+    a part is None unless every rank (node) measured it, and why_not then says why."""
+    gpu = [entry["energy"]["gpu_j"] for entry in per_rank]
+    first_of_node = {entry["host"]: entry for entry in reversed(per_rank)}.values()
+    cpu = [entry["energy"]["cpu_package_j"] for entry in first_of_node]
+    gpu_j = sum(gpu) if None not in gpu else None
+    cpu_j = sum(cpu) if None not in cpu else None
+    reasons = dict.fromkeys(entry["energy"]["why_not"] for entry in per_rank if entry["energy"]["why_not"])
+    return {"joules": None if gpu_j is None and cpu_j is None else (gpu_j or 0.0) + (cpu_j or 0.0),
+            "gpu_j": gpu_j, "cpu_package_j": cpu_j, "why_not": "; ".join(reasons) or None}
 
 
 def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, world_size: int,
              device_type: str, backend: str, config_hash: str, data_fingerprint: str, mixed_precision: str,
              pad_multiple: int, time_total: float, epoch_metrics: list[dict], step_times: list[float],
              gpu_utilization: list[float], per_rank: list[dict], timeline_unix: dict,
-             resumed_from: int | None, model_flops_per_epoch: int) -> dict:
+             resumed_from: int | None, model_flops_per_epoch: int, device_peak: dict) -> dict:
     """The run's result.json content, from what the loop measured (`per_rank`: rank_summary of each)."""
     is_cuda = device_type == "cuda"
     hostnames = list(dict.fromkeys(entry["host"] for entry in per_rank))
@@ -90,6 +104,8 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
         "epoch_metrics": epoch_metrics,
         "samples_per_s": train_samples / train_time if train_time else 0.0,
         "model_flops_per_epoch": model_flops_per_epoch,
+        "device_peak": device_peak,
+        "energy": energy_summary(per_rank),
         "steady_step_time_s": statistics.median(steady) if steady else None,
         "timeline_unix": timeline_unix,
         "peak_memory_mb": {"rss": max(e["rss_mb"] for e in per_rank),

@@ -44,3 +44,7 @@ def test_a_run_records_the_flops_of_one_epoch_over_its_train_split(make_config):
     lengths = np.diff(tokenized_splits(cfg)["train"].offsets)
     shape = EncoderShape.of({**GENERATED_MODEL_SHAPES[cfg.model.removeprefix("generated:")], "num_labels": 2})
     assert result["model_flops_per_epoch"] == training_flops(shape, lengths) > 0
+    peak = result["device_peak"]  # MFU's denominator on CPU: what rank 0's thread reached, and how
+    assert 1e8 < peak["flops_per_s"] < 1e13
+    assert peak["source"].startswith("measured: fp32 GEMM 512x512 on 1 thread of rank 0")
+    assert result["energy"]["joules"] is None and "no GPU on this rank" in result["energy"]["why_not"]
