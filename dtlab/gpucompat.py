@@ -92,6 +92,18 @@ class GpuCompat:
     pypi_build: str
     builds: tuple[Build, ...]
     generations: tuple[dict, ...]
+    peaks: tuple[dict, ...] = ()  # dense TFLOPS per GPU model and type (the data file's `peaks`)
+
+    def declared_peak(self, gpu_name: str, precision: str) -> tuple[float, str] | None:
+        """(FLOPs per second, its source) of one GPU computing in `precision` (fp32, fp16 or bf16): the
+        first `peaks` entry named in `gpu_name`; None where none is, or it declares no such type."""
+        for peak in self.peaks:
+            if peak["name"] in gpu_name:
+                tflops = peak.get(precision)
+                if not tflops:
+                    return None
+                return float(tflops) * 1e12, f"{peak['name']} {precision}, {peak['source']}"
+        return None
 
     def build(self, name: str) -> Build:
         for build in self.builds:
@@ -180,7 +192,7 @@ def load(path: Path = DATA_FILE) -> GpuCompat:
                   min_driver_branch=int(b["min_driver_branch"]), index_url=f"{base}/{b['name']}")
             for b in raw["builds"])
         compat = GpuCompat(torch=str(raw["torch"]), pypi_build=raw["pypi_build"], builds=builds,
-                           generations=tuple(raw["generations"]))
+                           generations=tuple(raw["generations"]), peaks=tuple(raw.get("peaks") or ()))
         for build in builds:  # every capability parses
             for cap in (*build.sass, *build.ptx):
                 capability(cap)

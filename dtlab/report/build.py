@@ -27,6 +27,7 @@ from dtlab.report.comparison import (
     with_recommendation,
 )
 from dtlab.report.data_paths import data_paths_table, etl_summaries
+from dtlab.report.efficiency import efficiency_table
 from dtlab.report.faults import FaultSection, fault_section, is_faulted
 from dtlab.report.gate import GateSection, gate_section
 from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
@@ -384,6 +385,10 @@ def build_report(
         extra.append(strategies_table(samples))
     if any(s.data_path != DEFAULT_DATA_PATH for s in samples):
         extra.append(data_paths_table(samples))
+    efficiency = efficiency_table([(run.cell.framework, run.cell.gpus, run.cell.epochs, run.result)
+                                   for run in study_undisturbed])
+    if efficiency is not None:
+        extra.append(efficiency)
     if failed:
         extra.append(failures_table(failed, ok_runs))
     if resumed:

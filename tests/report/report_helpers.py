@@ -50,10 +50,11 @@ def record(
 
 def record_with_clock(store: ResultStore, cell: Cell, *, time_s: float, startup_s: float,
                       device: str = "cpu", accuracy: float = 0.8, label: str | None = None,
-                      harness_time_s: float | None = None, marks: dict | None = None):
+                      harness_time_s: float | None = None, marks: dict | None = None,
+                      fields: dict | None = None):
     """One ok run with the whole-run clock: its first step `startup_s` after submit, then `time_s` of
     training (Table B.3's phases, the start-up of Table B.10); `marks`: more of the trainer's marks, as
-    seconds after submit (data_started, etl_started, ...)."""
+    seconds after submit (data_started, etl_started, ...); `fields`: more of result.json's."""
     result = made_up_result(cell.framework, cell.gpus, cell.epochs, cell.seed, time_total_s=time_s,
                             final_accuracy=accuracy, device=device,
                             framework_label=label or f"{cell.framework} ({device})")
@@ -67,6 +68,7 @@ def record_with_clock(store: ResultStore, cell: Cell, *, time_s: float, startup_
         **{name: submitted + seconds for name, seconds in (marks or {}).items()},
     }
     result["config"] = {**result.get("config", {}), "data_path": cell.data_path}
+    result.update(fields or {})
     return store.record_ok(cell, result, Provenance(config_hash="0123456789abcdef", git_rev="deadbeef",
                                                     inventory="lab", node_versions={},
                                                     harness_time_s=harness_time_s or time_s + startup_s + 2))

@@ -1,0 +1,128 @@
+"""Model FLOPs utilization and energy per run (beyond the study; issue #55): Table B.14.
+
+MFU = the model's FLOPs per epoch (result.json's model_flops_per_epoch: its matmuls, forward and backward,
+each review at its own length; trainer/flops.py) x the epochs trained / their training time (validation
+left out), over the peak of every worker: a GPU's declared dense peak for the type the run computed in
+(dtlab/data/gpu_compat.yml's `peaks`), or on CPU the fp32 GEMM rate rank 0's threads reached (measured by
+the trainer after its timed span, the same threads per worker). Energy: the training span's joules as the
+trainer measured them (NVML, RAPL), or "not measured" with the node's reason.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dtlab import gpucompat, platforms
+from dtlab.report.numbers import Value, missing, text
+from dtlab.report.tables import Table, config_label
+
+PRECISIONS = {"no": "fp32", "fp16": "fp16", "bf16": "bf16"}  # mixed_precision as it ran -> the peak's type
+NOT_RECORDED = "not recorded (a run from before dtlab counted model FLOPs)"
+
+
+def run_mfu(result: Mapping[str, Any]) -> tuple[float | None, str]:
+    """(MFU, the peak it was taken against), or (None, why it cannot be given)."""
+    flops = result.get("model_flops_per_epoch")
+    if flops is None:
+        return None, NOT_RECORDED
+    metrics = result.get("epoch_metrics") or []
+    train_s = sum(m["train_time_s"] for m in metrics)
+    if not metrics or train_s <= 0:
+        return None, "no training time recorded"
+    if result.get("device") == "cuda":
+        gpu = (result.get("versions") or {}).get("gpu") or "an unnamed GPU"
+        precision = PRECISIONS.get(str((result.get("hyperparameters") or {}).get("mixed_precision")), "fp32")
+        declared = gpucompat.load().declared_peak(gpu, precision)
+        if declared is None:
+            return None, f"no declared {precision} peak for {gpu} (dtlab/data/gpu_compat.yml's peaks)"
+        per_worker, source = declared
+    else:
+        peak = result.get("device_peak") or {}
+        per_worker, source = peak.get("flops_per_s"), peak.get("source") or ""
+        if not per_worker:
+            return None, "no CPU peak recorded"
+    return flops * len(metrics) / train_s / (per_worker * int(result["world_size"])), source
+
+
+def run_energy(result: Mapping[str, Any]) -> tuple[float | None, str]:
+    """(joules of the training span, what they cover), or (None, why not measured)."""
+    energy = result.get("energy")
+    if energy is None:
+        return None, "not recorded (a run from before dtlab measured energy)"
+    if energy.get("joules") is None:
+        return None, f"not measured: {energy.get('why_not') or 'no reading'}"
+    parts = [name for name, key in (("GPUs (NVML)", "gpu_j"), ("CPU packages (RAPL)", "cpu_package_j"))
+             if energy.get(key) is not None]
+    return float(energy["joules"]), " + ".join(parts)
+
+
+GroupKey = tuple[str, int, int, str]  # (framework, gpus, epochs, device)
+
+
+def efficiency_table(results: Sequence[tuple[str, int, int, Mapping[str, Any]]]) -> Table | None:
+    """Table B.14 from (framework, gpus, epochs, result) of the runs the study's tables use; None when no
+    run recorded its model FLOPs (the table would only say "not recorded")."""
+    if not any(result.get("model_flops_per_epoch") is not None for *_, result in results):
+        return None
+    groups: dict[GroupKey, list[Mapping[str, Any]]] = defaultdict(list)
+    for framework, gpus, epochs, result in results:
+        groups[(framework, gpus, epochs, str(result.get("device")))].append(result)
+    order = {name: index for index, name in enumerate(platforms.NAMES)}
+    rows = []
+    for (framework, gpus, epochs, device), members in sorted(
+            groups.items(), key=lambda item: (order.get(item[0][0], len(order)), item[0][1:])):
+        mfus = [run_mfu(result) for result in members]
+        energies = [run_energy(result) for result in members]
+        rows.append([
+            text(platforms.label(framework)),
+            text(config_label(gpus, device)),
+            text(str(epochs)),
+            text(str(len(members))),
+            _mean_range([value for value, _ in mfus], "pct"),
+            text(_one_text(mfus)),
+            _mean_range([value for value, _ in energies], "energy_j"),
+            text(_one_text(energies)),
+        ])
+    return Table(
+        "B.14",
+        "table-b.14-efficiency",
+        "Model FLOPs utilization and energy per run (beyond the study)",
+        ["Platform", "Configuration", "Epochs", "Runs", "MFU: mean (min–max)",
+         "Peak per worker it is taken against", "Energy per run (J): mean (min–max)",
+         "Energy: what it covers"],
+        rows,
+        [
+            "MFU: the model's matmul FLOPs (forward and backward, each review at its own length: "
+            "trainer/flops.py, equal to torch's FLOP counter) per second of training, validation left "
+            "out, over every worker's peak. A GPU's peak is its declared dense peak for the type the run "
+            "computed in (dtlab/data/gpu_compat.yml); a CPU's is the fp32 GEMM rate rank 0's threads "
+            "reached, measured after training: a rate this machine reaches, not a datasheet's.",
+            "Energy: the training span, each rank's GPU by NVML (power sampled once a second) and each "
+            "node's CPU packages by RAPL, once per node. Where a node exposes neither (the lab's "
+            "containers, most VMs) it says \"not measured\" and why: no figure is estimated.",
+        ],
+    )
+
+
+def _mean_range(values: list[float | None], kind: str) -> Value:
+    known = [value for value in values if value is not None]
+    if not known:
+        return missing()
+    scale = 100 if kind == "pct" else 1
+    unit = "%" if kind == "pct" else ""
+    shown = f"{statistics.fmean(known) * scale:.{2 if kind == 'pct' else 0}f}{unit}"
+    if len(known) > 1:
+        shown += (f" ({min(known) * scale:.{2 if kind == 'pct' else 0}f}–"
+                  f"{max(known) * scale:.{2 if kind == 'pct' else 0}f}{unit})")
+    if len(known) < len(values):
+        shown += f", {len(known)} of {len(values)} runs"
+    return text(shown)
+
+
+def _one_text(pairs: list[tuple[float | None, str]]) -> str:
+    """The group's peak (or reason) when every run shares it, else each distinct one."""
+    return "; ".join(dict.fromkeys(note for _, note in pairs if note)) or "—"
+
