@@ -15,7 +15,7 @@ from dtlab import launch as launching
 from dtlab.cell import Cell
 from dtlab.display import Display
 from dtlab.errors import DtlabError
-from dtlab.inventory import Node
+from dtlab.inventory import NODE_COST_VARIABLE, Cluster, Node
 from dtlab.outcome import AttemptFailure
 from dtlab.results import Provenance, ResultStore
 
@@ -27,6 +27,7 @@ class RecordStep:
     stop_cell)."""
 
     store: ResultStore
+    cluster: Cluster
     display: Display | None
     sessions: remote.Sessions | None
     fault_run: faults.FaultRun | None
@@ -73,6 +74,10 @@ class RecordStep:
             # mark is taken just before the store writes, which takes milliseconds).
             marks = {"submitted": submitted_at, **self.marks, "recorded": time.time()}
             result["harness_timeline_unix"] = marks
+            # The run holds the whole cluster: each node's hourly cost, where the inventory sets one.
+            rates = {node.name: node.var(NODE_COST_VARIABLE) for node in self.cluster.nodes}
+            if any(rate is not None for rate in rates.values()):
+                result["node_cost_per_hour"] = rates
             try:
                 self.store.record_ok(cell, result, dataclasses.replace(
                     provenance,

@@ -8,7 +8,13 @@ parsing the source (source.py) and the checks behind read_cluster (checks.py), t
 theirs (dtlab.platforms.load_cluster, what every command reads the cluster with).
 """
 
-from dtlab.inventory.checks import PLACEHOLDER_NETWORKS, PORT_SUFFIX, InventoryChecks, read_cluster
+from dtlab.inventory.checks import (
+    NODE_COST_VARIABLE,
+    PLACEHOLDER_NETWORKS,
+    PORT_SUFFIX,
+    InventoryChecks,
+    read_cluster,
+)
 from dtlab.inventory.model import LAB_GROUP, MASTER_GROUP, WORKERS_GROUP, Cluster, Node
 from dtlab.inventory.source import (
     YAML_SUFFIXES,
@@ -22,6 +28,7 @@ from dtlab.inventory.source import (
 __all__ = [
     "LAB_GROUP",
     "MASTER_GROUP",
+    "NODE_COST_VARIABLE",
     "PLACEHOLDER_NETWORKS",
     "PORT_SUFFIX",
     "WORKERS_GROUP",

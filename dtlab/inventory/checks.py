@@ -28,6 +28,8 @@ PLACEHOLDER_NETWORKS = tuple(
 )
 # Every variable named *_port (ansible_port, dtlab_rendezvous_port, ...) is a TCP port.
 PORT_SUFFIX = "_port"
+# What one hour of a node costs (optional, in the site's currency): the report's cost per run.
+NODE_COST_VARIABLE = "node_cost_per_hour"
 
 
 @dataclass(frozen=True)
@@ -127,6 +129,7 @@ def _node(where: str, host: Any, loader: Any, variables: Any, allow_placeholders
     ports = {key: _port(where, key, get(key)) for key in sorted(raw) if key.endswith(PORT_SUFFIX)}
     _check_distinct_ports(where, ports, checks.port_ranges)
     gpu_indices = _gpu_indices(where, get("gpu_indices", []))
+    _check_cost(where, get(NODE_COST_VARIABLE))
     device = str(get("dtlab_device", "cuda"))
     if device not in ("cuda", "cpu"):
         raise DtlabError(f"{where}: dtlab_device must be cuda or cpu, got {device!r}")
@@ -150,6 +153,14 @@ def _node(where: str, host: Any, loader: Any, variables: Any, allow_placeholders
     for check in checks.host:
         check(where, node)
     return node
+
+
+def _check_cost(where: str, value: Any) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise DtlabError(f"{where}: {NODE_COST_VARIABLE} must be a number >= 0 (what an hour of the node "
+                         f"costs), got {value!r}")
 
 
 def _is_placeholder(address: str) -> bool:

@@ -5,7 +5,9 @@ each review at its own length; trainer/flops.py) x the epochs trained / their tr
 left out), over the peak of every worker: a GPU's declared dense peak for the type the run computed in
 (dtlab/data/gpu_compat.yml's `peaks`), or on CPU the fp32 GEMM rate rank 0's threads reached (measured by
 the trainer after its timed span, the same threads per worker). Energy: the training span's joules as the
-trainer measured them (NVML, RAPL), or "not measured" with the node's reason.
+trainer measured them (NVML, RAPL), or "not measured" with the node's reason. Cost: each node's
+node_cost_per_hour (the inventory's, recorded with the run) x the whole run, submit to recorded: the run
+holds the cluster.
 """
 
 from __future__ import annotations
@@ -59,6 +61,21 @@ def run_energy(result: Mapping[str, Any]) -> tuple[float | None, str]:
     return float(energy["joules"]), " + ".join(parts)
 
 
+def run_cost(result: Mapping[str, Any]) -> tuple[float | None, str]:
+    """(what the run cost, in the inventory's unit), or (None, why not)."""
+    rates = result.get("node_cost_per_hour")
+    if not rates:
+        return None, "no node_cost_per_hour in the inventory"
+    unset = sorted(node for node, rate in rates.items() if rate is None)
+    if unset:
+        return None, f"no node_cost_per_hour for {', '.join(unset)}"
+    marks = result.get("harness_timeline_unix") or {}
+    if marks.get("submitted") is None or marks.get("recorded") is None:
+        return None, "no whole-run clock"
+    hours = (marks["recorded"] - marks["submitted"]) / 3600
+    return sum(rates.values()) * hours, f"{len(rates)} nodes x the whole run (submit to recorded)"
+
+
 GroupKey = tuple[str, int, int, str]  # (framework, gpus, epochs, device)
 
 
@@ -76,6 +93,7 @@ def efficiency_table(results: Sequence[tuple[str, int, int, Mapping[str, Any]]])
             groups.items(), key=lambda item: (order.get(item[0][0], len(order)), item[0][1:])):
         mfus = [run_mfu(result) for result in members]
         energies = [run_energy(result) for result in members]
+        costs = [run_cost(result) for result in members]
         rows.append([
             text(platforms.label(framework)),
             text(config_label(gpus, device)),
@@ -85,14 +103,16 @@ def efficiency_table(results: Sequence[tuple[str, int, int, Mapping[str, Any]]])
             text(_one_text(mfus)),
             _mean_range([value for value, _ in energies], "energy_j"),
             text(_one_text(energies)),
+            _mean_range([value for value, _ in costs], "cost"),
+            text(_one_text(costs)),
         ])
     return Table(
         "B.14",
         "table-b.14-efficiency",
-        "Model FLOPs utilization and energy per run (beyond the study)",
+        "Model FLOPs utilization, energy and cost per run (beyond the study)",
         ["Platform", "Configuration", "Epochs", "Runs", "MFU: mean (min–max)",
          "Peak per worker it is taken against", "Energy per run (J): mean (min–max)",
-         "Energy: what it covers"],
+         "Energy: what it covers", "Cost per run: mean (min–max)", "Cost: what it covers"],
         rows,
         [
             "MFU: the model's matmul FLOPs (forward and backward, each review at its own length: "
@@ -103,6 +123,8 @@ def efficiency_table(results: Sequence[tuple[str, int, int, Mapping[str, Any]]])
             "Energy: the training span, each rank's GPU by NVML (power sampled once a second) and each "
             "node's CPU packages by RAPL, once per node. Where a node exposes neither (the lab's "
             "containers, most VMs) it says \"not measured\" and why: no figure is estimated.",
+            "Cost: each node's node_cost_per_hour (inventory; recorded with the run, in its unit) x the "
+            "whole run, submit to recorded, summed over the cluster's nodes: a run holds the cluster.",
         ],
     )
 
@@ -111,12 +133,10 @@ def _mean_range(values: list[float | None], kind: str) -> Value:
     known = [value for value in values if value is not None]
     if not known:
         return missing()
-    scale = 100 if kind == "pct" else 1
-    unit = "%" if kind == "pct" else ""
-    shown = f"{statistics.fmean(known) * scale:.{2 if kind == 'pct' else 0}f}{unit}"
+    scale, unit, digits = {"pct": (100, "%", 2), "energy_j": (1, "", 0), "cost": (1, "", 4)}[kind]
+    shown = f"{statistics.fmean(known) * scale:.{digits}f}{unit}"
     if len(known) > 1:
-        shown += (f" ({min(known) * scale:.{2 if kind == 'pct' else 0}f}–"
-                  f"{max(known) * scale:.{2 if kind == 'pct' else 0}f}{unit})")
+        shown += f" ({min(known) * scale:.{digits}f}–{max(known) * scale:.{digits}f}{unit})"
     if len(known) < len(values):
         shown += f", {len(known)} of {len(values)} runs"
     return text(shown)

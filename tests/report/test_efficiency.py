@@ -5,7 +5,7 @@ from report_helpers import record_with_clock
 
 from dtlab.cell import Cell
 from dtlab.report import build_report
-from dtlab.report.efficiency import run_energy, run_mfu
+from dtlab.report.efficiency import run_cost, run_energy, run_mfu
 from dtlab.results import ResultStore
 
 FLOPS_PER_EPOCH = 4.5e12
@@ -35,6 +35,21 @@ def test_mfu_is_the_models_flops_per_training_second_over_every_workers_peak(tmp
                            f"{max(expected) * 100:.2f}%)")
     assert row[5].text == CPU_PEAK["source"]
     assert row[6].text == "—" and row[7].text == f"not measured: {NO_ENERGY['why_not']}"
+    assert (row[8].text, row[9].text) == ("—", "no node_cost_per_hour in the inventory")
+
+
+def test_a_runs_cost_is_every_nodes_rate_times_its_whole_run(tmp_path):
+    store = ResultStore(tmp_path / "results")
+    rates = {"node0": 1.5, "node1": 2.0, "node2": 2.0}
+    for seed in range(2):  # the helper's whole run: 5 s to the first step, 3595 s of training, 2 to record
+        record_with_clock(store, Cell("ray", 2, 1, seed, "smoke"), time_s=3593.0 + 3600 * seed, startup_s=5.0,
+                          fields={"model_flops_per_epoch": FLOPS_PER_EPOCH, "device_peak": CPU_PEAK,
+                                  "energy": NO_ENERGY, "node_cost_per_hour": rates})
+    [row] = b14(store)[0].rows
+    assert row[8].text == "8.2500 (5.5000–11.0000)"  # 5.5 per hour x 1 and 2 hours
+    assert row[9].text == "3 nodes x the whole run (submit to recorded)"
+    assert run_cost({"node_cost_per_hour": {"node0": 1.0, "node1": None}}) == (
+        None, "no node_cost_per_hour for node1")
 
 
 def cuda_result(gpu: str, precision: str = "no", energy: dict | None = None) -> dict:
