@@ -27,6 +27,7 @@ from dtlab.report.run_clock import (
 )
 from dtlab.report.run_clock import QUEUE_PHASE as QUEUE_PHASE  # `as`: also read as aggregate.QUEUE_PHASE
 from dtlab.report.run_clock import WHOLE_RUN_PHASES as WHOLE_RUN_PHASES  # and as aggregate.WHOLE_RUN_PHASES
+from dtlab.report.run_figures import run_cost, run_energy, run_mfu
 from dtlab.report.study import FRAMEWORKS, STUDY_LONG_EPOCHS, STUDY_SHORT_EPOCHS
 from dtlab.results import Run
 from trainer import strategies
@@ -65,6 +66,10 @@ class Sample:
     data_path: str = DEFAULT_DATA_PATH  # the cell's: a platform ETL's run goes to Table B.13 alone
     etl_s: float | None = None  # data_path platform: the driver's ETL (read, clean, tokenize, hand over)
     tokens_ready_s: float | None = None  # the core's wait for both splits' tokens on rank 0
+    # Table B.14's, per run (dtlab.report.efficiency): None where not recorded or not measured
+    mfu: float | None = None
+    energy_j: float | None = None
+    cost: float | None = None
 
     @property
     def startup_s(self) -> float | None:
@@ -103,6 +108,9 @@ class Sample:
             data_path=run.cell.data_path,
             etl_s=_span(result, "etl_started", "etl_ended"),
             tokens_ready_s=_span(result, "data_started", "data_ready"),
+            mfu=run_mfu(result)[0],
+            energy_j=run_energy(result)[0],
+            cost=run_cost(result)[0],
         )
 
 

@@ -28,6 +28,7 @@ from dtlab.report.comparison_measures import (
     PLATFORM_ROLES,
     PLATFORMS,
     PORT_RANGES,
+    RUN_FIGURES,
     VARIABLE_PREFIXES,
     Comparison,
     Measure,
@@ -45,6 +46,7 @@ from dtlab.report.comparison_measures import (
     in_pipelines,
     launcher_lines,
     moving_parts,
+    per_run,
     startup,
     study_qualitative,
     upstream_text,
@@ -207,6 +209,9 @@ def build_comparison(
         measures["pipelines"][p] = Measure(None, f"{measured}; study: {study_pipelines.shown}")
         measures["whole_run"][p] = _whole_run(groups, key) if count is not None else Measure(None, "no run")
         measures["unattended"][p] = _unattended(faults, p)
+        for criterion in RUN_FIGURES:
+            measures[criterion][p] = per_run(samples, key, criterion) if count is not None else Measure(
+                None, "no run")
     for criterion, found in cluster_ranked(root).items():
         measures[criterion] = found
     at = f"{count} workers/GPUs, {short} epochs" if count is not None else "no runs"

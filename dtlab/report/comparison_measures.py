@@ -59,6 +59,9 @@ CRITERIA = {
     "footprint": "services and listening ports it adds (moving parts), fewer first",
     "idle": "idle memory of its services, summed over the nodes (cluster.idle), less first",
     "provisioning": "its roles' seconds in a first site.yml converge (cluster.provision), fewer first",
+    "mfu": "model FLOPs utilization of its runs (Table B.14), higher first",
+    "energy": "joules per run, GPUs by NVML and CPU packages by RAPL (Table B.14), less first",
+    "cost": "cost per run, node_cost_per_hour x the whole run (Table B.14), less first",
     "checklist": "centralised management features (the study's Table 5.11; not measured here), more first",
     "pipelines": "training inside a data pipeline (the study's section 5.6.4; not measured here) first",
 }
@@ -213,6 +216,29 @@ def startup(samples: Iterable[Sample], key: GroupKey) -> Measure:
         return Measure(None, "no whole-run clock recorded" if mine else "no run")
     mean = sum(values) / len(values)
     return Measure(mean, f"{fmt(mean, 'time_s')} s; {_interval_text(values, 'time_s', ' s')}", values)
+
+
+def per_run(samples: Iterable[Sample], key: GroupKey, criterion: str) -> Measure:
+    """Table B.14's figure (mfu, energy or cost) of each run of the group `key` that has it."""
+    mine = [s for s in samples if (s.framework, s.gpus, s.epochs) == key]
+    values = tuple(v for s in mine if (v := getattr(s, RUN_FIGURES[criterion][0])) is not None)
+    if not values:
+        return Measure(None, f"not measured ({RUN_FIGURES[criterion][2]})" if mine else "no run")
+    quantity, scale = RUN_FIGURES[criterion][1], 100 if criterion == "mfu" else 1
+    shown = [f"{v * scale:.{2 if criterion == 'mfu' else 1}f}" for v in (sum(values) / len(values),
+                                                                       min(values), max(values))]
+    unit = "%" if criterion == "mfu" else f" {quantity}"
+    spread = f"{shown[1]}–{shown[2]}{unit} (n={len(values)})" if len(values) > 1 else \
+        f"1 run, no spread (n={len(values)})"
+    return Measure(sum(values) / len(values), f"{shown[0]}{unit}; {spread}", values)
+
+
+# criterion -> (Sample's field, its unit, what a run without it lacks)
+RUN_FIGURES = {
+    "mfu": ("mfu", "", "no model FLOPs or peak recorded"),
+    "energy": ("energy_j", "J", "no NVML GPU or RAPL counter on the nodes"),
+    "cost": ("cost", "per run", "no node_cost_per_hour in the inventory"),
+}
 
 
 def _speed(groups: Mapping[GroupKey, GroupStats], key: GroupKey) -> Measure:

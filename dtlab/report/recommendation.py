@@ -72,6 +72,9 @@ LOWER_FIRST = {
     "footprint": True,
     "idle": True,
     "provisioning": True,
+    "mfu": False,
+    "energy": True,
+    "cost": True,
     "checklist": False,
     "pipelines": False,
 }
@@ -92,6 +95,9 @@ MEASURED_BY = {
     "unattended": ("invoke bench.faults --profile faults", "faults"),
     "idle": ("invoke cluster.idle, 3 times with no cell running", None),
     "provisioning": ("invoke cluster.provision on fresh nodes, 3 times", None),
+    "mfu": ("invoke bench.all --profile spread", "spread"),
+    "energy": ("invoke bench.all --profile spread, on nodes with an NVIDIA GPU or RAPL", "spread"),
+    "cost": ("node_cost_per_hour in the inventory, then invoke bench.all --profile spread", "spread"),
 }
 STUDY_WORD = "the study's word, never measured by dtlab"
 

@@ -39,7 +39,8 @@ from dtlab.results import Run
 SCENARIOS_FILE = EXPERIMENTS_DIR / "scenarios.yml"
 LABELS = {"whole_run": "whole run", "speed": "steady-state speed", "startup": "start-up",
           "unattended": "recovery without a person", "adoption": "lines a user writes",
-          "footprint": "services and ports", "idle": "idle memory", "provisioning": "provisioning time"}
+          "footprint": "services and ports", "idle": "idle memory", "provisioning": "provisioning time",
+          "mfu": "model FLOPs utilization", "energy": "energy per run", "cost": "cost per run"}
 SPEED_MODES = {"whole_run": "the whole run, start-up included", "steady_state": "the steady-state epoch"}
 SCENARIO_KEYS = {"id", "name", "source", "claim", "speed", "priorities", "weights", "candidates", "because"}
 REQUIRED_KEYS = ("id", "name", "source", "claim", "speed")
@@ -207,6 +208,9 @@ def _short(criterion: str, m: Measure) -> str:
         "footprint": lambda: f"{value:.0f} services and ports",
         "idle": lambda: f"{value:.0f} MiB idle",
         "provisioning": lambda: f"{value:.0f} s to provision",
+        "mfu": lambda: f"{value * 100:.2f}% MFU",
+        "energy": lambda: f"{value:.0f} J a run",
+        "cost": lambda: f"{value:.4f} a run",
     }.get(criterion, lambda: m.shown)()
     n = m.n
     return f"{shown} (n={n})" if n else f"{shown} (counted)"

@@ -286,7 +286,7 @@ def test_priorities_parse_in_order_and_from_a_weights_file(tmp_path):
         ("speed: [1\n", "not valid YAML at line"),
         ("- speed\n", "must map criteria to weights"),
         ("speed: -1\n", "speed: weight must be a number > 0"),
-        ("cost: 1\n", "unknown criterion 'cost'"),
+        ("price: 1\n", "unknown criterion 'price'"),
     ],
 )
 def test_bad_priorities_are_one_line_errors(tmp_path, content, expected):

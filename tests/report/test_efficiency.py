@@ -5,7 +5,8 @@ from report_helpers import record_with_clock
 
 from dtlab.cell import Cell
 from dtlab.report import build_report
-from dtlab.report.efficiency import run_cost, run_energy, run_mfu
+from dtlab.report.recommendation import Priorities, rank
+from dtlab.report.run_figures import run_cost, run_energy, run_mfu
 from dtlab.results import ResultStore
 
 FLOPS_PER_EPOCH = 4.5e12
@@ -76,3 +77,22 @@ def test_energy_is_what_was_measured_or_why_not():
         500.0, "GPUs (NVML) + CPU packages (RAPL)")
     assert run_energy({}) == (None, "not recorded (a run from before dtlab measured energy)")
     assert run_energy({"energy": NO_ENERGY}) == (None, f"not measured: {NO_ENERGY['why_not']}")
+
+
+def test_mfu_energy_and_cost_are_criteria_a_ranking_can_put_first(tmp_path):
+    """--priorities cost (or mfu, energy): ordered on the runs' figures by the report's rule of noise."""
+    store = ResultStore(tmp_path / "results")
+    measured = {"joules": 900.0, "gpu_j": 900.0, "cpu_package_j": None, "why_not": "no RAPL counter"}
+    for framework, rate in (("ddp", 3.0), ("ray", 1.0)):
+        for seed in range(3):
+            record_with_clock(store, Cell(framework, 2, 2, seed, "smoke"), time_s=100.0 + seed, startup_s=5.0,
+                              fields={"model_flops_per_epoch": FLOPS_PER_EPOCH, "device_peak": CPU_PEAK,
+                                      "energy": measured, "node_cost_per_hour": {"n0": rate, "n1": rate}})
+    comparison = build_report(store, profile="smoke").comparison
+    assert comparison.measures["cost"]["ray"].n == 3 and comparison.measures["energy"]["ddp"].value == 900.0
+    cheapest = rank(comparison, Priorities(("cost",)))
+    assert [x.platform for x in cheapest[:2]] == ["ray", "ddp"] and cheapest[1].rank == 2
+    # Energy is the same for both: within noise, so neither is ahead on it.
+    both = {x.platform: x.rank for x in rank(comparison, Priorities(("energy",)))}
+    assert both["ddp"] == both["ray"] == 1
+    assert comparison.measures["mfu"]["slurm"].shown == "no run"
