@@ -25,6 +25,7 @@ from dtlab.report import build_report
 from dtlab.report.aggregate import whole_run_phases
 from dtlab.results import ResultStore
 from dtlab.waiting import wait_until
+from trainer.energy import rapl_packages
 from trainer.launchers._spark import CONNECT_LABEL, STANDALONE_LABEL
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
@@ -106,8 +107,16 @@ def test_smoke_matrix_completes_every_cell_and_a_second_run_runs_nothing(harness
     assert "health gate passed: " in first.stdout
     gate = json.loads(sorted((store.root / paths.GATE_DIRNAME).glob("gate-*.json"))[-1].read_text())
     assert gate["status"] == "healthy" and gate["matrix"]["profile"] == "smoke" and gate["rechecks"] == []
-    section = build_report(store).gate
+    report = build_report(store)
+    section = report.gate
     assert [row[-1].text for row in section.table.rows] == ["ok"], section.table.rows
+    # Every platform's MFU against rank 0's measured GEMM rate; the lab's energy not measured, and why
+    # (its nodes see this machine's sysfs: RAPL where the kernel here exposes it, never a GPU).
+    [b14] = [table for table in report.extra_tables if table.number == "B.14"]
+    assert all("%" in row[4].text and row[5].text.startswith("measured: fp32 GEMM") for row in b14.rows)
+    energy = [row[7].text for row in b14.rows]
+    if not rapl_packages():
+        assert all(e.startswith("not measured: no GPU on this rank (NVML); no RAPL") for e in energy), energy
     if not store.runs(status="failed"):  # successful cells print no error tracebacks (the logs keep them)
         assert "Traceback" not in first.stdout and "Failed to recv" not in first.stdout, first.stdout[-3000:]
     # The whole-run clock: every phase from the controller's submit to the recorded result, in order.
