@@ -125,14 +125,14 @@ def _is_node_process(pid: int, root: Path) -> bool:
     child = _children.get(pid)
     if child is not None:
         # Started here: its exit status is the truth. Its command line is not: while the PID execs
-        # ip netns exec -> sh -> nspawn, /proc/PID/cmdline can read empty for an instant, and a boot
+        # ip netns exec -> sh (NODE_SUPERVISOR), /proc/PID/cmdline can read empty for an instant, and a boot
         # wait that looked then took a booting node for a dead one ("stopped while booting").
         return child.poll() is None and str(root) in child.args
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
         return False
-    # Until `ip netns exec` and sh exec it, nspawn's PID still runs them, with nspawn's argv as arguments.
+    # The PID is `ip netns exec`, then NODE_SUPERVISOR's sh, with nspawn's argv as its arguments.
     return _state(pid) not in ("Z", None) and b"systemd-nspawn" in argv and str(root).encode() in argv
 
 
@@ -216,6 +216,25 @@ def _enter_cgroups(cgroups: list[Path]):
     return enter
 
 
+# The shell that runs a node's nspawn: it mounts the cgroup2 hierarchy (above), and boots the node again
+# when its systemd reboots (nspawn's exit 133, as systemd-nspawn@.service's RestartForceExitStatus=133
+# does), so `reboot` on a node, or Ansible's reboot module, returns as on a VM. SIGTERM goes on to nspawn
+# (a clean poweroff) and ends the loop. Reboots are bounded: a node that reboots in a loop stops.
+MAX_REBOOTS = 50
+NODE_SUPERVISOR = f"""mount -t cgroup2 cgroup2 /sys/fs/cgroup || exit 1
+boots=0 stopping= node=
+trap 'stopping=1; [ -n "$node" ] && kill -TERM "$node" 2>/dev/null' TERM INT
+while :; do
+  "$@" &
+  node=$!
+  rc=
+  while [ -z "$rc" ]; do wait "$node"; rc=$?; kill -0 "$node" 2>/dev/null && rc=; done
+  [ "$rc" -eq 133 ] && [ -z "$stopping" ] && [ "$boots" -lt {MAX_REBOOTS} ] || exit "$rc"
+  boots=$((boots + 1))
+  echo "--- $(date '+%F %T') the node rebooted (nspawn exit 133): boot $((boots + 1))"
+done"""
+
+
 def start(config: LabConfig, node: str, root: Path, binds: dict[str, str],
           writable_binds: dict[str, str] | None = None) -> int:
     """Boot the node in the background (it outlives this process); its console goes to console.log.
@@ -230,9 +249,8 @@ def start(config: LabConfig, node: str, root: Path, binds: dict[str, str],
     # nspawn runs inside the node's netns, under `ip netns exec`, which mounts a sysfs of that netns: nspawn
     # passes /sys on to the node, so /sys/class/net (what Ansible's interface facts read) lists the node's
     # own interfaces, as on a VM. (--network-namespace-path would leave the host's there.) The fresh /sys
-    # lacks the cgroup2 mount nspawn needs: mount it again, the same hierarchy.
-    argv = ["ip", "netns", "exec", config.netns_name(node),
-            "sh", "-c", 'mount -t cgroup2 cgroup2 /sys/fs/cgroup && exec "$@"', "sh", *nspawn]
+    # lacks the cgroup2 mount nspawn needs: NODE_SUPERVISOR mounts it again, the same hierarchy.
+    argv = ["ip", "netns", "exec", config.netns_name(node), "sh", "-c", NODE_SUPERVISOR, "sh", *nspawn]
     for source in [*binds, *(writable_binds or {})]:
         Path(source).mkdir(parents=True, exist_ok=True)  # nspawn refuses to start on a missing source
     argv += [f"--bind-ro={source}:{target}" for source, target in sorted(binds.items())]
@@ -255,7 +273,8 @@ def start(config: LabConfig, node: str, root: Path, binds: dict[str, str],
 
 
 def stop(config: LabConfig, nodes: list[str]) -> None:
-    """SIGTERM each node's nspawn (clean poweroff), wait a bounded time, then SIGKILL by PID."""
+    """SIGTERM each node's supervisor (on to nspawn: a clean poweroff), wait a bounded time, then SIGKILL
+    by PID."""
     pids = {node: pid for node in nodes if (pid := running_pid(config, node))}
 
     def all_exited() -> bool:
