@@ -3,6 +3,7 @@ the plan, the bundle's directory and a `Say`, writes its part and returns its ma
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -100,11 +101,13 @@ def _build_releases(the_plan: Plan, out: Path, say: Say) -> list[Entry]:
 
 def _build_images(cluster: Cluster, the_plan: Plan, out: Path, say: Say) -> list[Entry]:
     """The trainer image, built as the trainer role builds it (its Dockerfile, the plan's requirements, the
-    pins), saved to its archive with its ID beside it (<archive>.id), which the role loads it by."""
+    pins), saved to its archive. The image carries a label, the digest of those inputs, also written beside
+    the archive (<archive>.inputs): the role knows the image by it, whichever image store a node's Docker
+    uses (the image ID of one archive differs between the classic and the containerd store)."""
     entries = []
     node_os = str(cluster.require("dtlab_node_os"))
     for image in the_plan.images:
-        archive, id_file = out / image["archive"], out / f"{image['archive']}.id"
+        archive, inputs_file = out / image["archive"], out / f"{image['archive']}.inputs"
         with tempfile.TemporaryDirectory(prefix="dtlab-bundle-image-") as scratch:
             context = Path(scratch)
             defaults, role_vars = roles.role_layers("trainer", node_os)
@@ -115,22 +118,31 @@ def _build_images(cluster: Cluster, the_plan: Plan, out: Path, say: Say) -> list
             index = [f"--extra-index-url {the_plan.torch_index_url}"] if the_plan.torch_index_url else []
             (context / "requirements.txt").write_text("\n".join(index + the_plan.requirements) + "\n")
             shutil.copy2(paths.CONSTRAINTS_FILE, context / "constraints.txt")
-            _run(["docker", "build", "--network", "host", "--tag", image["name"], str(context)],
+            inputs = build_inputs_digest(context)
+            _run(["docker", "build", "--network", "host", "--tag", image["name"],
+                  "--label", f"{image['inputs_label']}={inputs}", str(context)],
                  f"images: docker build {image['name']}", PIP_TIMEOUT_S)
-        image_id = _run(["docker", "image", "inspect", "--format", "{{.Id}}", image["name"]],
-                        f"images: docker image inspect {image['name']}", 60).stdout.strip()
-        if not (archive.exists() and id_file.exists() and id_file.read_text().strip() == image_id):
+        if not (archive.exists() and inputs_file.exists() and inputs_file.read_text().strip() == inputs):
             archive.parent.mkdir(parents=True, exist_ok=True)
             partial = archive.with_name(archive.name + ".partial")
             _run(["docker", "save", "--output", str(partial), image["name"]],
                  f"images: docker save {image['name']}", APT_TIMEOUT_S)
             partial.replace(archive)
-            atomic_write_text(id_file, image_id + "\n")
+            atomic_write_text(inputs_file, inputs + "\n")
         source = f"built here: FROM {image['base']}, the trainer's requirements and constraints.txt"
-        entries += [Entry(image["archive"], "images", image["name"], image_id, source),
-                    Entry(f"{image['archive']}.id", "images", f"{image['name']}.id", image_id, source)]
-        say(f"bundle: images: {image['name']} ({image_id[:19]}) from {image['base']}")
+        entries += [Entry(image["archive"], "images", image["name"], inputs, source),
+                    Entry(f"{image['archive']}.inputs", "images", f"{image['name']}.inputs", inputs, source)]
+        say(f"bundle: images: {image['name']} (inputs {inputs[:19]}) from {image['base']}")
     return entries
+
+
+def build_inputs_digest(context: Path) -> str:
+    """sha256 over a build context's files (names and bytes, in name order): the same inputs, one digest."""
+    digest = hashlib.sha256()
+    for path in sorted(p for p in context.rglob("*") if p.is_file()):
+        name, data = path.relative_to(context).as_posix().encode(), path.read_bytes()
+        digest.update(len(name).to_bytes(8, "big") + name + len(data).to_bytes(8, "big") + data)
+    return f"sha256:{digest.hexdigest()}"
 
 
 def published_sha512(text: str) -> str:

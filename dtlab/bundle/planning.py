@@ -112,7 +112,8 @@ def _trainer_requirements(build_name: str) -> list[str]:
 
 def _trainer_images(cluster: Cluster) -> list[dict[str, str]]:
     """The trainer role's image, where some node builds it (trainer_docker_image_build): its name:tag, the
-    archive the role loads it from (trainer_docker_image_archive) and its base image."""
+    archive the role loads it from (trainer_docker_image_archive), its base image, and the label the role
+    knows it by (trainer_docker_image_inputs_label)."""
     node_os = str(cluster.require("dtlab_node_os"))
     for node in cluster.nodes:
         if str(roles.role_value(node, "trainer", "trainer_docker_image_build", node_os)).lower() == "true":
@@ -121,7 +122,8 @@ def _trainer_images(cluster: Cluster) -> list[dict[str, str]]:
 
             return [{"name": f"{value('trainer_docker_image_name')}:{value('trainer_docker_image_tag')}",
                      "archive": value("trainer_docker_image_archive"),
-                     "base": value("trainer_docker_base_image")}]
+                     "base": value("trainer_docker_base_image"),
+                     "inputs_label": value("trainer_docker_image_inputs_label")}]
     return []
 
 

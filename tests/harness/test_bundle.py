@@ -78,9 +78,10 @@ def test_a_cluster_bundle_names_the_releases_the_roles_download(tmp_path):
            "checksum_url": None} for component in ("master", "agent"))]
     assert (the_plan.hf_models, the_plan.hf_datasets) == (["prajjwal1/bert-tiny"], ["stanfordnlp/imdb"])
     assert (the_plan.node_os, the_plan.node_python) == ("ubuntu-noble", "3.12")
-    # The trainer image, by the names the trainer role loads it by (trainer_docker_image_archive).
+    # The trainer image, by the names the trainer role loads it by (trainer_docker_image_archive) and the
+    # label it checks (trainer_docker_image_inputs_label).
     assert the_plan.images == [{"name": "dtlab-trainer:latest", "archive": "images/dtlab-trainer_latest.tar",
-                                "base": "python:3.11-slim-bookworm"}]
+                                "base": "python:3.11-slim-bookworm", "inputs_label": "dtlab.image.inputs"}]
 
 
 def test_a_url_the_inventory_sets_over_a_role_default_is_the_one_fetched(tmp_path):
@@ -333,3 +334,26 @@ def test_an_unreachable_release_is_one_line_naming_its_url(tmp_path, release_ser
     with pytest.raises(DtlabError, match=r"^bundle: releases: spark: cannot fetch http://127\.0\.0\.1:\d+/dist/spark/"
                                          r"\S+\.sha512 \(HTTP Error 404: File not found\); build this part"):
         bundle.build(cluster, tmp_path / "bundle", parts=["releases"], say=lambda line: None)
+
+
+def test_the_trainer_images_inputs_digest_changes_with_any_input_and_only_then(tmp_path):
+    """The label the trainer role knows the bundle's image by (docker_image_bundle.yml): a digest of the build
+    context, the same for the same files whatever their timestamps, another for any change of name or bytes."""
+    from dtlab.bundle.builders import build_inputs_digest
+
+    def context(name: str, files: dict[str, str]) -> Path:
+        directory = tmp_path / name
+        directory.mkdir()
+        for filename, text in files.items():
+            (directory / filename).write_text(text)
+        return directory
+
+    inputs = {"Dockerfile": "FROM base\n", "requirements.txt": "torch==2.13.0\n", "constraints.txt": "x==1\n"}
+    first = build_inputs_digest(context("a", inputs))
+    assert first.startswith("sha256:") and len(first) == 71
+    assert build_inputs_digest(context("b", inputs)) == first
+    assert build_inputs_digest(context("c", {**inputs, "constraints.txt": "x==2\n"})) != first
+    assert build_inputs_digest(context("d", {**inputs, "Dockerfile": "FROM base\n\n"})) != first
+    moved = {"Dockerfile": "FROM base\ntorch==2.13.0\n", "requirements.txt": "", "constraints.txt": "x==1\n"}
+    assert build_inputs_digest(context("e", moved)) != first  # bytes moved from one file to another
+
