@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
-# Builds a Horovod wheel (PyTorch + Gloo, no MPI) against the torch of a given Python, from PyPI's
-# horovod sdist with dtlab's own one-line build fix: the C++ standard raised from 14 to 17. Built with
-# upstream's -O3, without debug info (see "the build" below).
+# Builds a Horovod wheel (PyTorch + Gloo, no MPI; with --gpu-operations NCCL also Horovod's GPU operations
+# over NCCL) against the torch of a given Python, from PyPI's horovod sdist with dtlab's own one-line build
+# fix: the C++ standard raised from 14 to 17. Built with upstream's -O3, without debug info (see "the build").
+#
+# GPU nodes need the NCCL build: the trainer moves the model to CUDA before hvd.broadcast_parameters, and a
+# build without GPU operations fails there ("Requested ReadyEvent with GPU device but not compiled with
+# CUDA"). It compiles Horovod's CUDA kernels with the CUDA toolkit's nvcc (CUDA_HOME, default /usr/local/cuda,
+# else nvcc on PATH), of the same major version as torch's CUDA build, for the compute capabilities given;
+# NCCL is the one torch's CUDA build brings (PYTHON's nvidia-nccl-cu* wheel), linked as a shared library.
 #
 # Why: PyPI's last release, horovod 0.28.1 (2023-06-12), compiles with C++14, and torch >= 2.1 needs
 # C++17 ("#error C++17 or later compatible compiler is required to use PyTorch", horovod issues #3996
@@ -12,8 +18,9 @@
 # alone fails at link time: multiple definition of gloo::rendezvous::Store::kDefaultTimeout).
 #
 # A Horovod wheel is bound to the exact torch it was compiled against, so the wheel's version carries
-# that torch as a local label: horovod-0.28.1+torch2.13.0.cpu-cp311-cp311-linux_x86_64.whl
-# (`pip install horovod==0.28.1` still matches it). When OUT_DIR already holds the wheel for this
+# that torch as a local label: horovod-0.28.1+torch2.13.0.cpu-cp311-cp311-linux_x86_64.whl, and a GPU
+# build ".nccl" after it: horovod-0.28.1+torch2.13.0.cu126.nccl-... (`pip install horovod==0.28.1` still
+# matches either). When OUT_DIR already holds the wheel for this
 # Horovod, torch and Python, nothing is built; a second caller for the same OUT_DIR waits for the first.
 # The machine keeps a copy of each wheel outside any checkout ($DTLAB_HOROVOD_CACHE, default
 # ~/.cache/dtlab/horovod-wheels/<this script's hash>-<the sdist pin's>), so another clone, or a wiped .dtlab,
@@ -25,25 +32,29 @@
 #                                  from this checkout's inventory/group_vars/all.yml)
 #       [--sdist PATH]             use this sdist instead of downloading it with pip (checked the same)
 #       [--jobs N] [--timeout S]   parallel compile jobs (default 2) and the build's time limit (3600)
+#       [--gpu-operations none|NCCL --cuda-cc-list 60,61,...]
+#                                  Horovod's GPU operations (default none: CPU tensors over Gloo) and,
+#                                  for NCCL, the compute capabilities its CUDA kernels are built for
 #
 # PYTHON must have torch and Horovod's setup_requires installed (cloudpickle, psutil, pyyaml,
 # packaging, cffi; setuptools >= 70.1 or wheel): the build runs without isolation, against that torch.
 # Needs cmake >= 3.13, a C++17 compiler (c++) and Python's headers (python3-dev).
-# GPU operations are not asked for: the caller's HOROVOD_GPU_OPERATIONS / HOROVOD_NCCL_HOME, if set,
-# pass through unchanged. Prints the wheel's path as its last line; exit != 0 with one line on error.
+# The caller's HOROVOD_GPU* / HOROVOD_NCCL* / HOROVOD_CUDA* variables are ignored: --gpu-operations decides.
+# Prints the wheel's path as its last line; exit != 0 with one line on error.
 set -euo pipefail
 
 die() { echo "build-horovod-wheel: $*" >&2; exit 2; }
 
 repo_dir="$(cd "$(dirname "$0")/.." && pwd)"
-python="" out_dir="" version="" sha256="" sdist="" jobs=2 timeout_s=3600
+python="" out_dir="" version="" sha256="" sdist="" jobs=2 timeout_s=3600 gpu_operations=none cuda_cc_list=""
 while [ $# -gt 0 ]; do
   case "$1" in
-    --python|--out|--version|--sha256|--sdist|--jobs|--timeout)
+    --python|--out|--version|--sha256|--sdist|--jobs|--timeout|--gpu-operations|--cuda-cc-list)
       [ $# -ge 2 ] || die "$1 needs a value"
       case "$1" in
         --python) python="$2" ;; --out) out_dir="$2" ;; --version) version="$2" ;;
         --sha256) sha256="$2" ;; --sdist) sdist="$2" ;; --jobs) jobs="$2" ;; --timeout) timeout_s="$2" ;;
+        --gpu-operations) gpu_operations="$2" ;; --cuda-cc-list) cuda_cc_list="$2" ;;
       esac
       shift 2 ;;
     -h|--help) sed -n '2,/^set -euo pipefail$/p' "$0" | sed '$d'; exit 0 ;;  # the header above
@@ -55,6 +66,12 @@ done
 [ -x "$python" ] || die "--python $python is not an executable"
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || die "--jobs $jobs is not a positive whole number"
 [[ "$timeout_s" =~ ^[1-9][0-9]*$ ]] || die "--timeout $timeout_s is not a positive whole number of seconds"
+case "$gpu_operations" in
+  none) [ -z "$cuda_cc_list" ] || die "--cuda-cc-list is for --gpu-operations NCCL only" ;;
+  NCCL) [[ "$cuda_cc_list" =~ ^[1-9][0-9]+(,[1-9][0-9]+)*$ ]] \
+          || die "--gpu-operations NCCL needs --cuda-cc-list, compute capabilities like 60,61,90 (got '$cuda_cc_list')" ;;
+  *) die "--gpu-operations $gpu_operations: give none or NCCL" ;;
+esac
 
 # The pin's one home is group_vars/all.yml; the role passes it explicitly (no checkout on a node).
 if [ -z "$version" ] || [ -z "$sha256" ]; then
@@ -79,6 +96,20 @@ print(m.version("torch"), "cp%d%d" % sys.version_info[:2])' 2>/dev/null) \
 read -r torch_version python_tag <<<"$build_target"
 [ -n "$python_tag" ] || die "$python has no torch: give the python of a venv with the pinned torch installed"
 torch_label="torch$(printf '%s' "$torch_version" | tr -c 'A-Za-z0-9.\n' '.')"  # 2.13.0+cpu -> torch2.13.0.cpu
+# The CUDA major version of torch's build: dtlab installs CUDA builds by their label (torch==2.13.0+cu126,
+# roles/trainer/vars/main.yml); PyPI's own CUDA build has none, and torch itself is asked (an import, 5 s).
+torch_cuda_major=""
+if [ "$gpu_operations" = NCCL ]; then
+  case "$torch_version" in
+    *+cu*) torch_cuda="${torch_version##*+cu}"; torch_cuda_major="${torch_cuda:0:-1}" ;;  # cu126 -> 12
+    *+*) ;;
+    *) torch_cuda_major=$("$python" -c 'import torch; print((torch.version.cuda or "").split(".")[0])' 2>/dev/null) ;;
+  esac
+  [ -n "$torch_cuda_major" ] \
+    || die "--gpu-operations NCCL needs a CUDA build of torch in $python, which has torch $torch_version"
+fi
+# A CPU wheel never stands in for a GPU one, nor a GPU one built for other GPUs: 60,61 -> .nccl.cc60.61
+[ "$gpu_operations" = none ] || torch_label="$torch_label.nccl.cc${cuda_cc_list//,/.}"
 wheel_version="$version+$torch_label"
 
 mkdir -p "$out_dir" || die "cannot create the output directory $out_dir"
@@ -152,6 +183,24 @@ print(" ".join(missing))
 EOF
 ) || die "$python cannot check its build requirements"
 [ -z "$missing" ] || die "$python lacks what the build needs: $missing (pip install them; the build runs without isolation)"
+gpu_env=()
+if [ "$gpu_operations" = NCCL ]; then
+  cuda_home="${CUDA_HOME:-/usr/local/cuda}"
+  if [ ! -x "$cuda_home/bin/nvcc" ] && nvcc_path=$(command -v nvcc); then
+    cuda_home="$(dirname "$(dirname "$(readlink -f "$nvcc_path")")")"
+  fi
+  [ -x "$cuda_home/bin/nvcc" ] || die "--gpu-operations NCCL compiles CUDA kernels and finds no nvcc (CUDA_HOME, /usr/local/cuda, PATH): install CUDA toolkit $torch_cuda_major.x where the wheel is built (on a GPU node: nvidia_cuda_toolkit_install: true)"
+  nvcc_major=$("$cuda_home/bin/nvcc" --version | sed -n 's/.*release \([0-9]*\)\..*/\1/p')
+  [ "$nvcc_major" = "$torch_cuda_major" ] \
+    || die "$cuda_home/bin/nvcc is CUDA ${nvcc_major:-of an unknown release}, torch $torch_version is CUDA $torch_cuda_major: give CUDA_HOME a CUDA $torch_cuda_major.x toolkit"
+  nccl_dir=$("$python" -c 'import importlib.util as u
+spec = u.find_spec("nvidia.nccl")
+print(list(spec.submodule_search_locations)[0] if spec else "")' 2>/dev/null) || nccl_dir=""
+  [ -f "$nccl_dir/include/nccl.h" ] && [ -f "$nccl_dir/lib/libnccl.so.2" ] \
+    || die "$python has no NCCL wheel with headers (nvidia-nccl-cu$torch_cuda_major, which torch's CUDA build installs): reinstall torch $torch_version"
+  gpu_env=(HOROVOD_GPU=CUDA HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda_home" HOROVOD_NCCL_LINK=SHARED
+           HOROVOD_NCCL_INCLUDE="$nccl_dir/include" HOROVOD_BUILD_CUDA_CC_LIST="$cuda_cc_list")
+fi
 
 work_dir="$(mktemp -d "${TMPDIR:-/tmp}/horovod-build.XXXXXX")"
 log="$work_dir/build.log"
@@ -187,7 +236,15 @@ sed -i "s/^__version__ = '$version'\$/__version__ = '$wheel_version'/" "$src/hor
 # --- the build ---------------------------------------------------------------------------------------
 echo "build-horovod-wheel: building horovod $wheel_version for $python_tag (-j$jobs, up to ${timeout_s}s; log: $log)" >&2
 started=$SECONDS
-unset HOROVOD_WITHOUT_GLOO HOROVOD_WITH_MPI
+unset HOROVOD_WITHOUT_GLOO HOROVOD_WITH_MPI HOROVOD_GPU HOROVOD_GPU_OPERATIONS HOROVOD_GPU_ALLREDUCE \
+  HOROVOD_GPU_BROADCAST HOROVOD_GPU_ALLGATHER HOROVOD_CUDA_HOME HOROVOD_CUDA_INCLUDE HOROVOD_CUDA_LIB \
+  HOROVOD_NCCL_HOME HOROVOD_NCCL_INCLUDE HOROVOD_NCCL_LIB HOROVOD_NCCL_LINK HOROVOD_BUILD_CUDA_CC_LIST
+if [ "$gpu_operations" = NCCL ]; then
+  # The wheel's NCCL is libnccl.so.2 alone; CMake's find_library looks for libnccl.so.
+  mkdir -p "$work_dir/nccl-lib" && ln -s "$nccl_dir/lib/libnccl.so.2" "$work_dir/nccl-lib/libnccl.so" \
+    || die "cannot link $nccl_dir/lib/libnccl.so.2 into $work_dir/nccl-lib"
+  gpu_env+=(HOROVOD_NCCL_LIB="$work_dir/nccl-lib")
+fi
 # setup.py configures CMake as RelWithDebInfo (-O3 -g). The debug info made 60 of the torch extension's
 # 62 MB (2 MB without it) and costs compile time on every fresh controller. HOROVOD_CMAKE, setup.py's own hook for the cmake binary,
 # names a wrapper that configures with the same -O3 and no -g; `cmake --build` passes through as it is.
@@ -200,7 +257,7 @@ EOF
 chmod +x "$work_dir/cmake"
 build_status=0
 env HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
-    HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$jobs" HOROVOD_CMAKE="$work_dir/cmake" \
+    HOROVOD_WITHOUT_MXNET=1 MAKEFLAGS="-j$jobs" HOROVOD_CMAKE="$work_dir/cmake" "${gpu_env[@]}" \
   timeout "$timeout_s" "$python" -m pip wheel --no-build-isolation --no-deps --verbose \
     --wheel-dir "$work_dir/dist" "$src" >>"$log" 2>&1 || build_status=$?
 if [ "$build_status" != 0 ]; then

@@ -231,3 +231,19 @@ def test_verify_refuses_a_bundle_built_for_another_kernel(tmp_path):
     mismatch = f"bundle {out}: built for node_kernel 6.8.0-60-generic, inventory: 6.8.0-71-generic"
     assert mismatch in bundle.verify(cluster("6.8.0-71-generic"), out)
     assert not [p for p in bundle.verify(cluster("6.8.0-60-generic"), out) if "node_kernel" in p]
+
+
+def test_a_gpu_bundles_horovod_wheel_is_built_with_nccl_for_the_roles_compute_capabilities(tmp_path):
+    """As the horovod role builds it (horovod_gpu_operations auto): NCCL's GPU operations for a CUDA torch,
+    for every compute capability of its default list, Pascal's 61 among them; none for a CPU torch, or
+    where the inventory says none."""
+    from dtlab.platforms.horovod import gpu_build_args
+
+    cluster = load_cluster(write_inventory(tmp_path, GPU_CLUSTER_4X2, group_vars={"all": gpu_vars()}))
+    args = gpu_build_args(cluster, "torch==2.13.0+cu126")
+    assert args[:3] == ["--gpu-operations", "NCCL", "--cuda-cc-list"]
+    assert {"61", "90"} <= set(args[3].split(","))
+    assert gpu_build_args(cluster, "torch==2.13.0+cpu") == []
+    off = load_cluster(write_inventory(tmp_path / "off", GPU_CLUSTER_4X2, group_vars={
+        "all": gpu_vars(horovod_gpu_operations="none")}))
+    assert gpu_build_args(off, "torch==2.13.0+cu126") == []

@@ -134,3 +134,26 @@ def test_gpu_tasks_skip_with_their_message_without_a_gpu(controller_inventory):
     assert "TASK [nvidia : Add NVIDIA's CUDA apt repository" not in result.stdout
     assert '+    "log-driver": "json-file",' in out  # daemon.json's diff is shown...
     assert "native.cgroupdriver" not in out  # ...and Docker keeps its cgroup driver where no GPU is
+
+
+@pytest.mark.slow  # ansible-playbook check-mode runs: not in `invoke test --fast`
+def test_the_horovod_role_plans_nccls_gpu_operations_for_a_cuda_torch_in_check_mode(controller_inventory):
+    """GPU nodes need Horovod's NCCL operations (roles/horovod, horovod_gpu_operations auto): in check mode
+    on a fresh node (no venv yet) the role goes by the torch build the trainer role chose, and says what it
+    would build; nothing is built."""
+    env = {**os.environ, "ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_NOCOLOR": "1"}
+
+    def check(*extra):
+        done = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(controller_inventory),
+                               "tests/provision/playbooks/horovod_check_mode.yml", "--check", *extra],
+                              cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=600, env=env)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+        (said,) = [line for line in done.stdout.splitlines() if "horovod: check mode:" in line]
+        return said
+
+    gpu = check("-e", '{"trainer_torch_build": {"name": "cu126"}}')
+    assert ("with GPU operations NCCL for compute capabilities 60,61,70,75,80,86,89,90, which needs the CUDA"
+            " toolkit (nvcc) there") in gpu
+    assert "CPU operations only (Gloo)" in check("-e", '{"trainer_torch_build": {"name": "pypi"}}')
+    assert "CPU operations only (Gloo)" in check("-e", '{"trainer_torch_build": {"name": "cu126"}}',
+                                                 "-e", "horovod_gpu_operations=none")

@@ -7,6 +7,7 @@ The wheel is kept in the controller's wheelhouse, where the horovod role builds 
 builds it (about 5 minutes on 2 cores), a warm one only checks it. Needs cmake and g++ for a cold build."""
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -199,6 +200,31 @@ def test_bad_arguments_are_refused_in_one_line(tmp_path):
     assert no_torch.stderr.startswith("build-horovod-wheel: /usr/bin/true has no torch")
 
 
+def test_gpu_operations_are_refused_in_one_line_where_they_cannot_be_built(tmp_path):
+    """GPU nodes need Horovod's NCCL operations (the trainer hands it CUDA tensors): the script builds them
+    only for a CUDA build of torch and for named compute capabilities, and says so before any work."""
+    base = [SCRIPT, "--python", sys.executable, "--out", tmp_path]
+    refusals = {
+        ("--gpu-operations", "NCCL"): "--gpu-operations NCCL needs --cuda-cc-list, compute capabilities like"
+                                      " 60,61,90 (got '')",
+        ("--gpu-operations", "nccl", "--cuda-cc-list", "61"): "--gpu-operations nccl: give none or NCCL",
+        ("--cuda-cc-list", "61"): "--cuda-cc-list is for --gpu-operations NCCL only",
+        ("--gpu-operations", "NCCL", "--cuda-cc-list", "6.1"):
+            "--gpu-operations NCCL needs --cuda-cc-list, compute capabilities like 60,61,90 (got '6.1')",
+    }
+    for arguments, said in refusals.items():
+        refused = run([*base, *arguments], timeout=30)
+        assert (refused.returncode, refused.stderr) == (2, f"build-horovod-wheel: {said}\n"), arguments
+    torch_version = importlib.metadata.version("torch")
+    assert "+cu" not in torch_version  # this machine's torch is the CPU build
+    cpu_torch = run([*base, "--version", "0.28.1", "--sha256", "0" * 64, "--gpu-operations", "NCCL",
+                     "--cuda-cc-list", "61,90"], timeout=60)
+    said = (f"build-horovod-wheel: --gpu-operations NCCL needs a CUDA build of torch in {sys.executable},"
+            f" which has torch {torch_version}\n")
+    assert (cpu_torch.returncode, cpu_torch.stderr) == (2, said)
+    assert not list(tmp_path.glob("*.whl"))
+
+
 def test_a_second_build_into_the_same_directory_waits_for_the_first(tmp_path):
     import fcntl
 
@@ -243,3 +269,55 @@ def test_another_wheelhouse_copies_the_wheel_from_the_machines_cache(build_pytho
                   timeout=300, env=env)
     assert refused.returncode == 2 and "(horovod_sdist_sha256)" in refused.stderr, refused.stderr
     assert not list((tmp_path / "third").glob("*.whl"))
+
+
+# Where the trainer runs on GPUs: the model on CUDA broadcast from rank 0, and a CUDA tensor all-reduced.
+# A build without GPU operations fails at the broadcast ("Requested ReadyEvent with GPU device but not
+# compiled with CUDA"), which is what the horovod role's NCCL build and its verify step prevent.
+GPU_JOB = """
+import json, torch
+import horovod.torch as hvd
+
+hvd.init()
+torch.cuda.set_device(hvd.local_rank())
+model = torch.nn.Linear(4, 2).cuda()
+torch.nn.init.constant_(model.weight, float(hvd.rank()))
+hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+total = hvd.allreduce(torch.full((3,), float(hvd.rank() + 1), device="cuda"), op=hvd.Sum)
+print(json.dumps({"rank": hvd.rank(), "size": hvd.size(), "nccl": hvd.nccl_built(),
+                  "weights": float(model.weight.sum()), "sum": total.tolist(), "device": total.device.type}))
+"""
+
+
+@pytest.mark.slow
+def test_a_nccl_build_broadcasts_and_allreduces_cuda_tensors(tmp_path):
+    """Guarded: runs only where this Python's torch is a CUDA build that sees a GPU, with the CUDA toolkit
+    and the build's requirements (a lent GPU machine); skipped, saying why, everywhere else."""
+    capability = "''.join(map(str, torch.cuda.get_device_capability())) if torch.cuda.is_available() else 0"
+    probe = run([sys.executable, "-c", f"import torch; print(torch.__version__, torch.version.cuda,"
+                 f" torch.cuda.device_count(), {capability})"], timeout=300)
+    version, cuda, gpus, capability = probe.stdout.split()
+    if cuda == "None" or int(gpus) == 0:
+        pytest.skip(f"CUDA: needs torch's CUDA build and a GPU (this Python: torch {version}, {gpus} GPUs)")
+    built = build(sys.executable, tmp_path / "out", "--gpu-operations", "NCCL", "--cuda-cc-list", capability)
+    assert built.returncode == 0, built.stderr[-3000:]
+    wheel = built.stdout.splitlines()[-1]
+    assert f".nccl.cc{capability}-" in wheel
+    venv = tmp_path / "run"
+    assert run([sys.executable, "-m", "venv", "--system-site-packages", venv], timeout=300).returncode == 0
+    installed = run([venv / "bin/python", "-m", "pip", "install", "--quiet", "--no-deps", wheel], timeout=600)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    checked = run([venv / "bin/horovodrun", "--check-build"], timeout=120)
+    assert "[X] NCCL" in [line.strip() for line in checked.stdout.splitlines()], checked.stdout
+    job = tmp_path / "gpu_job.py"
+    job.write_text(GPU_JOB)
+    ranks = min(int(gpus), 2)
+    ran = run([venv / "bin/horovodrun", "--gloo", "-np", ranks, "-H", f"localhost:{ranks}",
+               venv / "bin/python", job], timeout=600, cwd=tmp_path)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    results = [json.loads(line.split(">:", 1)[1]) for line in ran.stdout.splitlines() if ">:{" in line]
+    assert sorted(result["rank"] for result in results) == list(range(ranks)), ran.stdout[-3000:]
+    for result in results:
+        assert result["nccl"] and result["device"] == "cuda" and result["size"] == ranks
+        assert result["weights"] == 0.0  # rank 0's zeros, broadcast over the GPU operations
+        assert result["sum"] == [float(sum(range(1, ranks + 1)))] * 3

@@ -17,7 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dtlab import paths, remote
+from dtlab import paths, remote, roles
 from dtlab.cell import Cell
 from dtlab.checks import CheckRow, NodeStates
 from dtlab.inventory import Cluster, Node
@@ -39,6 +39,18 @@ BUILD_REQUIREMENTS = ("psutil", "pyyaml", "packaging", "cffi", "setuptools>=70.1
 BUILT = "pytorch+gloo"
 PROBE = ("import horovod.torch as h, sys; "
          f"sys.stdout.write('{BUILT}' if h.gloo_built() else 'pytorch, no gloo')")
+
+
+def gpu_build_args(cluster: Cluster, torch_requirement: str) -> list[str]:
+    """The build script's GPU arguments as the horovod role passes them (horovod_gpu_operations: auto builds
+    NCCL's for a CUDA build of torch, e.g. torch==2.13.0+cu126), or none."""
+    node = cluster.nodes[0]
+    node_os = str(cluster.require("dtlab_node_os"))
+    operations = roles.role_value(node, "horovod", "horovod_gpu_operations", node_os)
+    if operations == "NCCL" or (operations == "auto" and "+cu" in torch_requirement):
+        return ["--gpu-operations", "NCCL",
+                "--cuda-cc-list", roles.role_value(node, "horovod", "horovod_cuda_cc_list", node_os)]
+    return []
 
 
 def installed(cluster: Cluster) -> bool:
@@ -120,10 +132,12 @@ class Horovod(Platform):
              cloudpickle, *BUILD_REQUIREMENTS],
             "the Horovod build venv", 3600)
         paths.WHEELHOUSE_DIR.mkdir(parents=True, exist_ok=True)
-        say(f"bundle: wheels: Horovod {version} against {torch} (about 5 minutes, once)")
+        gpu_args = gpu_build_args(cluster, torch)
+        say(f"bundle: wheels: Horovod {version} against {torch}{' with NCCL' if gpu_args else ''}"
+            " (about 5 minutes, once)")
         script = paths.REPO_ROOT / "scripts/build-horovod-wheel.sh"
         built = run([str(script), "--python", str(venv / "bin/python"), "--out", str(paths.WHEELHOUSE_DIR),
-                     "--version", version, "--sha256", str(cluster.var("horovod_sdist_sha256"))],
+                     "--version", version, "--sha256", str(cluster.var("horovod_sdist_sha256")), *gpu_args],
                     "scripts/build-horovod-wheel.sh", 3600)
         wheel = Path(built.stdout.strip().splitlines()[-1])
         shutil.copy2(wheel, wheels / wheel.name)
