@@ -111,6 +111,8 @@ class TrainConfig:
     epochs: int = hashed(1, minimum=1)
     seed: int = hashed(42)
     batch_size: int = hashed(32, minimum=1)  # per worker
+    # micro-batches of batch_size per optimizer step (gradient accumulation): one gradient sync per step
+    grad_accum_steps: int = hashed_if_set(1, minimum=1)
     learning_rate: float = hashed(5e-5, exclusiveMinimum=0)
     weight_decay: float = hashed(0.01, minimum=0)
     warmup_steps: int = hashed(500, minimum=0)
@@ -172,6 +174,13 @@ class TrainConfig:
             if getattr(self, key) and self.strategy != strategies.DEFAULT:
                 raise ConfigError(f"{key}: an optimisation of strategy {strategies.DEFAULT}'s gradient "
                                   f"all-reduce, not of {self.strategy}; set it to false")
+        if self.grad_accum_steps > 1 and self.strategy == "pipeline":
+            raise ConfigError("grad_accum_steps: strategy pipeline already splits each step's batch into "
+                              "microbatches (its schedule accumulates their gradients): raise microbatches "
+                              "or batch_size instead, and leave grad_accum_steps at 1")
+        if self.grad_accum_steps > 1 and self.sparse_embedding_sync:
+            raise ConfigError("grad_accum_steps: not measured or tested together with sparse_embedding_sync "
+                              "(which all-reduces the word embeddings' rows itself); set one of them off")
         if self.sparse_embedding_sync and self.ddp_static_graph:
             raise ConfigError("ddp_static_graph: not measured or tested together with sparse_embedding_sync "
                               "(which takes the word embeddings out of DDP); set one of them to false")
@@ -328,6 +337,10 @@ _HELP = {
     "weight_decay": "AdamW weight decay",
     "warmup_steps": "linear warmup steps, then linear decay to 0 over the whole run",
     "max_length": "max tokens per review; longer ones are truncated",
+    "grad_accum_steps": "micro-batches of batch_size each worker runs before one optimizer step (gradient "
+                        "accumulation): the global batch is batch_size x workers x N, and gradients are "
+                        "synchronised once per step (DDP's no_sync, FSDP's requires_gradient_sync, "
+                        "Horovod's backward_passes_per_step); not with strategy pipeline",
     "optimizer": "adamw (the study) or sgd (only for the DDP-equivalence test)",
     "strategy": f"{', '.join(strategies.NAMES)}: ddp, ZeRO stage 1 over ddp, FSDP2 resharding after "
                 "forward (ZeRO-3-like) or keeping parameters gathered (ZeRO-2-like), or tensor parallelism "

@@ -189,7 +189,10 @@ class _Run:
                                                           np.diff(train_split.offsets))
         self.data_fingerprint = train_split.fingerprint  # the tokens every rank trains on
 
-        self.steps_per_epoch = len(self.batch_sampler)
+        # An optimizer step every grad_accum_steps micro-batches; an epoch's last step takes what is left.
+        self.micro_batches_per_epoch = len(self.batch_sampler)
+        self.steps_per_epoch = -(-self.micro_batches_per_epoch // cfg.grad_accum_steps)
+        self.micro_steps = 1  # of the optimizer step in progress: each micro-batch's loss counts 1/N
         self.optimizer = self.hooks.wrap_optimizer(self._optimizer(), model)
         from transformers import get_linear_schedule_with_warmup
 
@@ -342,7 +345,8 @@ class _Run:
             return self.parallel_model(**batch).loss
 
     def backward(self, loss: torch.Tensor, batch: dict) -> None:
-        self.scaler.scale(loss).backward()
+        # Accumulated over micro_steps micro-batches of one size, the gradient is the whole step's mean.
+        self.scaler.scale(loss / self.micro_steps if self.micro_steps > 1 else loss).backward()
         self._average_word_embedding_rows(batch["input_ids"])
 
     def optimizer_step(self) -> None:
@@ -361,14 +365,23 @@ class _Run:
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         samples = 0
         started, cpu_started = time.perf_counter(), time.process_time()
-        for batch in self.train_loader:
+        accumulate, micro_batches = self.cfg.grad_accum_steps, self.micro_batches_per_epoch
+        for index, batch in enumerate(self.train_loader):
             batch = self._to_device(batch)
-            step_started = time.perf_counter()
-            loss = self.strategy.forward_backward(batch, self.forward, self.backward, self._autocast)
-            self.optimizer_step()
+            first = index % accumulate
+            if first == 0:  # a new optimizer step: its micro-batches, and its clock
+                self.micro_steps = min(accumulate, micro_batches - index)
+                step_started = time.perf_counter()
+            last = first == self.micro_steps - 1
+            # Gradients sync on a step's last micro-batch only (one all-reduce per optimizer step).
+            with contextlib.nullcontext() if last else self.strategy.gradient_sync_skipped():
+                loss = self.strategy.forward_backward(batch, self.forward, self.backward, self._autocast)
             size = batch["labels"].shape[0]
             loss_sum += loss.detach().double() * size  # stays on the device: no sync per step
             samples += size
+            if not last:
+                continue
+            self.optimizer_step()
             self.step_times.append(time.perf_counter() - step_started)
             if self.is_cuda and len(self.step_times) % _GPU_UTILIZATION_EVERY_STEPS == 0:
                 self._sample_gpu_utilization()
@@ -414,7 +427,8 @@ class _Run:
         self.training_ended_at = None
         self.log(f"{self.hooks.framework_label}: world size {self.world_size} on {self.device}, "
                  f"{self.train_size} train / {self.test_size} test reviews, "
-                 f"{self.steps_per_epoch} steps/epoch, "
+                 f"{self.steps_per_epoch} steps/epoch"
+                 f"{f' of {cfg.grad_accum_steps} micro-batches' if cfg.grad_accum_steps > 1 else ''}, "
                  f"{progress.epoch_range(start_epoch + 1, cfg.epochs)}")
         dist.barrier()  # all ranks start the timed span together
         training_started_at = time.time()

@@ -33,6 +33,7 @@ def speed_options_label(cfg: TrainConfig) -> str:
     label = f" + strategy {cfg.strategy}" if cfg.strategy != strategies.DEFAULT else ""
     label += " + sparse embedding sync (dtlab)" if cfg.sparse_embedding_sync else ""
     label += " + DDP static graph" if cfg.ddp_static_graph else ""
+    label += f" + {cfg.grad_accum_steps}-step gradient accumulation" if cfg.grad_accum_steps > 1 else ""
     label += " + platform ETL" if cfg.data_path == PLATFORM_DATA_PATH else ""
     return label + (f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else "")
 
@@ -94,6 +95,7 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
             "pad_to_multiple_of": pad_multiple,
             "sparse_embedding_sync": cfg.sparse_embedding_sync,
             **({"ddp_static_graph": True} if cfg.ddp_static_graph else {}),  # results before it had none
+            **({"grad_accum_steps": cfg.grad_accum_steps} if cfg.grad_accum_steps > 1 else {}),
             "strategy": cfg.strategy,
             **_pipeline_options(cfg, world_size),
         },

@@ -17,8 +17,17 @@ import pytest
 import yaml
 
 from dtlab import paths
-from tests.trainer.conftest import SUBPROCESS_TIMEOUT_S, TINY, run, torchrun_command, write_config
+from tests.trainer.conftest import (
+    SUBPROCESS_TIMEOUT_S,
+    TINY,
+    final_weights,
+    max_weight_difference,
+    run,
+    torchrun_command,
+    write_config,
+)
 from trainer.config import TrainConfig
+from trainer.core import train
 from trainer.result import validate_result
 
 GROUP_VARS = yaml.safe_load((paths.REPO_ROOT / "inventory" / "group_vars" / "all.yml").read_text())
@@ -84,3 +93,23 @@ def test_a_ddp_only_option_is_refused_in_one_line(horovod_env, make_config, tmp_
     assert done.stderr.strip().splitlines()[-1] == (
         f"python -m trainer.launchers.horovod: error: {option}: a DDP optimisation; horovod "
         "(horovodrun, Gloo) averages every gradient itself: set it to false")
+
+
+def test_horovod_accumulates_gradients_over_its_backward_passes_like_the_whole_global_batch(
+        horovod_env, make_config, tmp_path):
+    """grad_accum_steps 2 under horovodrun (hvd.DistributedOptimizer's backward_passes_per_step: one
+    all-reduce per step; Horovod refuses a second backward before step() otherwise) against one worker
+    with the whole global batch: 2 ranks x 8 reviews x 2 micro-batches = 32."""
+    from tests.trainer.test_torchrun import ACCUMULATION, ACCUMULATION_TOLERANCE
+
+    accumulated = make_config(**ACCUMULATION, batch_size=8, grad_accum_steps=2,
+                              output_dir=str(tmp_path / "hvd"), checkpoint_dir=str(tmp_path / "c-hvd"))
+    done = horovodrun(horovod_env, 2, write_config(accumulated, tmp_path / "hvd.yml"))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    result = json.loads((tmp_path / "hvd" / "result.json").read_text())
+    assert result["framework_label"] == "horovod (horovodrun, Gloo) + 2-step gradient accumulation"
+    whole = make_config(**ACCUMULATION, batch_size=32, output_dir=str(tmp_path / "one"),
+                        checkpoint_dir=str(tmp_path / "c-one"))
+    train(whole)
+    assert max_weight_difference(final_weights(tmp_path / "c-hvd", 1),
+                                 final_weights(tmp_path / "c-one", 1)) < ACCUMULATION_TOLERANCE

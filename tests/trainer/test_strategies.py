@@ -391,3 +391,54 @@ def test_on_one_gpu_a_strategy_stopped_and_resumed_ends_with_ddp_numbers(make_co
     assert (resumed["resumed_from_epoch"], resumed["backend"]) == (1, "nccl")
     for key in ("train_loss", "val_loss", "val_accuracy"):
         assert [m[key] for m in resumed["epoch_metrics"]] == [m[key] for m in ddp["epoch_metrics"]], key
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "zero1", "fsdp"])
+def test_gradient_accumulations_micro_steps_skip_the_strategys_gradient_sync(make_config, strategy):
+    """grad_accum_steps: a micro-step inside gradient_sync_skipped() leaves the gradients local (DDP: no
+    bucket reaches the communication hook; FSDP2: no reduce-scatter, so no sharded gradient yet); the step's
+    last micro-step, outside it, synchronises them all. In process, one worker."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    from trainer.core import prepared
+
+    with prepared(make_config(strategy=strategy, dropout=0.0, grad_accum_steps=2)) as run:
+        batches = iter(run.train_loader)
+        buckets = []
+        if strategy != "fsdp":
+            def counting(state, bucket):
+                buckets.append(bucket.index())
+                return allreduce_hook(state, bucket)
+            run.strategy.ddp.register_comm_hook(None, counting)
+
+        def synced() -> bool:
+            if strategy == "fsdp":
+                return all(parameter.grad is not None for parameter in run.model.parameters())
+            return bool(buckets)
+
+        def micro_step():
+            batch = run._to_device(next(batches))
+            run.strategy.forward_backward(batch, run.forward, run.backward, run._autocast)
+
+        with run.strategy.gradient_sync_skipped():
+            micro_step()
+        assert not synced()
+        micro_step()
+        assert synced()
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"strategy": "pipeline"},
+     "grad_accum_steps: strategy pipeline already splits each step's batch into microbatches (its schedule "
+     "accumulates their gradients): raise microbatches or batch_size instead, and leave grad_accum_steps "
+     "at 1"),
+    ({"sparse_embedding_sync": True}, "grad_accum_steps: not measured or tested together with "
+                                      "sparse_embedding_sync (which all-reduces the word embeddings' rows "
+                                      "itself); set one of them off"),
+])
+def test_gradient_accumulation_is_refused_in_one_line_where_it_cannot_run(make_config, overrides, message):
+    with pytest.raises(ConfigError) as refused:
+        make_config(grad_accum_steps=2, **overrides)
+    assert str(refused.value) == message
+    assert config_hash(TrainConfig(grad_accum_steps=1)) == config_hash(TrainConfig())
+    assert config_hash(TrainConfig(grad_accum_steps=2)) != config_hash(TrainConfig())

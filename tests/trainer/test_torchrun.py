@@ -70,6 +70,49 @@ def test_ddp_averages_gradients_like_one_worker_with_the_double_batch(make_confi
     assert max_weight_difference(two_workers, one_worker) < 1e-5
 
 
+# Gradient accumulation (grad_accum_steps, issue 55): k micro-batches of b then one optimizer step must be one
+# step of the whole k x b batch. SGD and no dropout, as above; the batches are whole (128 reviews divide),
+# and each micro-batch's padding differs from the whole batch's, which the attention mask makes exact up to
+# float summation order: the stated tolerance.
+ACCUMULATION_TOLERANCE = 1e-5
+ACCUMULATION = dict(optimizer="sgd", learning_rate=0.5, warmup_steps=0, dropout=0.0, group_by_length=False,
+                    epochs=1, generated_train_size=128)
+
+
+@pytest.mark.slow  # over 10 s on 2 cores: not in `invoke test --fast`
+def test_accumulating_k_micro_batches_is_one_step_of_the_k_times_larger_batch(make_config, tmp_path):
+    whole = make_config(**ACCUMULATION, batch_size=32, output_dir=str(tmp_path / "whole"),
+                        checkpoint_dir=str(tmp_path / "c32"))
+    train(whole)
+    accumulated = make_config(**ACCUMULATION, batch_size=8, grad_accum_steps=4,
+                              output_dir=str(tmp_path / "acc"), checkpoint_dir=str(tmp_path / "c8x4"))
+    train(accumulated)
+    result = json.loads((tmp_path / "acc" / "result.json").read_text())
+    validate_result(result)
+    assert result["hyperparameters"]["grad_accum_steps"] == 4
+    assert result["framework_label"].endswith(" + 4-step gradient accumulation")
+    assert result["epoch_metrics"][0]["train_samples"] == 128
+
+    torch.manual_seed(whole.seed)
+    initial = build_model(whole).state_dict()
+    one_step_each, accumulated_steps = final_weights(tmp_path / "c32", 1), final_weights(tmp_path / "c8x4", 1)
+    assert max_weight_difference(one_step_each, initial) > 1e-2  # 4 steps really moved the weights
+    assert max_weight_difference(accumulated_steps, one_step_each) < ACCUMULATION_TOLERANCE
+
+
+@pytest.mark.slow  # over 10 s on 2 cores: not in `invoke test --fast`
+def test_ddp_accumulates_under_no_sync_like_one_worker_with_the_whole_global_batch(make_config, tmp_path):
+    """2 workers x 8 reviews x 2 micro-batches (DDP's no_sync on the first) against 1 worker x 32."""
+    two = make_config(**ACCUMULATION, batch_size=8, grad_accum_steps=2, output_dir=str(tmp_path / "two"),
+                      checkpoint_dir=str(tmp_path / "c2"))
+    run(torchrun_command(2, "--config", str(write_config(two, tmp_path / "two.yml"))))
+    one = make_config(**ACCUMULATION, batch_size=32, output_dir=str(tmp_path / "one"),
+                      checkpoint_dir=str(tmp_path / "c1"))
+    train(one)
+    assert max_weight_difference(final_weights(tmp_path / "c2", 1),
+                                 final_weights(tmp_path / "c1", 1)) < ACCUMULATION_TOLERANCE
+
+
 def stock_and_opted_in(option, make_config, tmp_path) -> dict[bool, tuple[dict, dict]]:
     """{False: stock DDP's, True: with `option` on}: (result.json, final weights) of one 2-worker epoch with
     dropout off and plain SGD, so that any difference in what is averaged shows in the weights."""

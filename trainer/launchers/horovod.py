@@ -23,7 +23,9 @@ class HorovodHooks(TrainHooks):
         return model
 
     def wrap_optimizer(self, optimizer, model):
-        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        # Gradient accumulation: Horovod all-reduces each gradient once every grad_accum_steps backwards.
+        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                        backward_passes_per_step=self.cfg.grad_accum_steps)
 
     def optimizer_step(self, scaler, optimizer):
         if not scaler.is_enabled():  # step() waits for the all-reduces backward started

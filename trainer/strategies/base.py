@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
@@ -55,6 +57,12 @@ class Strategy:
                         **options) -> torch.optim.Optimizer:
         """The optimizer over the parameter groups the core chose (after wrap_model)."""
         return optimizer_class(groups, **options)
+
+    def gradient_sync_skipped(self) -> contextlib.AbstractContextManager:
+        """The context of a micro-step whose gradients are kept, not yet synchronised (gradient accumulation's
+        micro-steps before the last of a step): the strategy's own way to skip its gradient all-reduce; none
+        to skip where ranks see the same batches or a launcher's optimizer syncs (Horovod counts passes)."""
+        return contextlib.nullcontext()
 
     def forward_backward(self, batch: dict, forward, backward, autocast) -> torch.Tensor:
         """One step's forward and backward on this rank's batch: the loss to report (the batch's mean).

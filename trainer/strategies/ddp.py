@@ -3,6 +3,8 @@ model and optimizer state; gradients are all-reduced (averaged) in buckets durin
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from trainer.strategies.base import Strategy
@@ -14,11 +16,17 @@ class DataParallel(Strategy):
     def wrap_model(self, model, hooks):
         self.model = model
         if hooks.syncs_gradients:  # the launcher's optimizer averages the gradients (Horovod)
+            self.ddp = None
             return hooks.wrap_model(model)
         # Stock DDP at every world size, 1 included: the study's 1-GPU baseline ran DDP under torchrun.
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
-                                                         static_graph=hooks.cfg.ddp_static_graph)
+        self.ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
+                                                             static_graph=hooks.cfg.ddp_static_graph)
+        return self.ddp
+
+    def gradient_sync_skipped(self):
+        # DDP's own: the gradients accumulate locally, and the next backward outside it all-reduces them.
+        return self.ddp.no_sync() if self.ddp is not None else contextlib.nullcontext()
 
     def full_state(self, optimizer):
         if self.rank != 0:  # every rank holds the same state; rank 0's is the one written

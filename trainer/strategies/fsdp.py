@@ -13,6 +13,8 @@ embeddings, pooler and classifier.
 
 from __future__ import annotations
 
+import contextlib
+
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
@@ -34,6 +36,16 @@ class _FullyShardedData(DistributedTensorState):
     @property
     def eval_model(self):
         return self.model  # no unsharded copy: that would hold the whole model on every rank
+
+    @contextlib.contextmanager
+    def gradient_sync_skipped(self):
+        # FSDP2's own: no reduce-scatter in these backwards (the unsharded gradients accumulate); the next
+        # backward with sync on reduces them.
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
 
 
 class FullyShardedReshardAfterForward(_FullyShardedData):
