@@ -50,6 +50,8 @@ COMPILE_MODES = ("no", "default", "reduce-overhead")
 OPTIMIZERS = ("adamw", "sgd")  # sgd exists only for the DDP-equivalence test: Adam hides gradient scale
 DEVICES = ("auto", "cpu", "cuda")
 MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
+# Gradient compression on the all-reduce (DDP communication hooks; Horovod: fp16 alone)
+GRAD_COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 DATA_PATHS = ("loader", "platform")  # the DataLoader's own tokens, or the platform's ETL's
 DEFAULT_DATA_PATH, PLATFORM_DATA_PATH = DATA_PATHS
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # strategy pipeline's; the first is the default
@@ -95,6 +97,8 @@ def _option(default, mark: str, rules: dict):
 # Options of stock DDP's gradient all-reduce: strategy ddp only, and not under a launcher whose optimizer
 # averages the gradients itself (Horovod; trainer.core refuses them there).
 DDP_OPTIONS = ("sparse_embedding_sync", "ddp_static_graph")
+# The strategies whose gradients go through DDP's all-reduce, so through its communication hooks.
+COMPRESSING_STRATEGIES = ("ddp", "zero1")
 
 
 @dataclasses.dataclass
@@ -143,6 +147,9 @@ class TrainConfig:
     sparse_embedding_sync: bool = hashed_if_set(False)
     # DDP told that every step runs the same graph (static_graph): stock DDP set up at its best on CPU
     ddp_static_graph: bool = hashed_if_set(False)
+    # gradient compression on the all-reduce, and PowerSGD's matrix approximation rank
+    grad_compression: str = hashed_if_set(GRAD_COMPRESSIONS[0], enum=GRAD_COMPRESSIONS)
+    powersgd_rank: int = hashed_if_set(1, minimum=1)
     # --- where the tokens come from ---
     # loader: the trainer tokenizes into its cache and its DataLoader reads it; platform: the platform's own
     # ETL (Spark's, Ray Data's) reads, cleans and tokenizes the raw reviews (trainer/platform_data.py)
@@ -174,6 +181,16 @@ class TrainConfig:
             if getattr(self, key) and self.strategy != strategies.DEFAULT:
                 raise ConfigError(f"{key}: an optimisation of strategy {strategies.DEFAULT}'s gradient "
                                   f"all-reduce, not of {self.strategy}; set it to false")
+        if self.grad_compression != "none" and self.strategy not in COMPRESSING_STRATEGIES:
+            raise ConfigError(f"grad_compression: a DDP communication hook, which strategy {self.strategy} "
+                              "has no use for or cannot take; use it with "
+                              f"{' or '.join(COMPRESSING_STRATEGIES)}")
+        if self.grad_compression != "none" and self.sparse_embedding_sync:
+            raise ConfigError("grad_compression: not measured or tested together with sparse_embedding_sync "
+                              "(which all-reduces the word embeddings' rows itself); set one of them off")
+        if self.powersgd_rank != _FIELDS["powersgd_rank"].default and self.grad_compression != "powersgd":
+            raise ConfigError("powersgd_rank: an option of grad_compression powersgd, not of "
+                              f"{self.grad_compression}; leave it unset")
         if self.grad_accum_steps > 1 and self.strategy == "pipeline":
             raise ConfigError("grad_accum_steps: strategy pipeline already splits each step's batch into "
                               "microbatches (its schedule accumulates their gradients): raise microbatches "
@@ -341,6 +358,10 @@ _HELP = {
                         "accumulation): the global batch is batch_size x workers x N, and gradients are "
                         "synchronised once per step (DDP's no_sync, FSDP's requires_gradient_sync, "
                         "Horovod's backward_passes_per_step); not with strategy pipeline",
+    "grad_compression": "none, fp16, bf16 or powersgd: the gradient all-reduce compressed by a DDP "
+                        "communication hook (strategies ddp and zero1), or by Horovod's fp16 compression "
+                        "(fp16 alone); labelled in results",
+    "powersgd_rank": "grad_compression powersgd's matrix approximation rank (default 1)",
     "optimizer": "adamw (the study) or sgd (only for the DDP-equivalence test)",
     "strategy": f"{', '.join(strategies.NAMES)}: ddp, ZeRO stage 1 over ddp, FSDP2 resharding after "
                 "forward (ZeRO-3-like) or keeping parameters gathered (ZeRO-2-like), or tensor parallelism "

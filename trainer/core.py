@@ -133,6 +133,10 @@ class _Run:
             raise ConfigError(f"strategy: {cfg.strategy} cannot run under {self.hooks.framework_label}, "
                               "whose optimizer averages every gradient itself; "
                               f"use strategy {strategies.DEFAULT}")
+        if self.hooks.syncs_gradients and cfg.grad_compression not in self.hooks.gradient_compressions:
+            raise ConfigError(f"grad_compression: {cfg.grad_compression} is a DDP communication hook; "
+                              f"{self.hooks.framework_label} compresses with "
+                              f"{' or '.join(self.hooks.gradient_compressions)} only")
         for key in DDP_OPTIONS:
             if self.hooks.syncs_gradients and getattr(cfg, key):
                 raise ConfigError(f"{key}: a DDP optimisation; {self.hooks.framework_label} "
@@ -466,6 +470,12 @@ class _Run:
                 return None
         return elapsed
 
+    def _gradient_sync(self) -> dict | None:
+        """What rank 0's gradient all-reduce sent per optimizer step of this process's span, and how."""
+        sync = (self.hooks.gradient_sync(self.model) if self.hooks.syncs_gradients
+                else self.strategy.gradient_sync(len(self.step_times)))
+        return None if sync is None else {"compression": self.cfg.grad_compression, **sync}
+
     def _result(self, time_total: float, epoch_metrics: list[dict], resumed_from: int | None,
                 training_started_at: float) -> dict | None:
         cuda_mb = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.is_cuda else None
@@ -484,6 +494,7 @@ class _Run:
             gpu_utilization=self.gpu_utilization, per_rank=per_rank, resumed_from=resumed_from,
             model_flops_per_epoch=self.model_flops_per_epoch,
             device_peak={"flops_per_s": peak, "source": source},
+            gradient_sync=self._gradient_sync(),
             timeline_unix={"process_started": self.process_started, "core_entered": self.core_entered,
                            "training_started": training_started_at,
                            "first_step_done": self.first_step_done_at,

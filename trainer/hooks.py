@@ -32,6 +32,8 @@ class TrainHooks:
     data_paths: tuple[str, ...] = (DEFAULT_DATA_PATH,)
     # The platform ETL's wall-clock marks on the driver (etl_started, etl_ended): in result.json's timeline.
     data_marks: dict | None = None
+    # With syncs_gradients: the grad_compression values the launcher's optimizer can apply (others refused).
+    gradient_compressions: tuple[str, ...] = ("none",)
 
     def tokenized_splits(self, log) -> dict[str, TokenizedSplit]:
         """Both splits' tokens; default: the trainer's own, from its cache or tokenized into it."""
@@ -62,6 +64,11 @@ class TrainHooks:
                        model: torch.nn.Module) -> torch.optim.Optimizer:
         """With syncs_gradients: the optimizer that averages the gradients across ranks."""
         return optimizer
+
+    def gradient_sync(self, model: torch.nn.Module) -> dict | None:
+        """With syncs_gradients: what the launcher's optimizer sends per optimizer step ({bytes_per_step,
+        counted})."""
+        return None
 
     def optimizer_step(self, scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
         """One optimizer step through the loss scaler (a no-op scaler unless fp16)."""

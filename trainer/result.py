@@ -28,12 +28,17 @@ RESULT_FILE_NAME = "result.json"
 STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
 
 
+_COMPRESSION_LABELS = {"fp16": "fp16 gradient compression", "bf16": "bf16 gradient compression",
+                       "powersgd": "PowerSGD gradient compression"}
+
+
 def speed_options_label(cfg: TrainConfig) -> str:
     """The options beyond the study's protocol, as the report shows them beside the framework."""
     label = f" + strategy {cfg.strategy}" if cfg.strategy != strategies.DEFAULT else ""
     label += " + sparse embedding sync (dtlab)" if cfg.sparse_embedding_sync else ""
     label += " + DDP static graph" if cfg.ddp_static_graph else ""
     label += f" + {cfg.grad_accum_steps}-step gradient accumulation" if cfg.grad_accum_steps > 1 else ""
+    label += f" + {_COMPRESSION_LABELS[cfg.grad_compression]}" if cfg.grad_compression != "none" else ""
     label += " + platform ETL" if cfg.data_path == PLATFORM_DATA_PATH else ""
     return label + (f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else "")
 
@@ -61,7 +66,8 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
              device_type: str, backend: str, config_hash: str, data_fingerprint: str, mixed_precision: str,
              pad_multiple: int, time_total: float, epoch_metrics: list[dict], step_times: list[float],
              gpu_utilization: list[float], per_rank: list[dict], timeline_unix: dict,
-             resumed_from: int | None, model_flops_per_epoch: int, device_peak: dict) -> dict:
+             resumed_from: int | None, model_flops_per_epoch: int, device_peak: dict,
+             gradient_sync: dict | None = None) -> dict:
     """The run's result.json content, from what the loop measured (`per_rank`: rank_summary of each)."""
     is_cuda = device_type == "cuda"
     hostnames = list(dict.fromkeys(entry["host"] for entry in per_rank))
@@ -96,6 +102,7 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
             "sparse_embedding_sync": cfg.sparse_embedding_sync,
             **({"ddp_static_graph": True} if cfg.ddp_static_graph else {}),  # results before it had none
             **({"grad_accum_steps": cfg.grad_accum_steps} if cfg.grad_accum_steps > 1 else {}),
+            **({"grad_compression": cfg.grad_compression} if cfg.grad_compression != "none" else {}),
             "strategy": cfg.strategy,
             **_pipeline_options(cfg, world_size),
         },
@@ -107,6 +114,7 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
         "samples_per_s": train_samples / train_time if train_time else 0.0,
         "model_flops_per_epoch": model_flops_per_epoch,
         "device_peak": device_peak,
+        "gradient_sync": gradient_sync,
         "energy": energy_summary(per_rank),
         "steady_step_time_s": statistics.median(steady) if steady else None,
         "timeline_unix": timeline_unix,

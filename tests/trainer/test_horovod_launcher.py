@@ -28,6 +28,7 @@ from tests.trainer.conftest import (
 )
 from trainer.config import TrainConfig
 from trainer.core import train
+from trainer.model import build_model
 from trainer.result import validate_result
 
 GROUP_VARS = yaml.safe_load((paths.REPO_ROOT / "inventory" / "group_vars" / "all.yml").read_text())
@@ -113,3 +114,25 @@ def test_horovod_accumulates_gradients_over_its_backward_passes_like_the_whole_g
     train(whole)
     assert max_weight_difference(final_weights(tmp_path / "c-hvd", 1),
                                  final_weights(tmp_path / "c-one", 1)) < ACCUMULATION_TOLERANCE
+
+
+def test_horovod_compresses_its_all_reduce_to_fp16_and_refuses_ddps_other_hooks(horovod_env, make_config,
+                                                                                 tmp_path):
+    """grad_compression fp16 is Horovod's own (hvd.Compression.fp16, half the gradient bytes); bf16 and
+    PowerSGD are DDP communication hooks, refused in one line under Horovod."""
+    cfg = make_config(grad_compression="fp16", output_dir=str(tmp_path / "fp16"))
+    done = horovodrun(horovod_env, 2, write_config(cfg, tmp_path / "fp16.yml"))
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    result = json.loads((tmp_path / "fp16" / "result.json").read_text())
+    validate_result(result)
+    assert result["framework_label"] == "horovod (horovodrun, Gloo) + fp16 gradient compression"
+    sent = result["gradient_sync"]
+    assert (sent["compression"], sent["counted"]) == ("fp16", "every trainable gradient")
+    assert sent["bytes_per_step"] == 2 * sum(p.numel() for p in build_model(cfg).parameters())
+    config = write_config(make_config(grad_compression="bf16"), tmp_path / "bf16.yml")
+    refused = subprocess.run([sys.executable, "-m", "trainer.launchers.horovod", "--config", str(config)],
+                             env=horovod_env, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
+    assert refused.returncode == 2
+    assert refused.stderr.strip().splitlines()[-1] == (
+        "python -m trainer.launchers.horovod: error: grad_compression: bf16 is a DDP communication hook; "
+        "horovod (horovodrun, Gloo) compresses with none or fp16 only")

@@ -11,12 +11,15 @@ import horovod.torch as hvd
 
 from trainer.core import TrainHooks, train
 from trainer.launchers import _cli
+from trainer.strategies.compression import uncompressed_bytes
 
 PROG, LABEL = "python -m trainer.launchers.horovod", "horovod (horovodrun, Gloo)"
+COMPRESSIONS = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}  # Horovod's own
 
 
 class HorovodHooks(TrainHooks):
     framework, framework_label, syncs_gradients = "horovod", LABEL, True
+    gradient_compressions = tuple(COMPRESSIONS)
 
     def wrap_model(self, model):  # every rank seeds the same weights; Horovod's idiom makes sure
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -25,7 +28,12 @@ class HorovodHooks(TrainHooks):
     def wrap_optimizer(self, optimizer, model):
         # Gradient accumulation: Horovod all-reduces each gradient once every grad_accum_steps backwards.
         return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                        backward_passes_per_step=self.cfg.grad_accum_steps)
+                                        backward_passes_per_step=self.cfg.grad_accum_steps,
+                                        compression=COMPRESSIONS[self.cfg.grad_compression])
+
+    def gradient_sync(self, model):
+        sent = uncompressed_bytes(model, 2 if self.cfg.grad_compression == "fp16" else None)
+        return {"bytes_per_step": sent, "counted": "every trainable gradient"}
 
     def optimizer_step(self, scaler, optimizer):
         if not scaler.is_enabled():  # step() waits for the all-reduces backward started

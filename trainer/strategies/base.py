@@ -64,6 +64,11 @@ class Strategy:
         to skip where ranks see the same batches or a launcher's optimizer syncs (Horovod counts passes)."""
         return contextlib.nullcontext()
 
+    def gradient_sync(self, optimizer_steps: int) -> dict | None:
+        """What this rank's gradient all-reduce sent per optimizer step over the run ({bytes_per_step,
+        counted}), where the strategy's gradients go through one (ddp, zero1); None elsewhere."""
+        return None
+
     def forward_backward(self, batch: dict, forward, backward, autocast) -> torch.Tensor:
         """One step's forward and backward on this rank's batch: the loss to report (the batch's mean).
         forward(batch) and backward(loss, batch) are the core's; autocast() its precision context."""

@@ -8,6 +8,7 @@ import contextlib
 import torch
 
 from trainer.strategies.base import Strategy
+from trainer.strategies.compression import CountingHook, uncompressed_bytes
 
 
 class DataParallel(Strategy):
@@ -22,7 +23,19 @@ class DataParallel(Strategy):
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
                                                              static_graph=hooks.cfg.ddp_static_graph)
+        self.compression_hook = None
+        if hooks.cfg.grad_compression != "none":
+            self.compression_hook = CountingHook(hooks.cfg.grad_compression, hooks.cfg.powersgd_rank)
+            self.ddp.register_comm_hook(None, self.compression_hook.hook)
         return self.ddp
+
+    def gradient_sync(self, optimizer_steps: int) -> dict | None:
+        if self.ddp is None:  # the launcher's optimizer syncs (Horovod): its hooks say what it sends
+            return None
+        if self.compression_hook is None:
+            return {"bytes_per_step": uncompressed_bytes(self.model), "counted": "every trainable gradient"}
+        return {"bytes_per_step": self.compression_hook.bytes_sent / max(optimizer_steps, 1),
+                "counted": "by the communication hook"}
 
     def gradient_sync_skipped(self):
         # DDP's own: the gradients accumulate locally, and the next backward outside it all-reduces them.
