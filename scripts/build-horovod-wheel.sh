@@ -198,7 +198,10 @@ spec = u.find_spec("nvidia.nccl")
 print(list(spec.submodule_search_locations)[0] if spec else "")' 2>/dev/null) || nccl_dir=""
   [ -f "$nccl_dir/include/nccl.h" ] && [ -f "$nccl_dir/lib/libnccl.so.2" ] \
     || die "$python has no NCCL wheel with headers (nvidia-nccl-cu$torch_cuda_major, which torch's CUDA build installs): reinstall torch $torch_version"
-  gpu_env=(HOROVOD_GPU=CUDA HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda_home" HOROVOD_NCCL_LINK=SHARED
+  # CUDA_HOME too: torch's cpp_extension, which Horovod's CMake asks for the extension's CUDA libraries, would
+  # otherwise guess it from nvcc's place on PATH (seen: /usr/local, from a /usr/local/bin/nvcc wrapper).
+  gpu_env=(CUDA_HOME="$cuda_home" HOROVOD_GPU=CUDA HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME="$cuda_home"
+           HOROVOD_NCCL_LINK=SHARED
            HOROVOD_NCCL_INCLUDE="$nccl_dir/include" HOROVOD_BUILD_CUDA_CC_LIST="$cuda_cc_list")
 fi
 
