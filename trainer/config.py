@@ -150,6 +150,8 @@ class TrainConfig:
     # gradient compression on the all-reduce, and PowerSGD's matrix approximation rank
     grad_compression: str = hashed_if_set(GRAD_COMPRESSIONS[0], enum=GRAD_COMPRESSIONS)
     powersgd_rank: int = hashed_if_set(1, minimum=1)
+    # steady optimizer steps profiled on every rank (torch.profiler; 0: off): a profiled run is its own cell
+    profile_steps: int = hashed_if_set(0, minimum=0)
     # --- where the tokens come from ---
     # loader: the trainer tokenizes into its cache and its DataLoader reads it; platform: the platform's own
     # ETL (Spark's, Ray Data's) reads, cleans and tokenizes the raw reviews (trainer/platform_data.py)
@@ -362,6 +364,10 @@ _HELP = {
                         "communication hook (strategies ddp and zero1), or by Horovod's fp16 compression "
                         "(fp16 alone); labelled in results",
     "powersgd_rank": "grad_compression powersgd's matrix approximation rank (default 1)",
+    "profile_steps": "profile N steady optimizer steps of the first epoch on every rank with torch.profiler "
+                     "(0: off): time in data loading, forward and backward, the optimizer and the "
+                     "collectives, the top operators and peak memory, in result.json's step_profile; a "
+                     "profiled run is labelled and hashed apart from timed ones",
     "optimizer": "adamw (the study) or sgd (only for the DDP-equivalence test)",
     "strategy": f"{', '.join(strategies.NAMES)}: ddp, ZeRO stage 1 over ddp, FSDP2 resharding after "
                 "forward (ZeRO-3-like) or keeping parameters gathered (ZeRO-2-like), or tensor parallelism "

@@ -29,6 +29,7 @@ from trainer.distributed import all_reduce_sum, gather, process_group, resolve_d
 from trainer.energy import EnergyMeter
 from trainer.hooks import TrainHooks
 from trainer.model import build_model
+from trainer.step_profile import StepProfiler
 
 _PRECISION_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # result.json's names
 _GPU_UTILIZATION_EVERY_STEPS = 20  # an NVML query per step would cost more than it tells
@@ -197,6 +198,7 @@ class _Run:
         self.micro_batches_per_epoch = len(self.batch_sampler)
         self.steps_per_epoch = -(-self.micro_batches_per_epoch // cfg.grad_accum_steps)
         self.micro_steps = 1  # of the optimizer step in progress: each micro-batch's loss counts 1/N
+        self.profiler = StepProfiler(cfg.profile_steps, result.STEADY_STATE_SKIP_STEPS, self.is_cuda)
         self.optimizer = self.hooks.wrap_optimizer(self._optimizer(), model)
         from transformers import get_linear_schedule_with_warmup
 
@@ -370,27 +372,34 @@ class _Run:
         samples = 0
         started, cpu_started = time.perf_counter(), time.process_time()
         accumulate, micro_batches = self.cfg.grad_accum_steps, self.micro_batches_per_epoch
-        for index, batch in enumerate(self.train_loader):
-            batch = self._to_device(batch)
+        phase = self.profiler.phase  # record_function while profiling (profile_steps), else nothing
+        batches = iter(self.train_loader)
+        for index in range(micro_batches):
+            with phase("data"):
+                batch = self._to_device(next(batches))
             first = index % accumulate
             if first == 0:  # a new optimizer step: its micro-batches, and its clock
                 self.micro_steps = min(accumulate, micro_batches - index)
                 step_started = time.perf_counter()
             last = first == self.micro_steps - 1
             # Gradients sync on a step's last micro-batch only (one all-reduce per optimizer step).
-            with contextlib.nullcontext() if last else self.strategy.gradient_sync_skipped():
+            with contextlib.nullcontext() if last else self.strategy.gradient_sync_skipped(), \
+                    phase("forward_backward"):
                 loss = self.strategy.forward_backward(batch, self.forward, self.backward, self._autocast)
             size = batch["labels"].shape[0]
             loss_sum += loss.detach().double() * size  # stays on the device: no sync per step
             samples += size
             if not last:
                 continue
-            self.optimizer_step()
+            with phase("optimizer"):
+                self.optimizer_step()
             self.step_times.append(time.perf_counter() - step_started)
+            self.profiler.step_done(len(self.step_times))
             if self.is_cuda and len(self.step_times) % _GPU_UTILIZATION_EVERY_STEPS == 0:
                 self._sample_gpu_utilization()
             if self.first_step_done_at is None:
                 self.first_step_done_at = time.time()
+        self.profiler.stop()  # an epoch shorter than the window: what it profiled
         global_loss, global_samples = self._sum_over_shares([loss_sum.item(), samples])
         self._synchronize()
         return {"train_time_s": time.perf_counter() - started, "train_samples": int(global_samples),
@@ -479,7 +488,7 @@ class _Run:
     def _result(self, time_total: float, epoch_metrics: list[dict], resumed_from: int | None,
                 training_started_at: float) -> dict | None:
         cuda_mb = torch.cuda.max_memory_allocated(self.device) / 2**20 if self.is_cuda else None
-        per_rank = gather(result.rank_summary(cuda_mb, self.energy))  # a collective: every rank takes part
+        per_rank = gather(result.rank_summary(cuda_mb, self.energy, self.profiler.result))  # every rank
         if self.rank != 0:
             return None
         # MFU's denominator: a GPU's is declared per model (the report's); a CPU's is measured here, after

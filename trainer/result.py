@@ -28,6 +28,14 @@ RESULT_FILE_NAME = "result.json"
 STEADY_STATE_SKIP_STEPS = 3  # the first steps pay for allocation and warm-up
 
 
+def _step_profile(cfg: TrainConfig, per_rank: list[dict]) -> dict | None:
+    """Every rank's profile of the same steady steps, rank by rank; None when not asked (or never reached)."""
+    ranks = [entry.get("step_profile") for entry in per_rank]
+    if not cfg.profile_steps or not any(ranks):
+        return None
+    return {"steps": cfg.profile_steps, "skipped_first": STEADY_STATE_SKIP_STEPS, "ranks": ranks}
+
+
 _COMPRESSION_LABELS = {"fp16": "fp16 gradient compression", "bf16": "bf16 gradient compression",
                        "powersgd": "PowerSGD gradient compression"}
 
@@ -38,15 +46,17 @@ def speed_options_label(cfg: TrainConfig) -> str:
     label += " + sparse embedding sync (dtlab)" if cfg.sparse_embedding_sync else ""
     label += " + DDP static graph" if cfg.ddp_static_graph else ""
     label += f" + {cfg.grad_accum_steps}-step gradient accumulation" if cfg.grad_accum_steps > 1 else ""
+    label += " + step profile" if cfg.profile_steps else ""
     label += f" + {_COMPRESSION_LABELS[cfg.grad_compression]}" if cfg.grad_compression != "none" else ""
     label += " + platform ETL" if cfg.data_path == PLATFORM_DATA_PATH else ""
     return label + (f" + torch.compile ({cfg.compile})" if cfg.compile != "no" else "")
 
 
-def rank_summary(cuda_peak_mb: float | None, energy: dict) -> dict:
-    """What each rank adds to the result (gathered on rank 0): its host, its peak memory and the energy its
-    training span used (trainer.energy.EnergyMeter.stop)."""
-    return {"host": socket.gethostname(), "rss_mb": _peak_rss_mb(), "cuda_mb": cuda_peak_mb, "energy": energy}
+def rank_summary(cuda_peak_mb: float | None, energy: dict, step_profile: dict | None = None) -> dict:
+    """What each rank adds to the result (gathered on rank 0): its host, its peak memory, the energy its
+    training span used (trainer.energy.EnergyMeter.stop) and its step profile (trainer.step_profile)."""
+    return {"host": socket.gethostname(), "rss_mb": _peak_rss_mb(), "cuda_mb": cuda_peak_mb, "energy": energy,
+            "step_profile": step_profile}
 
 
 def energy_summary(per_rank: list[dict]) -> dict:
@@ -115,6 +125,7 @@ def assemble(cfg: TrainConfig, *, launcher_framework: str, launcher_label: str, 
         "model_flops_per_epoch": model_flops_per_epoch,
         "device_peak": device_peak,
         "gradient_sync": gradient_sync,
+        "step_profile": _step_profile(cfg, per_rank),
         "energy": energy_summary(per_rank),
         "steady_step_time_s": statistics.median(steady) if steady else None,
         "timeline_unix": timeline_unix,

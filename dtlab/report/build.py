@@ -32,6 +32,7 @@ from dtlab.report.faults import FaultSection, fault_section, is_faulted
 from dtlab.report.gate import GateSection, gate_section
 from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
 from dtlab.report.own_tables import resumed_costs
+from dtlab.report.step_profile import is_profiled, step_profile_table
 from dtlab.report.strategies import SizePoint, any_other_strategy, size_lines, strategies_table
 from dtlab.report.study import (
     DISPLAY_NAMES,
@@ -359,8 +360,10 @@ def build_report(
     # A resumed run's time misses what the interruption cost (the lost epochs, the restart): only
     # undisturbed runs go into the tables and the figure, and the notes name the ones left out.
     resumed = [run for run in ok_runs if run.result.get("resumed_from_epoch")]
+    # A profiled run's steps carry the profiler's cost: Table B.15 alone, never a timed table.
+    profiled = [run for run in ok_runs if is_profiled(run.result)]
     undisturbed, other_setup = newest_setup_only(
-        [run for run in ok_runs if not run.result.get("resumed_from_epoch")])
+        [run for run in ok_runs if not run.result.get("resumed_from_epoch") and not is_profiled(run.result)])
     samples = [Sample.from_run(run) for run in undisturbed]
     in_study = [in_study_tables(run.cell) for run in undisturbed]
     # The study's tables compare the platforms at the default strategy (ddp) on the profile's model through
@@ -389,6 +392,9 @@ def build_report(
                                    for run in study_undisturbed])
     if efficiency is not None:
         extra.append(efficiency)
+    if profiled:
+        extra.append(step_profile_table([(run.cell.framework, run.cell.gpus, run.result)
+                                         for run in profiled]))
     if failed:
         extra.append(failures_table(failed, ok_runs))
     if resumed:

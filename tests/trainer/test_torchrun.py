@@ -70,6 +70,27 @@ def test_ddp_averages_gradients_like_one_worker_with_the_double_batch(make_confi
     assert max_weight_difference(two_workers, one_worker) < 1e-5
 
 
+@pytest.mark.slow  # a 2-worker run: over 10 s on 2 cores
+def test_a_profiled_run_says_where_each_ranks_steady_steps_go(make_config, tmp_path, two_worker_run):
+    """profile_steps: torch.profiler over 4 steady steps on both ranks; the unprofiled run has none."""
+    cfg = make_config(epochs=1, profile_steps=4, output_dir=str(tmp_path / "profiled"))
+    run(torchrun_command(2, "--config", str(write_config(cfg, tmp_path / "profiled.yml"))))
+    result = json.loads((tmp_path / "profiled" / "result.json").read_text())
+    validate_result(result)
+    assert result["framework_label"] == "ddp (torchrun) + step profile"
+    profile = result["step_profile"]
+    assert (profile["steps"], profile["skipped_first"], len(profile["ranks"])) == (4, 3, 2)
+    for rank in profile["ranks"]:
+        assert rank["forward_backward_ms"] > 0 and rank["optimizer_ms"] > 0 and rank["data_ms"] > 0
+        assert rank["collectives_ms"] > 0  # DDP's gloo all-reduce of the buckets, beside backward
+        assert len(rank["top_operators"]) == 5
+        for operator in rank["top_operators"]:
+            assert operator["ms_per_step"] > 0 and not operator["name"].startswith("dtlab."), operator
+        assert rank["peak_memory_mb"] > 0 and rank["operator_time"] == "CPU time on the rank's threads"
+    unprofiled = json.loads((two_worker_run[1] / "out" / "result.json").read_text())
+    assert unprofiled["step_profile"] is None
+
+
 # Gradient accumulation (grad_accum_steps, issue 55): k micro-batches of b then one optimizer step must be one
 # step of the whole k x b batch. SGD and no dropout, as above; the batches are whole (128 reviews divide),
 # and each micro-batch's padding differs from the whole batch's, which the attention mask makes exact up to
