@@ -15,6 +15,7 @@ from typing import Any
 from dtlab import platforms
 from dtlab.report.numbers import text
 from dtlab.report.tables import Table, config_label
+from trainer import strategies
 
 PHASES = (("data_ms", "Data loading"), ("forward_backward_ms", "Forward and backward"),
           ("optimizer_ms", "Optimizer"), ("collectives_ms", "Collectives' span (beside backward)"))
@@ -30,7 +31,7 @@ def step_profile_table(results: Sequence[tuple[str, int, Mapping[str, Any]]]) ->
     groups: dict[tuple[str, str, str], list[Mapping[str, Any]]] = defaultdict(list)
     for framework, gpus, result in results:
         if is_profiled(result):
-            strategy = str(result.get("hyperparameters", {}).get("strategy", "ddp"))
+            strategy = str(result.get("hyperparameters", {}).get("strategy", strategies.DEFAULT))
             groups[(framework, config_label(gpus, str(result.get("device"))), strategy)].append(result)
     if not groups:
         return None
