@@ -338,7 +338,8 @@ def test_an_unreachable_release_is_one_line_naming_its_url(tmp_path, release_ser
 
 def test_the_trainer_images_inputs_digest_changes_with_any_input_and_only_then(tmp_path):
     """The label the trainer role knows the bundle's image by (docker_image_bundle.yml): a digest of the build
-    context, the same for the same files whatever their timestamps, another for any change of name or bytes."""
+    context, the same for the same files whatever their timestamps, another for any change of name or
+    bytes."""
     from dtlab.bundle.builders import build_inputs_digest
 
     def context(name: str, files: dict[str, str]) -> Path:
