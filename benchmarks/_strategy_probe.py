@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from torch.distributed.pipelining import stage as pipelining_stage  # noqa: E402
 
-from trainer.config import parse_args  # noqa: E402
 from trainer.core import TrainHooks, train  # noqa: E402
+from trainer.options import parse_args  # noqa: E402
 from trainer.result import STEADY_STATE_SKIP_STEPS  # noqa: E402
 from trainer.strategies.pipeline import PipelineParallel  # noqa: E402
 

@@ -29,6 +29,7 @@ from dtlab import paths
 from dtlab.cell import DEFAULT_DATA_PATH, FAULT_KINDS, Cell, Fault, model_label
 from dtlab.errors import DtlabError
 from trainer import config as trainer_config
+from trainer import options as config_options
 from trainer import strategies
 from trainer.schema import first_error
 
@@ -324,7 +325,7 @@ def _typed(path: Path, document: Any) -> Any:
     for name, spec in document["profiles"].items():
         if isinstance(spec, dict) and isinstance(spec.get("trainer") or {}, dict):
             try:
-                spec = {**spec, "trainer": trainer_config.convert(spec.get("trainer") or {})}
+                spec = {**spec, "trainer": config_options.convert(spec.get("trainer") or {})}
             except trainer_config.ConfigError as error:
                 raise DtlabError(f"{path}: profiles.{name}.trainer.{error}") from None
         profiles[name] = spec
@@ -361,7 +362,7 @@ def _check_trainer_rules(
     configs = {}
     for strategy, model in used:
         try:
-            configs[(strategy, model)] = trainer_config.from_dict(
+            configs[(strategy, model)] = config_options.from_dict(
                 {**options, **({"model": model} if model else {}), **({"device": device} if device else {}),
                  "strategy": strategy},
                 local=False,

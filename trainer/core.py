@@ -25,16 +25,15 @@ import torch.distributed as dist
 from trainer import checkpoint, flops, progress, result, strategies
 from trainer.batches import LengthGroupedBatchSampler, PaddedBatches, validation_batches
 from trainer.config import DDP_OPTIONS, ConfigError, TrainConfig, config_hash
-from trainer.distributed import all_reduce_sum, gather, process_group, resolve_device
+from trainer.distributed import all_reduce_sum, average_touched_rows, gather, process_group, resolve_device
 from trainer.energy import EnergyMeter
 from trainer.hooks import TrainHooks
-from trainer.model import build_model
+from trainer.model import build_model, compiled
 from trainer.step_profile import StepProfiler
 
 _PRECISION_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # result.json's names
 _GPU_UTILIZATION_EVERY_STEPS = 20  # an NVML query per step would cost more than it tells
 _COMPILED_PAD_MULTIPLE = 64  # length buckets: at most 512/64 = 8 widths, so few graphs to compile or capture
-_RECOMPILE_LIMIT = 64  # widths x batch sizes x train/eval; torch's default (8) would fall back to eager
 
 
 def auto_precision(capability: tuple[int, int]) -> str:
@@ -145,7 +144,7 @@ class _Run:
         if cfg.sparse_embedding_sync and self.world_size > 1:
             # dtlab's opt-in optimisation, not stock DDP: the word-embedding gradient (90% of bert-tiny's)
             # is zero outside the batch's tokens, so we average only those rows ourselves
-            # (_average_word_embedding_rows) and DDP the rest. Needs a private torch API. Strategy ddp
+            # (distributed.average_touched_rows) and DDP the rest. Needs a private torch API. Strategy ddp
             # only (the config refuses the others).
             self.word_embeddings = model.get_input_embeddings().weight
             name = next(n for n, p in model.named_parameters() if p is self.word_embeddings)
@@ -153,7 +152,7 @@ class _Run:
         self.parallel_model = self.strategy.wrap_model(model, self.hooks)
         self.eval_model = self.strategy.eval_model
         if cfg.compile != "no":
-            self.parallel_model, self.eval_model = self._compiled(self.parallel_model, self.eval_model)
+            self.parallel_model, self.eval_model = compiled(cfg.compile, self.parallel_model, self.eval_model)
 
         num_workers = cfg.num_workers if cfg.num_workers is not None else (2 if self.is_cuda else 0)
         # Loader workers draw their base seed from this generator, not the global RNG, so a resumed
@@ -210,17 +209,6 @@ class _Run:
         if self.scaler.is_enabled() and not self.strategy.supports_loss_scaling:
             raise ConfigError(f"mixed_precision: fp16 needs loss scaling, which strategy {cfg.strategy} "
                               "cannot do (its ranks would skip different steps); use bf16 or no")
-
-    def _compiled(self, parallel_model, eval_model):
-        """torch.compile for training (the strategy's module) and for validation (its eval model)."""
-        import torch._dynamo
-
-        for limit in ("recompile_limit", "cache_size_limit"):  # the name changed across torch releases
-            if hasattr(torch._dynamo.config, limit):
-                current = getattr(torch._dynamo.config, limit)
-                setattr(torch._dynamo.config, limit, max(current, _RECOMPILE_LIMIT))
-        mode = None if self.cfg.compile == "default" else self.cfg.compile
-        return torch.compile(parallel_model, mode=mode), torch.compile(eval_model, mode=mode)
 
     def _optimizer(self) -> torch.optim.Optimizer:
         # As in Hugging Face's examples: no weight decay on biases and LayerNorm weights.
@@ -324,19 +312,6 @@ class _Run:
     def _to_device(self, batch: dict) -> dict:
         return {key: value.to(self.device, non_blocking=True) for key, value in batch.items()}
 
-    def _average_word_embedding_rows(self, input_ids: torch.Tensor) -> None:
-        """What DDP does for this gradient (divide by world size, all-reduce SUM), on touched rows only."""
-        if self.word_embeddings is None:
-            return
-        gradient = self.word_embeddings.grad
-        touched = torch.zeros(gradient.shape[0], dtype=torch.uint8, device=self.device)
-        touched[input_ids.flatten()] = 1
-        dist.all_reduce(touched, op=dist.ReduceOp.MAX)  # rows any rank touched
-        rows = touched.nonzero().squeeze(1)
-        averaged = gradient.index_select(0, rows).div_(self.world_size)
-        dist.all_reduce(averaged, op=dist.ReduceOp.SUM)
-        gradient.index_copy_(0, rows, averaged)
-
     def _sample_gpu_utilization(self) -> None:
         """CUDA-only: NVML's utilization of this rank's GPU (nvidia-ml-py, a trainer dependency)."""
         with contextlib.suppress(Exception):  # NVML's library (the driver's) unloadable: leave it null
@@ -353,7 +328,8 @@ class _Run:
     def backward(self, loss: torch.Tensor, batch: dict) -> None:
         # Accumulated over micro_steps micro-batches of one size, the gradient is the whole step's mean.
         self.scaler.scale(loss / self.micro_steps if self.micro_steps > 1 else loss).backward()
-        self._average_word_embedding_rows(batch["input_ids"])
+        if self.word_embeddings is not None:  # sparse_embedding_sync
+            average_touched_rows(self.word_embeddings.grad, batch["input_ids"], self.world_size)
 
     def optimizer_step(self) -> None:
         self.hooks.optimizer_step(self.scaler, self.optimizer)

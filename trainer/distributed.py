@@ -96,3 +96,15 @@ def gather(value) -> list:
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+def average_touched_rows(gradient: torch.Tensor, input_ids: torch.Tensor, world_size: int) -> None:
+    """sparse_embedding_sync: what DDP does for this gradient (divide by world size, all-reduce SUM), on
+    the rows of the tokens any rank's batch touched only (the core takes the word embeddings out of DDP)."""
+    touched = torch.zeros(gradient.shape[0], dtype=torch.uint8, device=gradient.device)
+    touched[input_ids.flatten()] = 1
+    dist.all_reduce(touched, op=dist.ReduceOp.MAX)  # rows any rank touched
+    rows = touched.nonzero().squeeze(1)
+    averaged = gradient.index_select(0, rows).div_(world_size)
+    dist.all_reduce(averaged, op=dist.ReduceOp.SUM)
+    gradient.index_copy_(0, rows, averaged)

@@ -30,3 +30,20 @@ def build_model(cfg: TrainConfig):
         raise ConfigError(f"max_length: {cfg.max_length} exceeds the model's "
                           f"{model.config.max_position_embeddings} positions; lower it")
     return model
+
+
+RECOMPILE_LIMIT = 64  # widths x batch sizes x train/eval; torch's default (8) would fall back to eager
+
+
+def compiled(mode: str, parallel_model, eval_model):
+    """torch.compile (compile: default or reduce-overhead) for training (the strategy's module) and for
+    validation (its eval model)."""
+    import torch
+    import torch._dynamo
+
+    for limit in ("recompile_limit", "cache_size_limit"):  # the name changed across torch releases
+        if hasattr(torch._dynamo.config, limit):
+            current = getattr(torch._dynamo.config, limit)
+            setattr(torch._dynamo.config, limit, max(current, RECOMPILE_LIMIT))
+    torch_mode = None if mode == "default" else mode
+    return torch.compile(parallel_model, mode=torch_mode), torch.compile(eval_model, mode=torch_mode)

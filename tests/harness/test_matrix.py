@@ -6,7 +6,7 @@ import yaml
 from dtlab import matrix, platforms
 from dtlab.cell import config_hash, trainer_options
 from dtlab.errors import DtlabError
-from trainer.config import parse_args
+from trainer.options import parse_args
 
 RUN = "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]"
 

@@ -8,8 +8,9 @@ import torch
 
 from dtlab.paths import REPO_ROOT
 from tests.trainer.conftest import TINY, trainer_env
-from trainer.config import ConfigError, TrainConfig, config_hash, parse_args
+from trainer.config import ConfigError, TrainConfig, config_hash
 from trainer.core import auto_precision, train
+from trainer.options import parse_args
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

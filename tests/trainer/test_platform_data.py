@@ -8,7 +8,8 @@ import pytest
 
 from trainer import data
 from trainer import platform_data as pdata
-from trainer.config import ConfigError, from_dict
+from trainer.config import ConfigError
+from trainer.options import from_dict
 
 SMALL = dict(model="generated:bert-tiny", dataset="generated", generated_train_size=300,
              generated_test_size=40, generated_median_words=40, max_length=32)

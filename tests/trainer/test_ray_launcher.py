@@ -177,7 +177,7 @@ def test_ray_datas_rows_train_as_the_dataloaders_do(loopback_ray, torchrun_refer
 ETL_DRIVER = """import os, sys
 import numpy as np, ray
 from trainer import platform_data
-from trainer.config import from_dict, load_yaml
+from trainer.options import from_dict, load_yaml
 from trainer.launchers import _ray_data
 address, config, out = sys.argv[1:]
 ray.init(address, runtime_env={"env_vars": {"PYTHONPATH": os.environ["PYTHONPATH"]}})

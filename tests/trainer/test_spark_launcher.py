@@ -186,7 +186,8 @@ import os, sys
 from pathlib import Path
 from types import SimpleNamespace
 from trainer import platform_data
-from trainer.config import TrainConfig, load_yaml
+from trainer.config import TrainConfig
+from trainer.options import load_yaml
 from trainer.launchers._spark import session
 from trainer.launchers._spark_etl import spark_etl
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)

@@ -7,7 +7,8 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-from trainer.config import ConfigError, OneLineArgumentParser, TrainConfig, build_parser, parse_args
+from trainer.config import ConfigError, TrainConfig
+from trainer.options import OneLineArgumentParser, build_parser, parse_args
 
 AddFlags = Callable[[argparse.ArgumentParser], argparse.ArgumentParser]
 

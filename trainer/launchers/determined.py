@@ -13,9 +13,9 @@ from pathlib import Path
 import determined as det
 from determined import core
 
-from trainer.config import from_dict
 from trainer.core import TrainHooks, train
 from trainer.launchers import _cli
+from trainer.options import from_dict
 
 PROG, PREEMPT_ENV = "python -m trainer.launchers.determined", "DTLAB_TEST_PREEMPT_AFTER_EPOCH"
 CLUSTER_LABEL, OFF_CLUSTER_LABEL = "determined (Core API, cluster)", "determined (Core API, off-cluster)"

@@ -8,10 +8,10 @@ import ray.train
 from ray.train.torch import TorchConfig, TorchTrainer
 
 from trainer import progress
-from trainer.config import from_dict
 from trainer.core import TrainHooks, train
 from trainer.distributed import scheduler_gives_gpus
 from trainer.launchers import _cli, _ray_data
+from trainer.options import from_dict
 from trainer.result import write_result
 
 PROG, LABEL = "python -m trainer.launchers.ray", "ray (Ray Train, TorchTrainer)"

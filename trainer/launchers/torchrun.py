@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 import sys
 
-from trainer.config import ConfigError, parse_args
+from trainer.config import ConfigError
 from trainer.launchers import _cli
+from trainer.options import parse_args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -89,7 +89,8 @@ def validate_experiment(config: Any, source: str = "experiment config") -> dict[
 
 
 def _check_hyperparameters(hyperparameters: dict[str, Any], source: str) -> None:
-    from trainer.config import ConfigError, from_dict
+    from trainer.config import ConfigError
+    from trainer.options import from_dict
 
     for name in hyperparameters:
         if name in PATH_OPTIONS:
