@@ -143,7 +143,7 @@ SCHEMA = {
             "required": list(RUN_KEYS),
             "additionalProperties": False,
             "properties": {
-                "frameworks": _one_or_more({"$ref": trainer_config.SCHEMA["$id"] + "#/properties/framework"}),
+                "frameworks": _one_or_more({"enum": list(paths.platform_names())}),  # dtlab/platforms/<name>/
                 # Optional (default: ddp alone); each strategy once: a repeated one is the same cell twice.
                 STRATEGIES_KEY: {
                     **_one_or_more({"$ref": trainer_config.SCHEMA["$id"] + "#/properties/strategy"}),

@@ -20,6 +20,16 @@ TEMPLATES_DIR = REPO_ROOT / "templates"
 CONSTRAINTS_FILE = REPO_ROOT / "constraints.txt"
 SITE_PLAYBOOK = REPO_ROOT / "site.yml"
 ANSIBLE_CFG = REPO_ROOT / "ansible.cfg"
+# One package per training platform (dtlab/platforms/<name>/, docs/platforms.md): its folder is where its
+# name is declared, so adding a platform edits no list. Read as folders here, below every layer that needs
+# the names (the matrix, the cell units), without importing the packages (dtlab.platforms does that).
+PLATFORMS_DIR = REPO_ROOT / "dtlab" / "platforms"
+
+
+def platform_names() -> tuple[str, ...]:
+    """The platforms' names, sorted: every package folder under dtlab/platforms/."""
+    return tuple(sorted(folder.name for folder in PLATFORMS_DIR.iterdir()
+                        if (folder / "__init__.py").is_file() and not folder.name.startswith("_")))
 
 
 # Inside results/<cluster>/: the health gate that preceded each matrix (dtlab.doctor), as JSON.

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+from dtlab import paths
 from dtlab.errors import DtlabError
 from dtlab.guard import assert_safe_target
 from dtlab.inventory import Node
-from trainer.config import FRAMEWORKS
 
 UNIT_PREFIX = "dtlab-"
 # Every cell's units: dtlab-<framework>-g<N>-...; narrower than dtlab-*, which would also match
 # provisioned services (the *_service names in group_vars/all.yml, such as dtlab-spark-master).
-CELL_UNIT_PATTERNS = tuple(f"{UNIT_PREFIX}{framework}-g*" for framework in FRAMEWORKS)
+CELL_UNIT_PATTERNS = tuple(f"{UNIT_PREFIX}{framework}-g*" for framework in paths.platform_names())
 CONNECT_TIMEOUT_S = 10
 COMMAND_TIMEOUT_S = 60
 # SSH keepalives on every connection: a silent peer is noticed by the transport too, not only by

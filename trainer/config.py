@@ -52,10 +52,10 @@ GRAD_COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 DATA_PATHS = ("loader", "platform")  # the DataLoader's own tokens, or the platform's ETL's
 DEFAULT_DATA_PATH, PLATFORM_DATA_PATH = DATA_PATHS
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # strategy pipeline's; the first is the default
-# The one list of platforms: the result schema, the matrix schema and dtlab's registry of platforms
-# (dtlab/platforms/, one package per name) all read it from here.
-FRAMEWORKS = ("ddp", "spark", "determined", "ray", "slurm", "horovod")
-DEFAULT_FRAMEWORK = FRAMEWORKS[0]  # torchrun's: the core's own hooks, and a config that names none
+# The platform a run trained on, as its launcher names it. The trainer keeps no list of platforms: each is
+# declared by its own package, dtlab/platforms/<name>/, and the harness checks the names it is given.
+FRAMEWORK_PATTERN = "^[a-z][a-z0-9_]*$"
+DEFAULT_FRAMEWORK = "ddp"  # torchrun's: the core's own hooks, and a config that names none
 # A hub id is "name" or "owner/name"; anything else is treated as a local path.
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _SOURCE = {"minLength": 1, "message": "is empty; give a hub id or a local path"}
@@ -160,7 +160,9 @@ class TrainConfig:
     cache_dir: str | None = not_hashed(None)  # tokenized-split cache; None = <output_dir>/../token-cache
     platform_data_dir: str | None = not_hashed(None)  # data_path platform: a directory every node sees
     # --- labels ---
-    framework: str = not_hashed(DEFAULT_FRAMEWORK, enum=FRAMEWORKS)
+    framework: str = not_hashed(DEFAULT_FRAMEWORK, pattern=FRAMEWORK_PATTERN,
+                                message="must be a platform's name (lowercase letters, digits, _), "
+                                        "got {value!r}")
     framework_label: str | None = not_hashed(None)  # overrides the launcher's label in result.json
 
     def validate(self, *, local: bool = True) -> TrainConfig:
@@ -399,6 +401,6 @@ _HELP = {
     "output_dir": "where rank 0 writes result.json",
     "checkpoint_dir": "per-epoch checkpoints and resume (null/none = off)",
     "cache_dir": "tokenized-split cache shared by runs (default: <output_dir>/../token-cache)",
-    "framework": f"{', '.join(FRAMEWORKS[:-1])} or {FRAMEWORKS[-1]} (set by the launcher)",
+    "framework": "the platform's name, as its launcher sets it (dtlab/platforms/<name>/)",
     "framework_label": "what the run really was, written to result.json (default: the launcher's)",
 }

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from trainer import strategies
-from trainer.config import DEFAULT_FRAMEWORK, FRAMEWORKS, PIPELINE_SCHEDULES, PLATFORM_DATA_PATH
+from trainer.config import DEFAULT_FRAMEWORK, FRAMEWORK_PATTERN, PIPELINE_SCHEDULES, PLATFORM_DATA_PATH
 
 if TYPE_CHECKING:
     from trainer.config import TrainConfig
@@ -163,10 +163,10 @@ def _utc(unix_time: float | None = None) -> str:
 
 @functools.cache
 def load_schema() -> dict:
-    """The result schema, with the framework, strategy and pipeline schedule enums from their homes
-    (trainer.config.FRAMEWORKS and PIPELINE_SCHEDULES, trainer.strategies.NAMES)."""
+    """The result schema, with the framework's pattern, the strategy and pipeline schedule enums from their
+    homes (trainer.config.FRAMEWORK_PATTERN and PIPELINE_SCHEDULES, trainer.strategies.NAMES)."""
     schema = json.loads(SCHEMA_PATH.read_text())
-    schema["properties"]["framework"]["enum"] = list(FRAMEWORKS)
+    schema["properties"]["framework"]["pattern"] = FRAMEWORK_PATTERN
     hyperparameters = schema["properties"]["hyperparameters"]["properties"]
     hyperparameters["strategy"]["enum"] = list(strategies.NAMES)
     hyperparameters["pipeline_schedule"]["enum"] = list(PIPELINE_SCHEDULES)

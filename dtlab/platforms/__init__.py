@@ -1,10 +1,9 @@
 """The registry: one Platform per training platform, one package each (dtlab/platforms/<name>/, which
-registers its instance as it is imported: `PLATFORM = register(...)`), in the trainer's order of frameworks.
+registers its instance as it is imported: `PLATFORM = register(...)`), in the order of their names.
 
-The registry imports every package beside it (pkgutil: no list of platforms here) and orders what they
-registered by the trainer's framework enum (trainer.config.FRAMEWORKS), which the result schema and the
-matrix schema read too. A package without its name in the enum, a name without a package, or a package
-that registers another name, fails at import, not in a run.
+The registry imports every package beside it (pkgutil: no list of platforms anywhere). The package's folder
+is the platform's name (dtlab.paths.platform_names, which the matrix schema and the cell units read without
+importing the packages); a package that registers another name, or none, fails at import, not in a run.
 
     from dtlab import platforms
     platforms.get("spark").build(cluster, cell, attempt, timeout_s)
@@ -18,13 +17,15 @@ import importlib
 import pkgutil
 from pathlib import Path
 
+from dtlab import paths
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, InventoryChecks, read_cluster
 from dtlab.platforms.base import DTLAB_RETRY, Platform, PreflightError, ResetSteps, registered
-from trainer.config import FRAMEWORKS
+from trainer.config import DEFAULT_FRAMEWORK
 
 # The platform the others are compared with, as the study compares them: its per-epoch time is 1.0x.
-BASELINE = "ddp"
+# The trainer's own default (a config that names no framework trains under torchrun's hooks) is that one.
+BASELINE = DEFAULT_FRAMEWORK
 
 
 def _discover() -> tuple[Platform, ...]:
@@ -36,10 +37,9 @@ def _discover() -> tuple[Platform, ...]:
     if unregistered:
         raise ImportError(f"dtlab.platforms.{unregistered[0]} registers no platform; end it with "
                           f"PLATFORM = register(<its Platform>())")
-    if set(found) != set(FRAMEWORKS):
-        raise ImportError(f"dtlab/platforms/ has the packages {', '.join(sorted(found))}; trainer.config."
-                          f"FRAMEWORKS lists {', '.join(FRAMEWORKS)}: give each name both")
-    return tuple(found[name] for name in FRAMEWORKS)
+    if BASELINE not in found:
+        raise ImportError(f"dtlab/platforms/ has no {BASELINE} package (the report's baseline)")
+    return tuple(found[name] for name in paths.platform_names())  # register() holds name == folder
 
 
 ALL: tuple[Platform, ...] = _discover()

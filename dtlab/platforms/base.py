@@ -230,7 +230,7 @@ _REGISTERED: dict[str, Platform] = {}
 
 def register(platform: Platform) -> Platform:
     """Register a platform, as its package does on import (`PLATFORM = register(MyPlatform())`); the
-    registry (dtlab.platforms) orders the registered ones as the trainer's FRAMEWORKS lists them."""
+    registry (dtlab.platforms) orders the registered ones by name. Its name is its package's folder."""
     package = type(platform).__module__.split(".")
     if package[:2] != ["dtlab", "platforms"] or len(package) < 3 or package[2] != platform.name:
         raise ImportError(f"{type(platform).__module__}: registers a platform named {platform.name!r}; a "

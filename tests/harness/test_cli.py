@@ -70,7 +70,7 @@ def test_a_bad_matrix_file_fails_with_one_line(loopback_inventory, tmp_path):
     assert answer.returncode == 2
     assert answer.stderr.strip() == (
         f"error: {bad}: profiles.smoke.runs[0].frameworks[1]: "
-        "must be one of ddp, spark, determined, ray, slurm, horovod; got 'mpi'"
+        "must be one of ddp, determined, horovod, ray, slurm, spark; got 'mpi'"
     )
 
 

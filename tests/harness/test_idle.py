@@ -13,12 +13,11 @@ from pathlib import Path
 import pytest
 from harness_helpers import invoke
 
-from dtlab import idle
+from dtlab import idle, paths
 from dtlab.cluster import SERVICE_VARIABLES
 from dtlab.errors import DtlabError
 from dtlab.paths import INVENTORY_DIR
 from dtlab.platforms import load_cluster
-from trainer.config import FRAMEWORKS
 
 MiB = 2**20
 UNITS = {
@@ -188,7 +187,7 @@ def test_every_unit_cluster_check_looks_for_is_probed_under_its_platform():
     command = idle.probe_command(list(units), 2.5)
     config = json.loads(shlex.split(command.split("<<")[0])[2])
     assert config == {"units": list(units), "interval_s": 2.5,
-                      "cell_patterns": [f"dtlab-{f}-g*.service" for f in FRAMEWORKS]}
+                      "cell_patterns": [f"dtlab-{f}-g*.service" for f in paths.platform_names()]}
 
 
 def test_the_record_is_written_as_the_report_reads_it(tmp_path):

@@ -14,7 +14,7 @@ import yaml
 from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
 from result_factory import made_up_result
 
-from dtlab import matrix, paths, platforms
+from dtlab import matrix, paths, platforms, remote
 from dtlab.cell import Cell
 from dtlab.checks import CheckRow
 from dtlab.errors import DtlabError
@@ -39,12 +39,17 @@ def cluster(tmp_path):
     return load_cluster(write_inventory(tmp_path, CPU_CLUSTER_3, group_vars={"all": CPU_SITE_VARS}))
 
 
-def test_the_framework_list_exists_once_and_every_schema_reads_it():
-    assert platforms.NAMES == trainer_config.FRAMEWORKS
-    assert trainer_result.load_schema()["properties"]["framework"]["enum"] == list(trainer_config.FRAMEWORKS)
-    assert '"enum"' not in trainer_result.SCHEMA_PATH.read_text().split('"framework"', 1)[1].split("\n")[0]
-    runs = matrix.SCHEMA["$defs"]
-    assert trainer_config.SCHEMA["$id"] + "#/properties/framework" in str(runs), "it refers to the trainer's"
+def test_a_platform_is_named_by_its_package_folder_and_by_no_list():
+    """Adding a platform edits no list of names (issue #56): the registry, the matrix schema and the cell
+    units take the names from dtlab/platforms/'s folders; the trainer keeps none, only their shape."""
+    assert platforms.NAMES == paths.platform_names() == tuple(sorted(platforms.NAMES))
+    frameworks = matrix.SCHEMA["$defs"]["run"]["properties"]["frameworks"]
+    assert frameworks["anyOf"][0]["enum"] == list(platforms.NAMES)
+    assert tuple(f"dtlab-{name}-g*" for name in platforms.NAMES) == remote.CELL_UNIT_PATTERNS
+    framework = trainer_result.load_schema()["properties"]["framework"]
+    assert "enum" not in framework and framework["pattern"] == trainer_config.FRAMEWORK_PATTERN
+    assert all(re.fullmatch(trainer_config.FRAMEWORK_PATTERN.strip("^$"), name) for name in platforms.NAMES)
+    assert not hasattr(trainer_config, "FRAMEWORKS")
 
 
 @each_platform
@@ -76,7 +81,7 @@ def test_its_variables_and_services_are_set_in_group_vars_or_its_own_roles_defau
         assert (variable in GROUP_VARS) != bool(in_its_roles), (
             f"{variable}: set neither in group_vars/all.yml nor in one of its roles' defaults, or in both")
     for first, last in platform.port_ranges:
-        assert int(GROUP_VARS[first]) <= int(GROUP_VARS[last])
+        assert int(SETTINGS[first]) <= int(SETTINGS[last])
 
 
 @each_platform
@@ -234,16 +239,17 @@ PLATFORMS_DIR = paths.REPO_ROOT / "dtlab" / "platforms"
 
 def test_each_platform_is_a_package_of_its_own_that_registers_itself():
     """dtlab/platforms/<name>/ holds the platform (its class, and PLATFORM, which it registered on import);
-    the registry lists no platform: it imports the packages beside it, in the trainer's FRAMEWORKS order."""
+    the registry lists no platform: it imports the packages beside it, in the order of their names."""
     packages = sorted(p.name for p in PLATFORMS_DIR.iterdir() if (p / "__init__.py").is_file())
-    assert packages == sorted(trainer_config.FRAMEWORKS)
+    assert packages == list(platforms.NAMES)
     for platform in platforms.ALL:
         package = importlib.import_module(f"dtlab.platforms.{platform.name}")
         assert package.PLATFORM is platform and type(platform).__module__ == package.__name__
     registry = ast.parse((PLATFORMS_DIR / "__init__.py").read_text())
     named = {node.value for node in ast.walk(registry) if isinstance(node, ast.Constant)}
     named &= set(platforms.NAMES)
-    assert named == {platforms.BASELINE}, "the registry names the baseline only (its docstring aside)"
+    assert named == set(), "the registry names no platform (its docstring aside)"
+    assert platforms.BASELINE == trainer_config.DEFAULT_FRAMEWORK in platforms.NAMES
 
 
 def test_a_platform_registers_from_its_own_package_only():

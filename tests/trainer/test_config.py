@@ -31,8 +31,8 @@ from trainer.options import parse_args
     ({"model": "generated:bert-huge"}, "model: must be one of generated:bert-tiny, generated:bert-mini, "
                                        "generated:bert-small, generated:bert-medium; got 'generated:bert-hu"),
     ({"generated_median_words": 3}, "generated_median_words: must be an integer >= 4, got 3"),
-    ({"framework": "mpi"},
-     "framework: must be one of ddp, spark, determined, ray, slurm, horovod; got 'mpi'"),
+    ({"framework": "MPI"},
+     "framework: must be a platform's name (lowercase letters, digits, _), got 'MPI'"),
     # Built in code, not parsed: the schema checks the types too.
     ({"batch_size": "32"}, "batch_size: expected int, got '32'"),
     ({"group_by_length": "yes"}, "group_by_length: expected bool, got 'yes'"),
