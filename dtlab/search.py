@@ -61,7 +61,7 @@ class SearchSpec:
     trials: int
     budget_epochs: int
     grace_epochs: int
-    reduction_factor: float
+    reduction_factor: int
     seed: int
 
     def trial_options(self) -> list[dict[str, Any]]:
@@ -71,7 +71,7 @@ class SearchSpec:
 
     def rungs(self) -> list[int]:
         """ASHA's milestones in epochs: grace x rf^k up to the budget."""
-        return [self.grace_epochs * int(self.reduction_factor) ** k
+        return [self.grace_epochs * self.reduction_factor ** k
                 for k in range(_rung_count(self.grace_epochs, self.budget_epochs, self.reduction_factor))]
 
 
@@ -149,7 +149,7 @@ def _dimension(name: str, spec: Any, refuse) -> Dimension:
     return Dimension(name, kind, (float(low), float(high)))
 
 
-def _rung_count(grace: int, budget: int, factor: float) -> int:
+def _rung_count(grace: int, budget: int, factor: int) -> int:
     # Ray's ASHAScheduler: int(log(max_t / grace) / log(rf) + 1) rungs (one bracket).
     return int(math.log(budget / grace) / math.log(factor) + 1)
 
