@@ -71,11 +71,11 @@ def test_a_cluster_bundle_names_the_releases_the_roles_download(tmp_path):
     tarball = f"https://archive.apache.org/dist/spark/spark-{spark}/spark-{spark}-bin-hadoop3.tgz"
     releases = "https://github.com/determined-ai/determined/releases/download"
     assert the_plan.releases == [  # from the platforms' offline_releases, in the registry's order
-        {"platform": "spark", "name": "spark", "version": spark, "url": tarball,
-         "checksum_url": f"{tarball}.sha512"},
         *({"platform": "determined", "name": f"determined-{component}", "version": determined,
            "url": f"{releases}/v{determined}/determined-{component}_{determined}_linux_amd64.deb",
-           "checksum_url": None} for component in ("master", "agent"))]
+           "checksum_url": None} for component in ("master", "agent")),
+        {"platform": "spark", "name": "spark", "version": spark, "url": tarball,
+         "checksum_url": f"{tarball}.sha512"}]
     assert (the_plan.hf_models, the_plan.hf_datasets) == (["prajjwal1/bert-tiny"], ["stanfordnlp/imdb"])
     assert (the_plan.node_os, the_plan.node_python) == ("ubuntu-noble", "3.12")
     # The trainer image, by the names the trainer role loads it by (trainer_docker_image_archive) and the
@@ -281,9 +281,13 @@ def release_server(tmp_path):
         thread.join(timeout=10)
 
 
-def _release_cluster(tmp_path, url):
+# Determined's packages left out, so that Spark's tarball is the release these tests break.
+SPARK_RELEASE_ONLY = "determined_install_binaries: false\n"
+
+
+def _release_cluster(tmp_path, url, extra: str = ""):
     site = CPU_SITE_VARS + (f"spark_download_base_url: {url}/dist/spark\n"
-                            f"determined_common_release_base_url: {url}/releases\n")
+                            f"determined_common_release_base_url: {url}/releases\n") + extra
     return load_cluster(write_inventory(tmp_path / "site", CPU_CLUSTER_3, group_vars={"all": site}))
 
 
@@ -322,7 +326,7 @@ def test_a_tarball_that_is_not_its_published_sha512_is_refused(tmp_path, release
     tarball.parent.mkdir(parents=True)
     tarball.write_bytes(b"a tampered tarball")
     (tarball.parent / (tarball.name + ".sha512")).write_text(f"{'0' * 128}  {tarball.name}\n")
-    cluster = _release_cluster(tmp_path, url)
+    cluster = _release_cluster(tmp_path, url, SPARK_RELEASE_ONLY)
     with pytest.raises(DtlabError, match=r"^bundle: releases: spark: http://127\.0\.0\.1:\d+/dist/spark/"
                                          ".* does not match its published sha512$"):
         bundle.build(cluster, tmp_path / "bundle", parts=["releases"], say=lambda line: None)
@@ -330,7 +334,7 @@ def test_a_tarball_that_is_not_its_published_sha512_is_refused(tmp_path, release
 
 def test_an_unreachable_release_is_one_line_naming_its_url(tmp_path, release_server):
     _root, url = release_server  # serves nothing: every path is a 404
-    cluster = _release_cluster(tmp_path, url)
+    cluster = _release_cluster(tmp_path, url, SPARK_RELEASE_ONLY)
     with pytest.raises(DtlabError, match=r"^bundle: releases: spark: cannot fetch http://127\.0\.0\.1:\d+/dist/spark/"
                                          r"\S+\.sha512 \(HTTP Error 404: File not found\); build this part"):
         bundle.build(cluster, tmp_path / "bundle", parts=["releases"], say=lambda line: None)

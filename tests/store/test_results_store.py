@@ -199,7 +199,7 @@ def test_is_done_needs_an_ok_attempt_with_the_same_config_hash(tmp_path):
     [
         (lambda r: r.pop("final_accuracy"), "'final_accuracy' is a required property"),
         (lambda r: r.update(final_accuracy=1.5), "final_accuracy: 1.5 is greater than the maximum of 1"),
-        (lambda r: r.update(framework="mpi"), "framework: 'mpi' is not one of"),
+        (lambda r: r.update(framework="MPI"), "framework: 'MPI' does not match"),
         (lambda r: r["epoch_metrics"][0].pop("val_accuracy"), "epoch_metrics/0"),
     ],
 )
