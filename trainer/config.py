@@ -157,6 +157,9 @@ class TrainConfig:
     # --- where things go ---
     output_dir: str = not_hashed("out")
     checkpoint_dir: str | None = not_hashed(None)  # None = no checkpoints
+    # Resume a checkpoint another number of workers wrote (elastic recovery: torchrun --nnodes=MIN:MAX going
+    # on with fewer workers). Not hashed: an undisturbed run is the same experiment either way.
+    elastic: bool = not_hashed(False)
     cache_dir: str | None = not_hashed(None)  # tokenized-split cache; None = <output_dir>/../token-cache
     platform_data_dir: str | None = not_hashed(None)  # data_path platform: a directory every node sees
     # --- labels ---
@@ -213,6 +216,9 @@ class TrainConfig:
         if self.strategy == "pipeline" and self.mixed_precision == "fp16":
             raise ConfigError("mixed_precision: fp16 needs loss scaling, which strategy pipeline cannot do "
                               "(its stages would skip different steps); use bf16 or no")
+        if self.elastic and self.strategy != strategies.DEFAULT:
+            raise ConfigError(f"elastic: resuming on another number of workers is tested with strategy "
+                              f"{strategies.DEFAULT} alone, not {self.strategy}; set elastic false")
         if self.data_path == PLATFORM_DATA_PATH and not self.platform_data_dir:
             raise ConfigError("platform_data_dir: data_path platform reads the raw reviews from a directory "
                               "every node sees (a shared disk); set it")
@@ -400,6 +406,7 @@ _HELP = {
                          "directory every node sees",
     "output_dir": "where rank 0 writes result.json",
     "checkpoint_dir": "per-epoch checkpoints and resume (null/none = off)",
+    "elastic": "resume a checkpoint that another number of workers wrote (elastic recovery; strategy ddp)",
     "cache_dir": "tokenized-split cache shared by runs (default: <output_dir>/../token-cache)",
     "framework": "the platform's name, as its launcher sets it (dtlab/platforms/<name>/)",
     "framework_label": "what the run really was, written to result.json (default: the launcher's)",

@@ -267,13 +267,16 @@ class _Run:
             raise ConfigError(f"checkpoint_dir: the checkpoint was trained on other tokens (data and "
                               f"tokenizer fingerprint {state['data_fingerprint']} != "
                               f"{self.data_fingerprint}); use an empty checkpoint_dir")
-        if state["world_size"] != self.world_size:
+        if state["world_size"] != self.world_size and not self.cfg.elastic:
             raise ConfigError(f"checkpoint_dir: the checkpoint was written by {state['world_size']} workers, "
                               f"this run has {self.world_size}; resume with the same world size")
+        if state["world_size"] != self.world_size:  # elastic: the full state fits any world size
+            self.log(f"elastic: resuming {state['world_size']} workers' checkpoint on {self.world_size}")
         self.strategy.load_full_state(state["model"], state["optimizer"], self.optimizer)
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
-        checkpoint.restore_rng_states(state["rng"][self.rank])
+        # A rank beyond the writers' takes a writer's generators: a new world size is a new data order.
+        checkpoint.restore_rng_states(state["rng"][self.rank % len(state["rng"])])
         return state["epoch"], state["elapsed_s"], state["epoch_metrics"]
 
     def _newest_checkpoint_holder(self, rank0_epoch: int) -> int:
