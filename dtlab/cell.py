@@ -15,25 +15,36 @@ from trainer.config import DEFAULT_DATA_PATH
 
 # The faults a fault plan can inject (dtlab.faults injects them; docs/faults.md says what each does).
 FAULT_KINDS = ("kill", "netdrop", "restart")
-# A fault's spec, also the suffix of its cell's key: kill-after1, kill-after1-node2, netdrop-after1-20s.
-_FAULT_SPEC = re.compile(
-    r"^(?P<kind>[a-z]+)-after(?P<after>\d+)(?:-(?P<seconds>\d+)s)?(?:-(?P<node>[A-Za-z0-9_.-]+))?$")
+# How the cell is to recover: restart (every worker again, from the checkpoint: dtlab's retry or the
+# platform's own restart) or elastic (the survivors go on without the lost node: Platform.elastic_recovery).
+RECOVERY_MODES = ("restart", "elastic")
+# A fault's spec, also the suffix of its cell's key: kill-after1, kill-after1-node2, netdrop-after1-20s,
+# and elastic-kill-after1 for recovery elastic.
+_FAULT_SPEC = re.compile(r"^(?:(?P<recovery>elastic)-)?(?P<kind>[a-z]+)-after(?P<after>\d+)"
+                         r"(?:-(?P<seconds>\d+)s)?(?:-(?P<node>[A-Za-z0-9_.-]+))?$")
 
 
 @dataclass(frozen=True)
 class Fault:
     """What a fault plan does to a cell: `kind` on `node` (None: the last worker running the cell's ranks,
-    faults.hit_node) once epoch `after_epoch` is checkpointed; `seconds` is how long a netdrop lasts."""
+    faults.hit_node) once epoch `after_epoch` is checkpointed; `seconds` is how long a netdrop lasts;
+    `recovery` how the cell is to go on (RECOVERY_MODES)."""
 
     kind: str
     after_epoch: int
     node: str | None = None
     seconds: int | None = None
+    recovery: str = RECOVERY_MODES[0]
+
+    @property
+    def elastic(self) -> bool:
+        return self.recovery == "elastic"
 
     @property
     def spec(self) -> str:
         seconds = f"-{self.seconds}s" if self.seconds is not None else ""
-        return f"{self.kind}-after{self.after_epoch}{seconds}" + (f"-{self.node}" if self.node else "")
+        mode = "elastic-" if self.elastic else ""
+        return f"{mode}{self.kind}-after{self.after_epoch}{seconds}" + (f"-{self.node}" if self.node else "")
 
     @classmethod
     def parse(cls, spec: str) -> Fault:
@@ -42,7 +53,7 @@ class Fault:
             raise DtlabError(f"fault {spec!r}: expected KIND-afterK[-Ns][-NODE] with KIND one of "
                              f"{', '.join(FAULT_KINDS)}")
         seconds = int(match["seconds"]) if match["seconds"] else None
-        return cls(match["kind"], int(match["after"]), match["node"], seconds)
+        return cls(match["kind"], int(match["after"]), match["node"], seconds, match["recovery"] or "restart")
 
 
 @dataclass(frozen=True, order=True)

@@ -49,6 +49,7 @@ class FaultRecord:
     total_s: float | None = None
     attempts: int = 0
     outcome: str = "failed"
+    final_world_size: int | None = None  # the finishing run's workers: fewer after an elastic recovery
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -92,8 +93,17 @@ def hit_node(plan: Fault, planned: Node, watched: tuple[Node, ...], ranks_on: di
     return running[-1] if running else planned
 
 
-def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str) -> str:
-    """Shell for the hit node; prints one line saying what it did, exits 3 when there was nothing to hit."""
+def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str, cell_unit: str = "") -> str:
+    """Shell for the hit node; prints one line saying what it did, exits 3 when there was nothing to hit.
+    `unit` names a transient unit of the fault's own; `cell_unit` is the cell's unit on that node."""
+    if plan.kind == "kill" and plan.elastic:
+        # The node's share of the cell gone at once, its platform agent (torchrun's) with the trainers, as
+        # when a node is lost: the survivors must go on without it. A kill of the trainers alone would
+        # leave the agent to restart them in place.
+        service = shlex.quote(f"{cell_unit}.service")
+        return (f"systemctl is-active --quiet {service} || {{ echo 'no running {cell_unit}'; exit 3; }}; "
+                f"systemctl kill --signal=SIGKILL {service} && "
+                f"echo 'SIGKILL to every process of {cell_unit}'")
     if plan.kind == "kill":
         # The trainer's own processes, by the PIDs each rank left on its node, checked to be the venv's
         # Python before the kill: a finished rank's PID may have been reused.
@@ -115,7 +125,8 @@ def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str) ->
             f"echo \"$GLOO_SOCKET_IFNAME down for {plan.seconds} s\"")
 
 
-def inject(cluster: Cluster, plan: Fault, node: Node, output_dir: str, unit: str) -> tuple[bool, str]:
+def inject(cluster: Cluster, plan: Fault, node: Node, output_dir: str, unit: str, cell_unit: str = ""
+           ) -> tuple[bool, str]:
     """Do it: (done, one line on what was done or why not). A kill always goes over SSH. The lab's nodes
     are containers on this machine without the right to take their own link down or to come back after
     a reboot: there a netdrop takes the node's cable (its host-side veth) down, and a restart powers the
@@ -138,7 +149,8 @@ def inject(cluster: Cluster, plan: Fault, node: Node, output_dir: str, unit: str
                          name="dtlab-fault-restart").start()
         return True, f"{node.name} powered off and on (lab.restart_node)"
     try:
-        answer = remote.run(node, inject_command(cluster, plan, output_dir, unit), timeout=PROBE_TIMEOUT_S)
+        answer = remote.run(node, inject_command(cluster, plan, output_dir, unit, cell_unit),
+                            timeout=PROBE_TIMEOUT_S)
     except DtlabError as error:
         return False, str(error)
     said = ((answer.stdout or answer.stderr).strip().splitlines() or ["(no output)"])[-1]
@@ -158,6 +170,7 @@ class FaultRun:
     started_unix: float = field(default_factory=time.time)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    _losing: str | None = None  # an elastic plan's hit node, from just before its unit is killed
 
     @property
     def fired(self) -> bool:
@@ -199,7 +212,10 @@ class FaultRun:
             node = hit_node(plan, node, watched, {name: ranks for name, (_, ranks) in polled.items()})
             self.record.node = node.name
             unit = remote.unit_name(self.cell.key, "fault")
-            done, said = inject(self.cluster, plan, node, output_dir, unit)
+            cell_unit = remote.unit_name(self.cell.key, node.name)
+            self._losing = node.name if plan.elastic else None  # set first: its unit ends as the kill returns
+            done, said = inject(self.cluster, plan, node, output_dir, unit, cell_unit)
+            self._losing = self._losing if done else None
             self.record.injection = said if done else f"not injected: {said}"
             if done:
                 self.record.injected_unix = injected
@@ -207,6 +223,11 @@ class FaultRun:
                 self.record.checkpointed_epoch = max(epochs)
             say(f"[magenta]fault {plan.spec}: {self.record.injection}[/]")
             return
+
+    def lost_node(self) -> str | None:
+        """The node an elastic plan's fault takes out of the run for good, from the moment it is hit: its
+        unit's end is the fault, not the attempt's failure (the survivors go on)."""
+        return self._losing
 
     def noticed_failure(self) -> None:
         """The harness has just seen the attempt fail (the first such moment after the fault counts)."""
@@ -234,6 +255,7 @@ class FaultRun:
         first_step = timeline.get("first_step_done")
         record.training_again_s = first_step - injected if first_step and first_step > injected else None
         record.epochs_redone = record.checkpointed_epoch - int(result.get("resumed_from_epoch") or 0)
+        record.final_world_size = result.get("world_size")
         recorded = (result.get("harness_timeline_unix") or {}).get("recorded")
         record.total_s = recorded - record.run_started_unix if recorded else None
         return record.as_dict()

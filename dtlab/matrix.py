@@ -26,7 +26,7 @@ import yaml
 from referencing import Registry, Resource
 
 from dtlab import paths
-from dtlab.cell import DEFAULT_DATA_PATH, FAULT_KINDS, Cell, Fault, model_label
+from dtlab.cell import DEFAULT_DATA_PATH, FAULT_KINDS, RECOVERY_MODES, Cell, Fault, model_label
 from dtlab.errors import DtlabError
 from trainer import config as trainer_config
 from trainer import options as config_options
@@ -136,6 +136,7 @@ SCHEMA = {
                 "after_epoch": {**_POSITIVE_INTEGER, "x-message": "must be an epoch >= 1, got {value!r}"},
                 "node": {"type": "string", "pattern": "^[A-Za-z0-9_.-]+$"},
                 "seconds": {**_POSITIVE_INTEGER, "x-message": "must be seconds >= 1, got {value!r}"},
+                "recovery": {"enum": list(RECOVERY_MODES)},
             },
         },
         "run": {
@@ -393,7 +394,11 @@ def _fault(where: str, spec: dict[str, Any] | None) -> Fault | None:
         raise DtlabError(f"{where}.seconds: a netdrop needs seconds (how long the network stays down)")
     if spec["kind"] != "netdrop" and seconds is not None:
         raise DtlabError(f"{where}.seconds: only a netdrop lasts; {spec['kind']} takes no seconds")
-    return Fault(spec["kind"], spec["after_epoch"], spec.get("node"), seconds)
+    recovery = spec.get("recovery", RECOVERY_MODES[0])
+    if recovery == "elastic" and spec["kind"] != "kill":
+        raise DtlabError(f"{where}.recovery: elastic goes on without a lost node, which a kill makes; a "
+                         f"{spec['kind']} leaves every node in the cell: use recovery restart")
+    return Fault(spec["kind"], spec["after_epoch"], spec.get("node"), seconds, recovery)
 
 
 def _as_list(value: Any) -> list[Any]:

@@ -71,6 +71,9 @@ class ExecuteStep:
                 finished, remaining = wait(remaining, timeout=1.0, return_when=FIRST_COMPLETED)
                 for future in finished:
                     node = futures[future]
+                    if self.fault_run is not None and node.name == self.fault_run.lost_node():
+                        say(f"{node.name}: its part of the cell ended with the fault; the others go on")
+                        continue  # an elastic plan's lost node: the survivors' units carry the run
                     failure = failure or self._job_failure(
                         node, future, log_dir, time.monotonic() - started, timeout_s
                     )

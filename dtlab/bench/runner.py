@@ -23,11 +23,12 @@ from dtlab.bench.watch import PROBE_TIMEOUT_S
 from dtlab.cell import DEFAULT_DATA_PATH, Cell, config_hash
 from dtlab.display import Display
 from dtlab.errors import DtlabError
-from dtlab.inventory import Cluster
+from dtlab.inventory import Cluster, Node
 from dtlab.outcome import AttemptFailure, CellOutcome
 from dtlab.platforms import PreflightError
 from dtlab.results import Provenance, ResultStore
 from dtlab.waiting import wait_until
+from trainer import strategies
 
 # Before a retry, wait at most this long for every node to answer (a restarting node boots).
 NODES_BACK_WAIT_S = 180
@@ -114,7 +115,21 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
                 raise DtlabError(f"{where}: cell {cell.key}: {refusal}")
         for cell in selected.cells:
             if cell.fault:
-                faults.target(self.cluster, cell, launching.place(self.cluster, cell).nodes)
+                placed = launching.place(self.cluster, cell).nodes
+                hit = faults.target(self.cluster, cell, placed)
+                refusal = self._elastic_refusal(cell, placed, hit) if cell.fault_plan.elastic else None
+                if refusal is not None:
+                    raise DtlabError(f"{where}: cell {cell.key}: {refusal}")
+
+    def _elastic_refusal(self, cell: Cell, placed: tuple[Node, ...], hit: Node) -> str | None:
+        if refusal := platforms.get(cell.framework).elastic_refusal(self.cluster):
+            return refusal
+        if hit == placed[0]:  # also a 1-worker cell's only worker
+            return ("recovery elastic: the fault would take the first worker, whose agent holds the "
+                    "rendezvous, and no survivor would be left to go on; name another node")
+        if cell.strategy != strategies.DEFAULT:  # the trainer's own rule (trainer.config: elastic)
+            return f"recovery elastic: tested with strategy {strategies.DEFAULT} alone, not {cell.strategy}"
+        return None
 
     def check_before_start(self, selected: matrix_module.Matrix) -> None:
         """What can stop the whole matrix, checked before any cell starts or any attempt is reserved:
@@ -200,7 +215,9 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
         started = time.monotonic()
         failure: AttemptFailure | None = None
         attempts = 0
-        recovery = platforms.get(cell.framework).recovery(self.cluster)
+        platform = platforms.get(cell.framework)
+        elastic = cell.fault_plan is not None and cell.fault_plan.elastic
+        recovery = platform.elastic_recovery(self.cluster) if elastic else platform.recovery(self.cluster)
         self.fault_run = faults.FaultRun(self.cluster, cell, recovery) if cell.fault else None
         for attempts in range(1, self.options.retries + 2):
             if attempts > 1:

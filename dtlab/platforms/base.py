@@ -206,6 +206,16 @@ class Platform:
         """How it recovers from a lost worker, as dtlab configures it (docs/faults.md)."""
         raise NotImplementedError
 
+    def elastic_refusal(self, cluster: Cluster) -> str | None:
+        """Why a fault plan's `recovery: elastic` cannot run on it here (one line), or None when it can:
+        then elastic_recovery says how it goes on without the lost worker. bench asks before any cell."""
+        return (f"recovery elastic: dtlab runs no elastic mode of {self.label} yet (docs/faults.md); "
+                "use recovery restart")
+
+    def elastic_recovery(self, cluster: Cluster) -> str:
+        """How it goes on with fewer workers after losing one, as dtlab configures it (recovery: elastic)."""
+        raise NotImplementedError
+
     # --- upstream ---
 
     def upstream(self) -> dict[str, Any]:

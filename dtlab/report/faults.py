@@ -67,6 +67,9 @@ class FaultOutcome:
     total_s: float | None  # every attempt, recovered or not
     undisturbed_s: float | None  # None: no twin recorded
     metrics: Value  # "identical", the last epoch's differences, or missing
+    elastic: bool = False  # recovery elastic: the survivors went on without the hit node
+    final_world_size: int | None = None  # the finishing run's workers
+    planned_world_size: int | None = None  # the cell's
 
     @property
     def recovered(self) -> bool:
@@ -86,7 +89,8 @@ class FaultOutcome:
     def fault_text(self) -> str:
         lasting = f" for {self.seconds} s" if self.seconds is not None else ""
         where = f" on {self.node}" if self.node else ""
-        return f"{self.kind}{lasting}{where} after epoch {self.after_epoch}"
+        mode = " (the node lost; elastic)" if self.elastic else ""
+        return f"{self.kind}{mode}{lasting}{where} after epoch {self.after_epoch}"
 
 
 @dataclass
@@ -194,6 +198,9 @@ def outcome_of(run: Run, twin: Run | None) -> FaultOutcome:
         undisturbed_s=_whole_run_s(twin) if twin is not None else None,
         metrics=(compare_metrics(run.result or {}, twin.result or {})
                  if recovered and twin is not None else missing()),
+        elastic=plan.elastic,
+        final_world_size=record.get("final_world_size"),
+        planned_world_size=run.cell.gpus,
     )
 
 
@@ -215,6 +222,8 @@ def fault_table(outcomes: Iterable[FaultOutcome]) -> Table:
             num(total, "time_s"),
             num(o.undisturbed_s, "time_s"),
             ratio(total, o.undisturbed_s),
+            Value(f"{o.final_world_size} of {o.planned_world_size}", o.final_world_size)
+            if o.measured and o.final_world_size is not None else missing(),
             o.metrics,
         ])
     return Table(
@@ -223,7 +232,7 @@ def fault_table(outcomes: Iterable[FaultOutcome]) -> Table:
         "Fault recovery: each faulted run beside its undisturbed run (beyond the study)",
         ["Framework", "Cell", "Fault", "Recovered by", "Attempts", "Detected (s)", "Detected by",
          "Training again (s)", "Epochs redone", "Total (s)", "Undisturbed (s)", "Total/undisturbed",
-         "Final metrics vs undisturbed"],
+         "Workers at the end", "Final metrics vs undisturbed"],
         rows,
         [COLUMN_NOTE],
     )

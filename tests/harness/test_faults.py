@@ -145,3 +145,59 @@ def test_a_faulted_determined_cell_lets_the_master_restart_its_trial(cluster):
     undisturbed = determined.render_experiment(cluster, faulted("determined").undisturbed, CONFIG)
     assert undisturbed["max_restarts"] == 0  # a failure of an ordinary cell is the harness's to retry
     assert determined.render_experiment(cluster, faulted("determined"), CONFIG)["max_restarts"] == 1
+
+
+def test_an_elastic_kill_takes_the_nodes_whole_cell_unit_and_the_survivors_go_on(cluster):
+    """recovery elastic: the hit node's unit (torchrun's agent with its trainers) is SIGKILLed, as when the
+    node is lost; ddp then runs torchrun's elastic rendezvous and tells the trainer to resume on fewer."""
+    plan = Fault("kill", 1, recovery="elastic")
+    command = faults.inject_command(cluster, plan, "/runs/out", "unused", "dtlab-ddp-g2-e2-s0-node2")
+    assert "systemctl kill --signal=SIGKILL dtlab-ddp-g2-e2-s0-node2.service" in command
+    assert "ranks" not in command  # not the trainers' PIDs alone: the agent would restart them in place
+    cell = faulted(spec="elastic-kill-after1")
+    planned = platforms.get("ddp").build(cluster, cell, attempt=2, timeout_s=60)
+    first, second = (spec.argv for _, spec in planned.jobs)
+    assert "--nnodes=1:2" in first and "--rdzv-backend=c10d" in first and "--max-restarts=1" in first
+    assert f"--rdzv-endpoint={planned.placement.slots[0].node.address}:29500" in second
+    assert not any(arg.startswith("--node_rank") for arg in first)
+    assert {arg for arg in first if arg.startswith("--rdzv-id=")} == {
+        f"--rdzv-id={launch.unit(cell, planned.placement.slots[0].node)}-a2"}
+    assert planned.trainer_config["elastic"] is True
+    plain = platforms.get("ddp").build(cluster, faulted(), attempt=1, timeout_s=60)
+    assert "elastic" not in plain.trainer_config and "--node_rank=0" in plain.jobs[0][1].argv
+
+
+def test_an_elastic_run_is_recorded_with_the_workers_it_finished_on(cluster):
+    run = faults.FaultRun(cluster, faulted(spec="elastic-kill-after1"), "torchrun's elastic rendezvous")
+    run.record = faults.FaultRecord("elastic-kill-after1", "kill", "node2", 1, None, run.recovery, 100.0,
+                                    injected_unix=110.0, injected_in_attempt=1, checkpointed_epoch=1)
+    record = run.finish(1, {"world_size": 1, "resumed_from_epoch": 1,
+                            "timeline_unix": {"process_started": 140.0, "first_step_done": 150.0}})
+    assert record["final_world_size"] == 1 and record["outcome"] == "recovered"
+    assert record["detected_by"] == "the platform (restarted it)" and record["epochs_redone"] == 0
+
+
+@pytest.mark.parametrize(("run", "refused_cell", "why"), [
+    ("{frameworks: [ddp, spark], gpus: [2], epochs: [2], seeds: [0]}", "spark-g2-e2-s0-elastic-kill-after1",
+     "recovery elastic: dtlab runs no elastic mode of Apache Spark yet (docs/faults.md); use recovery "
+     "restart"),
+    ("{frameworks: [ddp], gpus: [1], epochs: [2], seeds: [0]}", "ddp-g1-e2-s0-elastic-kill-after1",
+     "recovery elastic: the fault would take the first worker, whose agent holds the rendezvous, and no "
+     "survivor would be left to go on; name another node"),
+    ("{frameworks: [ddp], strategies: [zero1], gpus: [2], epochs: [2], seeds: [0]}",
+     "ddp-g2-e2-s0-zero1-elastic-kill-after1", "recovery elastic: tested with strategy ddp alone, not zero1"),
+])
+def test_an_elastic_plan_that_cannot_be_followed_is_one_line_before_anything_starts(cluster, tmp_path, run,
+                                                                                    refused_cell, why):
+    from dtlab.bench import Bench, BenchOptions
+    from dtlab.results import ResultStore
+
+    path = tmp_path / "matrix.yml"
+    path.write_text("profiles:\n  p:\n    fault: {kind: kill, after_epoch: 1, recovery: elastic}\n"
+                    f"    runs: [{run}]\n")
+    store = ResultStore(tmp_path / "results")
+    bench = Bench(cluster, BenchOptions(profile="p", matrix_path=path), store=store)
+    with pytest.raises(DtlabError) as refused:
+        bench.check_cells(bench.load_matrix())
+    assert str(refused.value) == f"{path}: profiles.p: cell {refused_cell}: {why}"
+    assert not store.root.exists()

@@ -4,7 +4,7 @@ import pytest
 import yaml
 
 from dtlab import matrix, platforms
-from dtlab.cell import config_hash, trainer_options
+from dtlab.cell import Fault, config_hash, trainer_options
 from dtlab.errors import DtlabError
 from trainer.options import parse_args
 
@@ -273,6 +273,10 @@ def test_the_faults_profile_runs_each_platform_undisturbed_then_with_its_fault()
         ("{kind: netdrop, after_epoch: 1}", "p.fault.seconds: a netdrop needs seconds"),
         ("{kind: kill, after_epoch: 1, seconds: 5}", "p.fault.seconds: only a netdrop lasts"),
         ("{kind: kill, after_epoch: 1, nodes: node2}", "p.fault.nodes: unknown key; did you mean node?"),
+        ("{kind: kill, after_epoch: 1, recovery: shrink}",
+         "p.fault.recovery: must be one of restart, elastic"),
+        ("{kind: netdrop, after_epoch: 1, seconds: 5, recovery: elastic}",
+         "p.fault.recovery: elastic goes on without a lost node, which a kill makes"),
     ],
 )
 def test_a_bad_fault_plan_fails_with_one_line_naming_the_key(matrix_file, fault, message):
@@ -290,6 +294,16 @@ def test_a_fault_plan_with_a_node_and_a_netdrop_names_both_in_the_cell_key(matri
     assert faulted.key == "ray-g2-e3-s4-netdrop-after1-20s-node2"
     plan = faulted.fault_plan
     assert (plan.kind, plan.after_epoch, plan.seconds, plan.node) == ("netdrop", 1, 20, "node2")
+
+
+def test_an_elastic_plan_is_in_its_cells_key_and_reads_back_from_it(matrix_file):
+    path = matrix_file("fault: {kind: kill, after_epoch: 1, recovery: elastic}\n"
+                       "runs: [{frameworks: ddp, gpus: 2, epochs: 2, seeds: 0}]")
+    [undisturbed, faulted] = matrix.load("p", path, max_gpus=2)
+    assert faulted.key == "ddp-g2-e2-s0-elastic-kill-after1" and faulted.undisturbed == undisturbed
+    plan = faulted.fault_plan
+    assert plan.elastic and (plan.kind, plan.after_epoch, plan.recovery) == ("kill", 1, "elastic")
+    assert not Fault.parse("kill-after1").elastic and Fault.parse("kill-after1-node2").node == "node2"
 
 
 # --- the data paths axis ---------------------------------------------------------------------------------

@@ -88,6 +88,7 @@ def fault_record(c: Cell, *, started: float, total_s: float | None, outcome: str
         "training_again_s": 6.25 if fired and recovered else None,
         "epochs_redone": 0 if fired and recovered else None,
         "total_s": total_s, "attempts": attempts, "outcome": outcome,
+        "final_world_size": c.gpus if fired and recovered else None,
     }
 
 
@@ -150,7 +151,7 @@ def test_each_faulted_cell_is_one_row_beside_its_undisturbed_run(fault_store):
         "Recovered by": "dtlab retry from the checkpoint", "Attempts": "2", "Detected (s)": "1.50",
         "Detected by": "the unit watch (trainer unit failed)", "Training again (s)": "6.25",
         "Epochs redone": "0", "Total (s)": "45.00", "Undisturbed (s)": "30.00", "Total/undisturbed": "1.50×",
-        "Final metrics vs undisturbed": "identical",
+        "Workers at the end": "2 of 2", "Final metrics vs undisturbed": "identical",
     }
     spark = rows["spark-g2-e3-s7"]
     assert [spark[c] for c in ("Total (s)", "Undisturbed (s)", "Total/undisturbed")] == [
@@ -160,8 +161,8 @@ def test_each_faulted_cell_is_one_row_beside_its_undisturbed_run(fault_store):
     ray = rows["ray-g2-e3-s7"]
     assert ray["Recovered by"] == f"not recovered: {RAY_REASON}"
     measures = ("Detected (s)", "Detected by", "Training again (s)", "Epochs redone", "Total (s)",
-                "Total/undisturbed", "Final metrics vs undisturbed")
-    assert [ray[c] for c in measures] == ["—"] * 7
+                "Total/undisturbed", "Workers at the end", "Final metrics vs undisturbed")
+    assert [ray[c] for c in measures] == ["—"] * 8
     assert ray["Undisturbed (s)"] == "40.00", "the twin's time is shown beside a run that did not recover"
     determined = rows["determined-g2-e3-s7"]
     assert determined["Total (s)"] == "70.00" and determined["Undisturbed (s)"] == "—"
@@ -240,7 +241,8 @@ def test_the_section_renders_in_markdown_and_html_with_its_figure(fault_store, t
     markdown = files.markdown.read_text()
     section = markdown[markdown.index("## Fault recovery"):markdown.index("## Rounding")]
     assert ("| PyTorch DDP | ddp-g2-e3-s7 | kill on node2 after epoch 1 | dtlab retry from the checkpoint | "
-            "2 | 1.50 | the unit watch (trainer unit failed) | 6.25 | 0 | 45.00 | 30.00 | 1.50× | identical |"
+            "2 | 1.50 | the unit watch (trainer unit failed) | 6.25 | 0 | 45.00 | 30.00 | 1.50× | 2 of 2 | "
+            "identical |"
             ) in section
     assert f"not recovered: {RAY_REASON}" in section
     assert "![Figure B.2: Fault recovery: a worker killed after epoch 1" in section
@@ -312,3 +314,20 @@ def test_bench_report_writes_the_section(fault_store, tmp_path):
     assert "## Fault recovery" in (out / "report.md").read_text()
     assert 'id="fault-recovery"' in (out / "report.html").read_text()
     assert (out / "figures" / "figure-b.2-fault-recovery.png").is_file()
+
+
+def test_an_elastic_recovery_says_the_node_was_lost_and_how_many_workers_finished(tmp_path):
+    """recovery: elastic (torchrun's survivors going on): the fault's text and the final world size."""
+    store = ResultStore(tmp_path / "results")
+    twin = cell("ddp", profile="twins")
+    record_ok(store, twin, result_of(twin, submitted=1000.0, recorded=1030.0))
+    elastic = cell("ddp", fault="elastic-kill-after1-node2")
+    record = fault_record(elastic, started=2000.0, total_s=50.0, outcome="recovered", attempts=1,
+                          recovered_by="torchrun's elastic rendezvous",
+                          detected_by="the platform (restarted it)")
+    result = result_of(elastic, submitted=2000.0, recorded=2050.0, accuracy_shift=-0.01, resumed_from=1)
+    result["world_size"] = 1
+    record_ok(store, elastic, result, record | {"final_world_size": 1})
+    row = rows_by_cell(build_report(store).faults.table)["ddp-g2-e3-s7"]
+    assert row["Fault"] == "kill (the node lost; elastic) on node2 after epoch 1"
+    assert row["Workers at the end"] == "1 of 2" and row["Recovered by"] == "torchrun's elastic rendezvous"

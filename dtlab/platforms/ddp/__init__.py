@@ -24,6 +24,26 @@ def rendezvous_port(cluster: Cluster) -> int:
     return int(cluster.require("dtlab_rendezvous_port"))
 
 
+# Elastic recovery (a fault plan's `recovery: elastic`): torchrun's own restart of its worker group after
+# a node is lost, the survivors meeting again at the c10d rendezvous and going on with fewer workers.
+ELASTIC_MAX_RESTARTS = 1
+# Once the round has its minimum (1 node), how long it waits for more before it starts: the nodes' units
+# start within a second of each other, a lost node never comes back in time.
+ELASTIC_LAST_CALL_S = 10
+
+
+def rendezvous_args(node_count: int, index: int, address: str, port: int, elastic_id: str | None = None
+                    ) -> list[str]:
+    """torchrun's rendezvous flags: static (env://) on `address`, as in the study, or with `elastic_id`
+    elastic (c10d, 1 to node_count nodes, the store on `address`'s agent, restarts after a lost node)."""
+    if elastic_id is None:
+        return [f"--nnodes={node_count}", f"--node_rank={index}", f"--master_addr={address}",
+                f"--master_port={port}"]
+    return [f"--nnodes=1:{node_count}", "--rdzv-backend=c10d", f"--rdzv-endpoint={address}:{port}",
+            f"--rdzv-id={elastic_id}", f"--max-restarts={ELASTIC_MAX_RESTARTS}",
+            f"--rdzv-conf=last_call_timeout={ELASTIC_LAST_CALL_S}"]
+
+
 def torchrun_argv(
     python: str,
     slots: tuple[Slot, ...],
@@ -32,8 +52,10 @@ def torchrun_argv(
     port: int,
     module: str,
     config_path: str,
+    elastic_id: str | None = None,
 ) -> list[str]:
-    """One node's torchrun: static rendezvous (env://) on the first worker, as in the study.
+    """One node's torchrun: static rendezvous (env://) on the first worker, as in the study, or elastic
+    with `elastic_id` (rendezvous_args).
 
     Through trainer.launchers.agent: torchrun itself, minus ~2 s of Python's collection at its exit.
     """
@@ -41,11 +63,8 @@ def torchrun_argv(
         python,
         "-m",
         AGENT_MODULE,
-        f"--nnodes={len(slots)}",
+        *rendezvous_args(len(slots), index, rendezvous.address, port, elastic_id),
         f"--nproc_per_node={slots[index].nproc}",
-        f"--node_rank={index}",
-        f"--master_addr={rendezvous.address}",
-        f"--master_port={port}",
         "-m",
         module,
         "--config",
@@ -98,13 +117,14 @@ def build(
     placement = place(cluster, cell)
     paths = CellPaths(cluster, cell, attempt)
     first = placement.slots[0].node
+    elastic = cell.fault_plan is not None and cell.fault_plan.elastic
+    elastic_id = f"{unit(cell, first)}-a{attempt}" if elastic else None  # one rendezvous per attempt
     docker = cluster.trainer_runtime == "docker"
     jobs = []
     for index, slot in enumerate(placement.slots):
         env = {**trainer_env(cluster, slot.node, slot), **(extra_env or {})}
-        argv = torchrun_argv(
-            cluster.python, placement.slots, index, first, rendezvous_port(cluster), module, paths.config_path
-        )
+        argv = torchrun_argv(cluster.python, placement.slots, index, first, rendezvous_port(cluster), module,
+                             paths.config_path, elastic_id)
         if docker:
             argv = docker_argv(cluster, cell, slot.node, slot, env, argv)
         jobs.append(
@@ -122,6 +142,9 @@ def build(
                 ),
             )
         )
+    config = trainer_config(cluster, placement, paths, label)
+    if elastic:  # the survivors resume the checkpoint that more workers wrote
+        config["elastic"] = True
     return Launch(
         cell=cell,
         placement=placement,
@@ -129,7 +152,7 @@ def build(
         jobs=jobs,
         prepare_nodes=placement.nodes,
         result_node=first,
-        trainer_config=trainer_config(cluster, placement, paths, label),
+        trainer_config=config,
         label=label,
     )
 
@@ -190,6 +213,16 @@ class Ddp(Platform):
     def recovery(self, cluster: Cluster) -> str:
         # The study's torchrun: static rendezvous, no --max-restarts; a user reruns it, as dtlab does.
         return DTLAB_RETRY
+
+    def elastic_refusal(self, cluster: Cluster) -> str | None:
+        if cluster.trainer_runtime == "docker":  # the unit runs the docker client, not the container
+            return ("recovery elastic: with dtlab_trainer_runtime docker a lost node's container outlives "
+                    "its unit; use the native runtime, or recovery restart")
+        return None
+
+    def elastic_recovery(self, cluster: Cluster) -> str:
+        return (f"torchrun's elastic rendezvous (c10d, --nnodes=1:N, --max-restarts={ELASTIC_MAX_RESTARTS}): "
+                "the survivors meet again and go on from the checkpoint with fewer workers")
 
 
 PLATFORM = register(Ddp())
