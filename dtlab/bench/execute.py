@@ -78,7 +78,8 @@ class ExecuteStep:
                         node, future, log_dir, time.monotonic() - started, timeout_s
                     )
                 if failure is None and remaining:
-                    failure = watch.fault({futures[f].name for f in remaining})
+                    lost = self.fault_run.lost_node() if self.fault_run is not None else None
+                    failure = watch.fault({futures[f].name for f in remaining} - {lost})
                 if failure is not None and self.fault_run is not None:
                     self.fault_run.noticed_failure()  # the harness knows from this moment
                 if failure is not None and remaining and stopped_at is None:
