@@ -160,6 +160,8 @@ def test_an_elastic_kill_takes_the_nodes_whole_cell_unit_and_the_survivors_go_on
     assert "--nnodes=1:2" in first and "--rdzv-backend=c10d" in first and "--max-restarts=1" in first
     assert f"--rdzv-endpoint={planned.placement.slots[0].node.address}:29500" in second
     assert not any(arg.startswith("--node_rank") for arg in first)
+    assert "--rdzv-conf=last_call_timeout=10,is_host=true" in first
+    assert "--rdzv-conf=last_call_timeout=10,is_host=false" in second
     assert {arg for arg in first if arg.startswith("--rdzv-id=")} == {
         f"--rdzv-id={launch.unit(cell, planned.placement.slots[0].node)}-a2"}
     assert planned.trainer_config["elastic"] is True

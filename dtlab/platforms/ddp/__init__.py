@@ -35,13 +35,14 @@ ELASTIC_LAST_CALL_S = 10
 def rendezvous_args(node_count: int, index: int, address: str, port: int, elastic_id: str | None = None
                     ) -> list[str]:
     """torchrun's rendezvous flags: static (env://) on `address`, as in the study, or with `elastic_id`
-    elastic (c10d, 1 to node_count nodes, the store on `address`'s agent, restarts after a lost node)."""
+    elastic (c10d, 1 to node_count nodes, restarts after a lost node). The store is node 0's agent's, said
+    outright (is_host): torch's guess compares the address with what the node's own hostname resolves to."""
     if elastic_id is None:
         return [f"--nnodes={node_count}", f"--node_rank={index}", f"--master_addr={address}",
                 f"--master_port={port}"]
     return [f"--nnodes=1:{node_count}", "--rdzv-backend=c10d", f"--rdzv-endpoint={address}:{port}",
             f"--rdzv-id={elastic_id}", f"--max-restarts={ELASTIC_MAX_RESTARTS}",
-            f"--rdzv-conf=last_call_timeout={ELASTIC_LAST_CALL_S}"]
+            f"--rdzv-conf=last_call_timeout={ELASTIC_LAST_CALL_S},is_host={str(index == 0).lower()}"]
 
 
 def torchrun_argv(
