@@ -207,13 +207,12 @@ def kill_remnants(config: LabConfig, node: str, timeout: float = STOP_GRACE_S) -
                          f" (pids {sorted(cgroup_pids(config, node))[:5]}); check `ps` and retry")
 
 
-def _enter_cgroups(cgroups: list[Path]):
-    """preexec_fn: put nspawn in the node's own cgroups before it starts (it keeps its cgroup,
-    --keep-unit); otherwise all nodes on the host share /payload and tear down each other's cgroups."""
-    def enter() -> None:
-        for cgroup in cgroups:
-            (cgroup / "cgroup.procs").write_text("0\n")
-    return enter
+# Puts nspawn in the node's own cgroups before it starts (it keeps its cgroup, --keep-unit); otherwise all
+# nodes on the host share /payload and tear down each other's cgroups. A shell that moves itself, then execs
+# the rest: no Python runs between fork and exec (a preexec_fn there crashed the harness's child processes
+# while other threads ran: Python documents it unsafe with threads). Arguments: CGROUP... -- COMMAND...
+ENTER_CGROUPS = ('while [ "$1" != -- ]; do echo $$ > "$1/cgroup.procs" || exit 1; shift; done; '
+                 'shift; exec "$@"')
 
 
 # The shell that runs a node's nspawn: it mounts the cgroup2 hierarchy (above), and boots the node again
@@ -264,8 +263,9 @@ def start(config: LabConfig, node: str, root: Path, binds: dict[str, str],
     with open(log_path, "ab") as log:
         log.write(f"\n--- {time.strftime('%F %T')} {' '.join(argv)}\n".encode())
         log.flush()
-        process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   start_new_session=True, preexec_fn=_enter_cgroups(cgroups),
+        entering = ["sh", "-c", ENTER_CGROUPS, "sh", *(str(cgroup) for cgroup in cgroups), "--"]
+        process = subprocess.Popen([*entering, *argv], stdin=subprocess.DEVNULL, stdout=log,
+                                   stderr=subprocess.STDOUT, start_new_session=True,
                                    env={**os.environ, "SYSTEMD_LOG_LEVEL": "warning"})
     _children[process.pid] = process
     pid_file(config, node).write_text(f"{process.pid}\n")

@@ -291,3 +291,23 @@ def test_a_created_node_whose_root_lost_its_host_key_is_one_line_saying_how_to_s
     assert "invoke lab.down --wipe --name dtlab" in message
     (root / "etc/ssh/ssh_host_ed25519_key.pub").write_text("ssh-ed25519 AAAAkey root@node1\n")
     assert nodes.host_public_key(lab, "node1", root) == "ssh-ed25519 AAAAkey"
+
+
+def test_a_node_enters_its_cgroups_from_a_shell_that_then_becomes_nspawn(tmp_path):
+    """dtlab.lab.nodes.ENTER_CGROUPS, the start of every node's command line: the shell writes its own PID
+    into each cgroup's cgroup.procs (plain files here; the lab tests boot nodes in real cgroups), then execs
+    the command, which so keeps that PID and the cgroups. No Python runs between fork and exec."""
+    import subprocess
+
+    from dtlab.lab.nodes import ENTER_CGROUPS
+
+    cgroups = [tmp_path / "payload", tmp_path / "supervisor"]
+    for cgroup in cgroups:
+        cgroup.mkdir()
+    done = subprocess.run(["sh", "-c", ENTER_CGROUPS, "sh", *map(str, cgroups), "--", "sh", "-c", "echo $$"],
+                          capture_output=True, text=True, timeout=30, check=True)
+    pid = done.stdout.strip()
+    assert pid.isdigit() and [(c / "cgroup.procs").read_text().strip() for c in cgroups] == [pid, pid]
+    missing = subprocess.run(["sh", "-c", ENTER_CGROUPS, "sh", str(tmp_path / "gone"), "--", "true"],
+                             capture_output=True, text=True, timeout=30)
+    assert missing.returncode == 1  # a cgroup it cannot enter: the node does not start outside it
