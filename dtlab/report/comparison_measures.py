@@ -268,8 +268,14 @@ def _speed(groups: Mapping[GroupKey, GroupStats], key: GroupKey) -> Measure:
     return Measure(mean, f"{fmt(mean, 'per_epoch_s')} s/epoch, {overhead}", per_epoch)
 
 
+def _restart_outcomes(faults: FaultSection | None, framework: str):
+    """The platform's fault runs in its default recovery (restart). An elastic run is another setup (fewer
+    workers at the end, other numbers): Table B.5 shows it, and the criteria never mix it in."""
+    return [o for o in (faults.outcomes if faults else []) if o.framework == framework and not o.elastic]
+
+
 def _recovery(faults: FaultSection | None, framework: str) -> Measure:
-    outcomes = [o for o in (faults.outcomes if faults else []) if o.framework == framework]
+    outcomes = _restart_outcomes(faults, framework)
     if not outcomes:
         return Measure(None, "no fault run")
     if any(o.state == "not recovered" for o in outcomes):
@@ -347,8 +353,7 @@ def _whole_run(groups: Mapping[GroupKey, GroupStats], key: GroupKey) -> Measure:
 def _unattended(faults: FaultSection | None, framework: str) -> Measure:
     """Yes when every fault run recovered within its first attempt (the platform restarted its workers
     itself); no when one needed another attempt (dtlab's retry, what a person would do) or never recovered."""
-    outcomes = [o for o in (faults.outcomes if faults else []) if o.framework == framework
-                and o.state in ("recovered", "not recovered")]
+    outcomes = [o for o in _restart_outcomes(faults, framework) if o.state in ("recovered", "not recovered")]
     if not outcomes:
         return Measure(None, "no fault run")
     by_itself = [o for o in outcomes if o.recovered and o.attempts == 1]
