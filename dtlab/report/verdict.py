@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -216,6 +218,12 @@ def _short(criterion: str, m: Measure) -> str:
     return f"{shown} (n={n})" if n else f"{shown} (counted)"
 
 
+@cache
+def _lab_durations() -> dict:
+    """dtlab/data/lab_durations.yml: how long each profile the verdict names took on the local lab."""
+    return yaml.safe_load(resources.files("dtlab").joinpath("data/lab_durations.yml").read_text())
+
+
 def _duration(profile: str | None, costs: Mapping[str, ProfileCost]) -> str:
     if profile is None:
         return ""
@@ -224,7 +232,10 @@ def _duration(profile: str | None, costs: Mapping[str, ProfileCost]) -> str:
         return f"its {cost.cells} cells took {cost.seconds / 60:.1f} min of cell time here (recorded)"
     shape = _profile_shape(profile)
     cells = f"{shape[0]} cells; " if shape else ""
-    return f"{cells}not yet run on this cluster, so its duration is not measured here"
+    lab = _lab_durations()
+    minutes = lab["seconds"][profile] / 60 if profile in lab["seconds"] else None
+    on_lab = f"; on the local lab the command took {minutes:.0f} min ({lab['measured']})" if minutes else ""
+    return f"{cells}not yet run on this cluster, so its duration is not measured here{on_lab}"
 
 
 def _command(criterion: str, measures: Mapping[str, Measure], unknown: Sequence[str],

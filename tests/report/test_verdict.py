@@ -113,6 +113,9 @@ def test_an_unmeasured_criterion_stops_the_decision_and_names_its_profile(mixed_
     assert answer.startswith("not decidable yet: recovery is not measured for PyTorch DDP and Apache Spark. "
                              "Decide it with `invoke bench.faults --profile faults`")
     assert "not yet run on this cluster, so its duration is not measured here" in answer
+    # What it took on the local lab, measured alone (dtlab/data/lab_durations.yml), for a newcomer's report.
+    assert "; on the local lab the command took 4 min (2026-12-01, one run each, alone on a 2-core machine)" \
+        in answer
     assert "favours" not in answer
     decision = decide(report.comparison.measures, Priorities(("recovery", "speed")), ["ddp", "spark"])
     assert decision.chosen == () and decision.blocked == "recovery"
