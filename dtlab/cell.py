@@ -53,7 +53,8 @@ class Fault:
             raise DtlabError(f"fault {spec!r}: expected KIND-afterK[-Ns][-NODE] with KIND one of "
                              f"{', '.join(FAULT_KINDS)}")
         seconds = int(match["seconds"]) if match["seconds"] else None
-        return cls(match["kind"], int(match["after"]), match["node"], seconds, match["recovery"] or "restart")
+        return cls(match["kind"], int(match["after"]), match["node"], seconds,
+                   match["recovery"] or RECOVERY_MODES[0])
 
 
 @dataclass(frozen=True, order=True)
@@ -101,6 +102,11 @@ class Cell:
     @property
     def fault_plan(self) -> Fault | None:
         return Fault.parse(self.fault) if self.fault else None
+
+    @property
+    def elastic(self) -> bool:
+        """A faulted cell whose plan has the survivors go on without the lost node (recovery: elastic)."""
+        return self.fault_plan is not None and self.fault_plan.elastic
 
     @property
     def undisturbed(self) -> Cell:

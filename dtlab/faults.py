@@ -215,7 +215,8 @@ class FaultRun:
             cell_unit = remote.unit_name(self.cell.key, node.name)
             self._losing = node.name if plan.elastic else None  # set first: its unit ends as the kill returns
             done, said = inject(self.cluster, plan, node, output_dir, unit, cell_unit)
-            self._losing = self._losing if done else None
+            if not done:
+                self._losing = None
             self.record.injection = said if done else f"not injected: {said}"
             if done:
                 self.record.injected_unix = injected

@@ -117,7 +117,7 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
             if cell.fault:
                 placed = launching.place(self.cluster, cell).nodes
                 hit = faults.target(self.cluster, cell, placed)
-                refusal = self._elastic_refusal(cell, placed, hit) if cell.fault_plan.elastic else None
+                refusal = self._elastic_refusal(cell, placed, hit) if cell.elastic else None
                 if refusal is not None:
                     raise DtlabError(f"{where}: cell {cell.key}: {refusal}")
 
@@ -216,8 +216,7 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
         failure: AttemptFailure | None = None
         attempts = 0
         platform = platforms.get(cell.framework)
-        elastic = cell.fault_plan is not None and cell.fault_plan.elastic
-        recovery = platform.elastic_recovery(self.cluster) if elastic else platform.recovery(self.cluster)
+        recovery = (platform.elastic_recovery if cell.elastic else platform.recovery)(self.cluster)
         self.fault_run = faults.FaultRun(self.cluster, cell, recovery) if cell.fault else None
         for attempts in range(1, self.options.retries + 2):
             if attempts > 1:

@@ -118,8 +118,7 @@ def build(
     placement = place(cluster, cell)
     paths = CellPaths(cluster, cell, attempt)
     first = placement.slots[0].node
-    elastic = cell.fault_plan is not None and cell.fault_plan.elastic
-    elastic_id = f"{unit(cell, first)}-a{attempt}" if elastic else None  # one rendezvous per attempt
+    elastic_id = f"{unit(cell, first)}-a{attempt}" if cell.elastic else None  # one rendezvous per attempt
     docker = cluster.trainer_runtime == "docker"
     jobs = []
     for index, slot in enumerate(placement.slots):
@@ -144,7 +143,7 @@ def build(
             )
         )
     config = trainer_config(cluster, placement, paths, label)
-    if elastic:  # the survivors resume the checkpoint that more workers wrote
+    if cell.elastic:  # the survivors resume the checkpoint that more workers wrote
         config["elastic"] = True
     return Launch(
         cell=cell,
