@@ -146,7 +146,8 @@ def moving_parts(platform: str, group_vars: Mapping[str, Any] | None = None) -> 
     ports = [str(group_vars[k]) for k in mine if k.endswith("_port") and (not ranged or k not in ranged)]
     if ranged:
         ports.append(f"{group_vars[ranged[0]]}–{group_vars[ranged[1]]}")
-    services = [str(group_vars[k]) for k in mine if k.endswith("_service")]
+    # By variable name: the same order whichever file (the site's or a role's defaults) names a unit.
+    services = [str(group_vars[k]) for k in sorted(mine) if k.endswith("_service")]
     return MovingParts(tuple(services), tuple(ports))
 
 

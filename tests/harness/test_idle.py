@@ -23,7 +23,7 @@ MiB = 2**20
 UNITS = {
     "dtlab-spark-master.service": ("spark_master_service", "spark"),
     "postgresql.service": ("postgresql_service", "determined"),
-    "slurmd.service": ("slurmd_service", "slurm"),
+    "slurmd.service": ("slurm_slurmd_service", "slurm"),
     "determined-master.service": ("determined_master_service", "determined"),
 }
 NOT_SET = "[not set]"
@@ -161,7 +161,8 @@ def test_the_node_probe_measures_a_units_processes_from_proc(busy_cgroup):
     before = cpu_ticks(pid)
     probe = run_probe(env)
     spun = cpu_ticks(pid) - before  # the spinner's CPU over more than the probe's interval
-    units = {"busy.service": ("spark_worker_service", "spark"), "slurmd.service": ("slurmd_service", "slurm")}
+    units = {"busy.service": ("spark_worker_service", "spark"),
+             "slurmd.service": ("slurm_slurmd_service", "slurm")}
     (busy,) = idle.node_idle("here", probe, units)  # slurmd: not installed, left out
     assert busy.source == "processes" and busy.running == ("busy.service",)
     assert busy.memory_bytes > 2 * MiB, "a Python interpreter's PSS"

@@ -10,7 +10,7 @@ import time
 import pytest
 import yaml
 
-from dtlab import bench, paths, remote
+from dtlab import bench, paths, remote, roles
 from dtlab.cell import Cell
 from dtlab.display import Display
 from dtlab.outcome import CellOutcome
@@ -84,9 +84,11 @@ def test_cell_unit_patterns_never_match_the_provisioned_services():
         "dtlab-determined-g8-e1-s0-w4",
     ):
         assert matches(cell_unit + ".service")
-    # Every provisioned service, as the inventory names it (group_vars/all.yml's *_service variables).
-    all_vars = yaml.safe_load((paths.INVENTORY_DIR / "group_vars" / "all.yml").read_text())
-    services = [unit for name, unit in all_vars.items() if name.endswith("_service")]
+    # Every provisioned service, as the inventory names it (the *_service variables of group_vars/all.yml and
+    # of every role's defaults, where a unit one role runs is named).
+    site = yaml.safe_load((paths.INVENTORY_DIR / "group_vars" / "all.yml").read_text())
+    all_vars = {**roles.all_defaults(), **site}
+    services = [str(unit) for name, unit in all_vars.items() if name.endswith("_service")]
     assert len(services) >= 5
     for service in services:
         assert not matches(service + ".service")

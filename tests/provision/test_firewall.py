@@ -280,13 +280,13 @@ def test_an_outsider_on_the_network_reaches_ssh_and_no_other_port(provisioned_la
         "ray_gcs_port",
         "ray_dashboard_port",
         "spark_master_port",
-        "slurmctld_port",
+        "slurm_slurmctld_port",
         "postgresql_port",
         "ray_node_manager_port",
     ):
         assert int(lab_cluster.var(port_name)) in listening[master.name], port_name
     for port_name in (
-        "slurmd_port",
+        "slurm_slurmd_port",
         "ray_node_manager_port",
         "ray_object_manager_port",
         "spark_worker_webui_port",

@@ -425,7 +425,7 @@ def test_slurm_shows_every_worker_idle_and_runs_a_step_on_both(provisioned_lab, 
 
 def test_munge_key_is_the_cluster_secret_readable_by_munge_alone(provisioned_lab, cluster):
     lab, first = provisioned_lab
-    path = cluster.var("munge_key_file")
+    path = cluster.var("slurm_munge_key_file")
     key = secret(cluster, "munge_key")
     for node in cluster.nodes:
         assert on(lab, node.name, f"stat -c '%a %U' {path}").stdout.split() == ["400", "munge"], node.name
@@ -473,8 +473,8 @@ def test_slurm_daemons_listen_on_their_cluster_address_only(provisioned_lab, clu
     """CommunicationParameters=NoCtldInAddrAny,NoInAddrAny: not on 0.0.0.0, where the firewall alone would
     keep outsiders away."""
     lab, _ = provisioned_lab
-    for node, port in [(cluster.master, cluster.var("slurmctld_port"))] + [
-        (worker, cluster.var("slurmd_port")) for worker in cluster.workers
+    for node, port in [(cluster.master, cluster.var("slurm_slurmctld_port"))] + [
+        (worker, cluster.var("slurm_slurmd_port")) for worker in cluster.workers
     ]:
         listeners = on(lab, node.name, f"ss -ltnH 'sport = :{port}'").stdout.splitlines()
         local_addresses = sorted({line.split()[3] for line in listeners if line.strip()})
@@ -625,7 +625,7 @@ def test_a_changed_file_restarts_its_own_service_alone(provisioned_lab, cluster,
     lab, _ = provisioned_lab
     node = cluster.workers[0].name
     spark, ray, slurmd, munge = (cluster.var(name) for name in (
-        "spark_worker_service", "ray_worker_service", "slurmd_service", "munge_service"))
+        "spark_worker_service", "ray_worker_service", "slurm_slurmd_service", "slurm_munge_service"))
 
     def started_at() -> dict[str, str]:
         show = "systemctl show -p ActiveEnterTimestampMonotonic --value"

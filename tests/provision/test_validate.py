@@ -211,9 +211,9 @@ BAD_INVENTORIES = {
         "host node1: dtlab_rendezvous_port -29500 is not a port; use a whole number from 1 to 65535"),
     # Two services on one port: refused before any secret or node (issue 51's case: Slurm on Spark's 7077).
     "two services on one port": (
-        with_vars("node0", slurmctld_port=7077), {}, "hosts.yml",
-        "host node0: slurmctld_port and spark_master_port are both 7077; give each service a port of its "
-        "own"),
+        with_vars("node0", slurm_slurmctld_port=7077), {}, "hosts.yml",
+        "host node0: slurm_slurmctld_port and spark_master_port are both 7077; give each service a port of "
+        "its own"),
     "a port inside Ray's worker range": (
         with_vars("node0", spark_master_port=10500), {}, "hosts.yml",
         "host node0: spark_master_port 10500 is inside ray_min_worker_port..ray_max_worker_port "

@@ -101,7 +101,7 @@ def test_comparison_table_columns_are_computed(tmp_path):
     # Services and ports: the inventory's names.
     determined = row(table, "Determined AI")
     assert determined["Services"] == ", ".join(
-        GROUP_VARS[v] for v in ("determined_master_service", "determined_agent_service", "postgresql_service")
+        GROUP_VARS[v] for v in ("determined_agent_service", "determined_master_service", "postgresql_service")
     )
     assert str(GROUP_VARS["determined_master_port"]) in determined["Listening ports"]
     assert ddp["Services"] == "none" and ddp["Listening ports"] == str(GROUP_VARS["dtlab_rendezvous_port"])

@@ -169,8 +169,8 @@ class Slurm(Platform):
     description = "one sbatch job per cell; srun starts ddp's torchrun on each placed worker"
     launcher_files = ("trainer/launchers/slurm.py", "trainer/launchers/_slurm.py")
     roles = ("slurm",)
-    variable_prefixes = ("slurmctld_", "slurmd_", "munge_")
-    service_variables = ("munge_service", "slurmctld_service", "slurmd_service")
+    variable_prefixes = ("slurm_",)
+    service_variables = ("slurm_munge_service", "slurm_slurmctld_service", "slurm_slurmd_service")
     check_names = ("slurm controller", "slurm node")
     reset_title = "Slurm: cancel dtlab's jobs, start slurmd where it is down, resume drained nodes"
 
@@ -214,8 +214,8 @@ class Slurm(Platform):
         if master is None or master.name not in states:
             return []
         units = self.units(cluster)
-        ctld_unit, slurmd_unit, munge_unit = (units["slurmctld_service"], units["slurmd_service"],
-                                              units["munge_service"])
+        ctld_unit, slurmd_unit, munge_unit = (units["slurm_slurmctld_service"], units["slurm_slurmd_service"],
+                                              units["slurm_munge_service"])
         state = service_state(states, master.name, ctld_unit)
         if not state:
             return [missing_unit_row("slurm controller", master, ctld_unit)]
@@ -242,7 +242,7 @@ class Slurm(Platform):
         cluster = steps.cluster
         steps.run(steps.masters, f"scancel --user={shlex.quote(cluster.user)} 2>/dev/null; true",
                   "cancel slurm jobs", 60)
-        slurmd = shlex.quote(self.units(cluster)["slurmd_service"] + ".service")
+        slurmd = shlex.quote(self.units(cluster)["slurm_slurmd_service"] + ".service")
         start_slurmd = (f'[ -z "$(systemctl list-unit-files --plain --no-legend {slurmd})" ] || '
                         f"systemctl is-active -q {slurmd} || systemctl restart {slurmd}")
         steps.run(cluster.workers, start_slurmd, "start slurmd", 120)
