@@ -497,3 +497,26 @@ def test_gradient_compression_is_refused_in_one_line_where_it_cannot_run(make_co
     with pytest.raises(ConfigError) as refused:
         make_config(**overrides)
     assert str(refused.value) == message
+
+
+def test_powersgd_on_gloo_keeps_one_bucket_and_ddps_own_buckets_stay_otherwise(make_config):
+    """PowerSGD's callbacks wait on Gloo's two worker threads, so two buckets can deadlock a step
+    (trainer.strategies.ddp.powersgd_on_gloo): under it DDP keeps one bucket, also after the rebuild at its
+    first step; without it DDP's own buckets (a 1 MiB first one) stay."""
+    from trainer.distributed import process_group
+
+    device, buckets = torch.device("cpu"), {}
+    with process_group(device):
+        for compression in ("powersgd", "none"):
+            cfg = make_config(grad_compression=compression)
+            hooks = TrainHooks()
+            hooks.cfg = cfg
+            torch.manual_seed(0)
+            ddp = strategies.load(strategies.DEFAULT, device, 0, 1).wrap_model(build_model(cfg), hooks)
+            for _ in range(3):  # DDP rebuilds its buckets in the order the first backward filled them
+                ids = torch.randint(5, 100, (4, 16))
+                ddp(input_ids=ids, labels=torch.zeros(4, dtype=torch.long)).loss.backward()
+            logged = ddp._get_ddp_logging_data()
+            assert logged["has_rebuilt_buckets"] == 1, compression
+            buckets[compression] = str(logged["rebuilt_bucket_sizes"]).split(", ")
+    assert len(buckets["powersgd"]) == 1 and len(buckets["none"]) > 1, buckets
