@@ -95,8 +95,9 @@ def hit_node(plan: Fault, planned: Node, watched: tuple[Node, ...], ranks_on: di
 
 def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str, cell_unit: str = "") -> str:
     """Shell for the hit node; prints one line saying what it did, exits 3 when there was nothing to hit.
-    `unit` names a transient unit of the fault's own; `cell_unit` is the cell's unit on that node."""
-    if plan.kind == "kill" and plan.elastic:
+    `unit` names a transient unit of the fault's own; `cell_unit` is the cell's unit on that node, "" where
+    the cell runs none there (ranks a driver on another node started)."""
+    if plan.kind == "kill" and plan.elastic and cell_unit:
         # The node's share of the cell gone at once, its platform agent (torchrun's) with the trainers, as
         # when a node is lost: the survivors must go on without it. A kill of the trainers alone would
         # leave the agent to restart them in place.
@@ -106,7 +107,9 @@ def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str, ce
                 f"echo 'SIGKILL to every process of {cell_unit}'")
     if plan.kind == "kill":
         # The trainer's own processes, by the PIDs each rank left on its node, checked to be the venv's
-        # Python before the kill: a finished rank's PID may have been reused.
+        # Python before the kill: a finished rank's PID may have been reused. On a node that runs no unit
+        # of the cell (horovodrun's ranks, started over SSH) they are all of the node's share: an elastic
+        # plan's lost node too.
         ranks = shlex.quote(f"{output_dir}/{progress.RANKS_DIR}")
         return (remote.kill_by_pid_files(cluster.python, f"{ranks}/*.pid")
                 + '; [ -n "$killed" ] || { echo "no live trainer process"; exit 3; }; '
@@ -171,15 +174,18 @@ class FaultRun:
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _losing: str | None = None  # an elastic plan's hit node, from just before its unit is killed
+    _unit_nodes: frozenset[str] = frozenset()  # where this attempt runs a unit of the cell (arm)
 
     @property
     def fired(self) -> bool:
         return self.record is not None and self.record.injected_unix is not None
 
     def arm(self, placed: tuple[Node, ...], watched: tuple[Node, ...], output_dir: str, attempt: int,
-            say, sessions: remote.Sessions | None = None) -> None:
+            say, sessions: remote.Sessions | None = None, unit_nodes: frozenset[str] | None = None) -> None:
         """Start watching this attempt: fire once checkpointed_epoch >= k on any of `watched`, over the
-        attempt's own connections (`sessions`): a new SSH handshake per poll would load the nodes."""
+        attempt's own connections (`sessions`): a new SSH handshake per poll would load the nodes.
+        `unit_nodes`: the nodes this attempt runs a unit of the cell on (default: every placed one)."""
+        self._unit_nodes = frozenset(node.name for node in placed) if unit_nodes is None else unit_nodes
         plan = self.cell.fault_plan
         node = target(self.cluster, self.cell, placed)
         if self.record is None:
@@ -212,7 +218,7 @@ class FaultRun:
             node = hit_node(plan, node, watched, {name: ranks for name, (_, ranks) in polled.items()})
             self.record.node = node.name
             unit = remote.unit_name(self.cell.key, "fault")
-            cell_unit = remote.unit_name(self.cell.key, node.name)
+            cell_unit = remote.unit_name(self.cell.key, node.name) if node.name in self._unit_nodes else ""
             self._losing = node.name if plan.elastic else None  # set first: its unit ends as the kill returns
             done, said = inject(self.cluster, plan, node, output_dir, unit, cell_unit)
             if not done:

@@ -157,8 +157,9 @@ class TrainConfig:
     # --- where things go ---
     output_dir: str = not_hashed("out")
     checkpoint_dir: str | None = not_hashed(None)  # None = no checkpoints
-    # Resume a checkpoint another number of workers wrote (elastic recovery: torchrun --nnodes=MIN:MAX going
-    # on with fewer workers). Not hashed: an undisturbed run is the same experiment either way.
+    # Resume a checkpoint another number of workers wrote (elastic recovery: torchrun --nnodes=MIN:MAX or
+    # Horovod Elastic going on with fewer workers). Not hashed: an undisturbed run is the same experiment
+    # either way.
     elastic: bool = not_hashed(False)
     cache_dir: str | None = not_hashed(None)  # tokenized-split cache; None = <output_dir>/../token-cache
     platform_data_dir: str | None = not_hashed(None)  # data_path platform: a directory every node sees

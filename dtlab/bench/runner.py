@@ -125,8 +125,8 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
         if refusal := platforms.get(cell.framework).elastic_refusal(self.cluster):
             return refusal
         if hit == placed[0]:  # also a 1-worker cell's only worker
-            return ("recovery elastic: the fault would take the first worker, whose agent holds the "
-                    "rendezvous, and no survivor would be left to go on; name another node")
+            return ("recovery elastic: the fault would take the first worker, where rank 0 and the "
+                    "rendezvous run (a 1-worker cell's only one); name another node")
         if cell.strategy != strategies.DEFAULT:  # the trainer's own rule (trainer.config: elastic)
             return f"recovery elastic: tested with strategy {strategies.DEFAULT} alone, not {cell.strategy}"
         return None
@@ -303,7 +303,8 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
                 # Rank 0 runs on a worker: dtlab's first placed one, or any (Spark and Ray choose).
                 workers = tuple(node for node in planned.prepare_nodes if node in self.cluster.workers)
                 self.fault_run.arm(planned.placement.nodes, workers, planned.paths.output_dir,
-                                   attempt.number, say, self.sessions)
+                                   attempt.number, say, self.sessions,
+                                   frozenset(node.name for node, _ in planned.jobs))
             result, failure = self.execute(planned, attempt.log_dir, timeout_s)
             phase("run_and_fetch")
             if self.fault_run is not None:

@@ -169,6 +169,29 @@ def test_an_elastic_kill_takes_the_nodes_whole_cell_unit_and_the_survivors_go_on
     assert "elastic" not in plain.trainer_config and "--node_rank=0" in plain.jobs[0][1].argv
 
 
+
+def test_an_elastic_horovod_cell_runs_horovod_elastic_and_its_lost_node_loses_its_ranks(cluster):
+    """Horovod's ranks run outside dtlab's units (horovodrun on the master starts them over SSH): on the
+    lost node the kill takes the ranks by their PIDs, and the driver runs Horovod Elastic on the fixed
+    hosts, going on with as few as 1 rank."""
+    from dtlab.platforms.horovod import ELASTIC_OPTIONS
+
+    plan = Fault("kill", 1, recovery="elastic")
+    command = faults.inject_command(cluster, plan, "/runs/out", "unused", "")
+    assert f"{progress.RANKS_DIR}/*.pid" in command and "systemctl kill" not in command
+    cell = faulted("horovod", spec="elastic-kill-after1")
+    planned = platforms.get("horovod").build(cluster, cell, attempt=1, timeout_s=60)
+    (node, spec), = planned.jobs
+    assert node.name == "n0"
+    driver = spec.argv[-1]
+    assert f"-np 2 -H 127.0.20.11:1,127.0.20.12:1 --start-timeout 60 --min-np 1 --max-np 2 " \
+        f"{' '.join(ELASTIC_OPTIONS)} " in driver
+    assert planned.trainer_config["elastic"] is True
+    assert platforms.get("horovod").elastic_refusal(cluster) is None
+    plain = platforms.get("horovod").build(cluster, faulted("horovod"), attempt=1, timeout_s=60)
+    assert "--min-np" not in plain.jobs[0][1].argv[-1] and "elastic" not in plain.trainer_config
+
+
 def test_an_elastic_run_is_recorded_with_the_workers_it_finished_on(cluster):
     run = faults.FaultRun(cluster, faulted(spec="elastic-kill-after1"), "torchrun's elastic rendezvous")
     run.record = faults.FaultRecord("elastic-kill-after1", "kill", "node2", 1, None, run.recovery, 100.0,
@@ -184,8 +207,8 @@ def test_an_elastic_run_is_recorded_with_the_workers_it_finished_on(cluster):
      "recovery elastic: dtlab runs no elastic mode of Apache Spark yet (docs/faults.md); use recovery "
      "restart"),
     ("{frameworks: [ddp], gpus: [1], epochs: [2], seeds: [0]}", "ddp-g1-e2-s0-elastic-kill-after1",
-     "recovery elastic: the fault would take the first worker, whose agent holds the rendezvous, and no "
-     "survivor would be left to go on; name another node"),
+     "recovery elastic: the fault would take the first worker, where rank 0 and the rendezvous run (a "
+     "1-worker cell's only one); name another node"),
     ("{frameworks: [ddp], strategies: [zero1], gpus: [2], epochs: [2], seeds: [0]}",
      "ddp-g2-e2-s0-zero1-elastic-kill-after1", "recovery elastic: tested with strategy ddp alone, not zero1"),
 ])

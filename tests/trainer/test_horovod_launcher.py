@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -136,3 +138,38 @@ def test_horovod_compresses_its_all_reduce_to_fp16_and_refuses_ddps_other_hooks(
     assert refused.stderr.strip().splitlines()[-1] == (
         "python -m trainer.launchers.horovod: error: grad_compression: bf16 is a DDP communication hook; "
         "horovod (horovodrun, Gloo) compresses with none or fp16 only")
+
+
+def test_horovod_elastic_goes_on_with_the_survivor_when_a_rank_is_lost(horovod_env, make_config, tmp_path):
+    """Horovod Elastic with the horovod platform's flags (ELASTIC_OPTIONS) on two loopback "hosts": rank 1
+    is SIGKILLed once epoch 1 is checkpointed; horovodrun blacklists its host and resets rank 0, whose core
+    resumes that checkpoint on 1 rank, in the same horovodrun and the same process (elastic: true)."""
+    from dtlab.platforms.horovod import ELASTIC_OPTIONS
+    from trainer import progress
+
+    cfg = make_config(epochs=3, checkpoint_dir=str(tmp_path / "ckpt"), elastic=True)
+    command = [sys.executable, "-m", "horovod.runner.launch", "--gloo", "-np", "2", "--min-np", "1",
+               "--max-np", "2", *ELASTIC_OPTIONS, "-H", "localhost:1,127.0.0.1:1", sys.executable, "-m",
+               "trainer.launchers.horovod", "--config", str(write_config(cfg, tmp_path / "elastic.yml"))]
+    log = tmp_path / "horovodrun.log"
+    with log.open("w") as out:
+        driver = subprocess.Popen(command, env=horovod_env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        rank_1 = Path(cfg.output_dir) / progress.RANKS_DIR / "1.pid"
+        deadline = time.monotonic() + SUBPROCESS_TIMEOUT_S
+        while not ((Path(cfg.checkpoint_dir) / "epoch-0001").exists() and rank_1.exists()):
+            assert driver.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.1)
+        first_process = int((Path(cfg.output_dir) / progress.RANKS_DIR / "0.pid").read_text())
+        os.kill(int(rank_1.read_text()), signal.SIGKILL)
+        driver.wait(timeout=SUBPROCESS_TIMEOUT_S)
+    finally:
+        driver.kill()
+    output = log.read_text()
+    assert driver.returncode == 0, output[-4000:]
+    result = json.loads((Path(cfg.output_dir) / "result.json").read_text())
+    validate_result(result)
+    assert result["world_size"] == 1 and result["resumed_from_epoch"] == 1, output[-3000:]
+    assert [m["epoch"] for m in result["epoch_metrics"]] == [1, 2, 3]
+    assert "elastic: resuming 2 workers' checkpoint on 1" in output
+    assert int((Path(cfg.output_dir) / progress.RANKS_DIR / "0.pid").read_text()) == first_process

@@ -1,6 +1,7 @@
 """Horovod launcher: `horovodrun --gloo -np 2 -H n1:1,n2:1 python -m trainer.launchers.horovod --config F`.
 Horovod's ring all-reduce averages the gradients (hvd.DistributedOptimizer) in place of DDP's; the
-core's other collectives (metrics, checkpoints) use a torch group formed from Horovod's ranks."""
+core's other collectives (metrics, checkpoints) use a torch group formed from Horovod's ranks. With
+`elastic: true` (horovodrun --min-np 1) the survivors of a lost rank go on: _horovod_elastic.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import socket
 import horovod.torch as hvd
 
 from trainer.core import TrainHooks, train
-from trainer.launchers import _cli
+from trainer.launchers import _cli, _horovod_elastic
 from trainer.strategies.compression import uncompressed_bytes
 
 PROG, LABEL = "python -m trainer.launchers.horovod", "horovod (horovodrun, Gloo)"
@@ -60,8 +61,11 @@ def launch(cfg, args) -> None:
     hvd.init()
     if hvd.size() > 1 and not hvd.gloo_enabled():
         raise SystemExit(f"{PROG}: error: Horovod runs without Gloo here; start it with horovodrun --gloo")
-    os.environ.update(torch_group_env())
-    train(cfg, HorovodHooks())
+    if cfg.elastic:
+        _horovod_elastic.run(cfg, HorovodHooks, torch_group_env)
+    else:
+        os.environ.update(torch_group_env())
+        train(cfg, HorovodHooks())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ The ranks are placed as dtlab places ddp (`-H` lists the placed workers in order
 first, where its result lands). Each rank reads its own node's socket interface (the file the units
 read), so nodes whose interfaces are named differently still agree. The ranks run outside dtlab's units
 (horovodrun's SSH starts them): `stop` ends them by the PIDs they left in the attempt's output dir.
+A fault plan's `recovery: elastic` runs Horovod Elastic (trainer/launchers/_horovod_elastic.py).
 Installed only where `horovod_install` is true (the horovod role; dtlab builds Horovod 0.28.1 itself,
 see roles/horovod/README.md).
 """
@@ -30,6 +31,9 @@ NAME = "horovod"
 LABEL = "horovod (horovodrun, Gloo)"
 TRAINER_MODULE = "trainer.launchers.horovod"
 START_TIMEOUT_S = 60  # horovodrun's wait for every rank to reach its rendezvous
+# Horovod Elastic (a fault plan's `recovery: elastic`): the driver blacklists a lost rank's host and
+# resets the survivors once (the plan's one fault), waiting at most this long for the ranks it needs.
+ELASTIC_OPTIONS = ("--reset-limit", "1", "--elastic-timeout", "120")
 # The strategies that leave the gradients to the launcher (the trainer's own fact:
 # Strategy.runs_under_gradient_syncing_launcher; the contract test keeps the two equal).
 STRATEGIES = (strategies.DEFAULT,)
@@ -70,12 +74,14 @@ def rank_command(cluster: Cluster, paths: CellPaths) -> str:
             f"cd {shlex.quote(cluster.code_dir)} && exec {launcher}")
 
 
-def driver_script(cluster: Cluster, placement: Placement, paths: CellPaths) -> str:
-    """The driver unit's shell: horovodrun with the placed hosts in order, on the master's interface."""
+def driver_script(cluster: Cluster, placement: Placement, paths: CellPaths, elastic: bool = False) -> str:
+    """The driver unit's shell: horovodrun with the placed hosts in order, on the master's interface;
+    `elastic`: Horovod Elastic on those fixed hosts, going on with as few as one rank (ELASTIC_OPTIONS)."""
     hosts = ",".join(f"{slot.node.address}:{slot.nproc}" for slot in placement.slots)
     world_size = sum(slot.nproc for slot in placement.slots)
+    elastic_options = ["--min-np", "1", "--max-np", str(world_size), *ELASTIC_OPTIONS] if elastic else []
     options = shlex.join([horovodrun(cluster), "--gloo", "-np", str(world_size), "-H", hosts,
-                          "--start-timeout", str(START_TIMEOUT_S)])
+                          "--start-timeout", str(START_TIMEOUT_S), *elastic_options])
     ranks = shlex.join(["sh", "-c", rank_command(cluster, paths)])
     return f'exec {options} --network-interfaces "$GLOO_SOCKET_IFNAME" {ranks}'
 
@@ -84,9 +90,12 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     placement = place(cluster, cell)
     paths = CellPaths(cluster, cell, attempt)
     master = cluster.require_master("horovod cells")
-    argv = ["sh", "-c", driver_script(cluster, placement, paths)]
-    return driver_on_master(cluster, placement, paths, argv, trainer_env(cluster, master), timeout_s, LABEL,
-                            result_node=placement.slots[0].node)
+    argv = ["sh", "-c", driver_script(cluster, placement, paths, cell.elastic)]
+    launch = driver_on_master(cluster, placement, paths, argv, trainer_env(cluster, master), timeout_s, LABEL,
+                              result_node=placement.slots[0].node)
+    if cell.elastic:  # the survivors resume the checkpoint that more ranks wrote
+        launch.trainer_config["elastic"] = True
+    return launch
 
 
 def stop_ranks_command(cluster: Cluster, cell_dirs: str) -> str:
@@ -209,8 +218,15 @@ class Horovod(Platform):
         return []
 
     def recovery(self, cluster: Cluster) -> str:
-        # A static horovodrun job ends every rank when one fails (Horovod's elastic mode is not used).
+        # A static horovodrun job ends every rank when one fails (its elastic mode: recovery elastic).
         return DTLAB_RETRY
+
+    def elastic_refusal(self, cluster: Cluster) -> str | None:
+        return None  # the ranks run natively under either trainer runtime (rank_command)
+
+    def elastic_recovery(self, cluster: Cluster) -> str:
+        return ("Horovod Elastic (horovodrun --min-np 1, hvd.elastic.run): the lost rank's host is "
+                "blacklisted, the survivors reset and go on from the checkpoint with fewer ranks")
 
 
 PLATFORM = register(Horovod())
