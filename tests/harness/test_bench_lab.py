@@ -278,6 +278,41 @@ def test_elastic_torchrun_and_horovod_go_on_alone_when_the_last_workers_node_is_
 
 
 
+# The seeds' techniques (#55) on the lab, each on ddp and Horovod: the profile, its cells (--only), and what
+# the report's label adds for it. Their equivalence and tolerance tests are the trainer's (loopback).
+TECHNIQUE_PROFILES = {
+    "accumulation": ("ddp-s1,horovod-s1", " + 2-step gradient accumulation"),
+    "compression": ("ddp-s1,horovod-s1", " + fp16 gradient compression"),
+    "profiled": ("ddp,horovod", " + step profile"),  # ddp's cells: every strategy's too
+}
+
+
+def test_accumulation_compression_and_the_step_profile_run_on_ddp_and_horovod(harness_lab):
+    cluster, env = harness_lab
+    store = ResultStore.for_cluster(cluster.name)
+    for profile, (only, label) in TECHNIQUE_PROFILES.items():
+        done = invoke("bench.all", "-i", str(cluster.inventory_path), "--profile", profile, "--only", only,
+                      "--force", "--no-report", env=env)
+        assert done.returncode == 0, (profile, done.stdout[-3000:] + done.stderr[-2000:])
+        ran = {run.cell_key: run for run in store.runs(status="ok") if run.cell.profile == profile}
+        assert {run.cell.framework for run in ran.values()} == {"ddp", "horovod"}, (profile, sorted(ran))
+        for key, run in ran.items():
+            assert run.result["framework_label"].endswith(label), (key, run.result["framework_label"])
+            assert run.result["world_size"] == 2, key
+            if profile == "accumulation":
+                assert run.result["config"]["grad_accum_steps"] == 2, key
+            if profile == "compression":  # half the bytes of every trainable fp32 gradient
+                sent = run.result["gradient_sync"]
+                assert sent["compression"] == "fp16" and sent["bytes_per_step"] > 0, (key, sent)
+            if profile == "profiled":  # every rank's profile of the same 4 steady steps
+                step_profile = run.result["step_profile"]
+                assert step_profile["steps"] == 4 and len(step_profile["ranks"]) == 2, key
+                assert all(rank for rank in step_profile["ranks"]), key
+    tables = build_report(store, profile="profiled").extra_tables
+    table, = (table for table in tables if table.number == "B.15")
+    platforms_shown = {row[0].text for row in table.rows}
+    assert platforms_shown == {platforms.label("ddp"), platforms.label("horovod")}, platforms_shown
+
 def _fault_rows(store) -> dict[str, str]:
     """The report's fault table (B.5), one text per framework."""
     section = build_report(store).faults
