@@ -181,11 +181,11 @@ class FaultRun:
         return self.record is not None and self.record.injected_unix is not None
 
     def arm(self, placed: tuple[Node, ...], watched: tuple[Node, ...], output_dir: str, attempt: int,
-            say, sessions: remote.Sessions | None = None, unit_nodes: frozenset[str] | None = None) -> None:
+            say, sessions: remote.Sessions | None, *, unit_nodes: frozenset[str]) -> None:
         """Start watching this attempt: fire once checkpointed_epoch >= k on any of `watched`, over the
         attempt's own connections (`sessions`): a new SSH handshake per poll would load the nodes.
-        `unit_nodes`: the nodes this attempt runs a unit of the cell on (default: every placed one)."""
-        self._unit_nodes = frozenset(node.name for node in placed) if unit_nodes is None else unit_nodes
+        `unit_nodes`: the nodes this attempt runs a unit of the cell on (a launcher's own ranks run none)."""
+        self._unit_nodes = unit_nodes
         plan = self.cell.fault_plan
         node = target(self.cluster, self.cell, placed)
         if self.record is None:

@@ -304,7 +304,7 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
                 workers = tuple(node for node in planned.prepare_nodes if node in self.cluster.workers)
                 self.fault_run.arm(planned.placement.nodes, workers, planned.paths.output_dir,
                                    attempt.number, say, self.sessions,
-                                   frozenset(node.name for node, _ in planned.jobs))
+                                   unit_nodes=frozenset(node.name for node, _ in planned.jobs))
             result, failure = self.execute(planned, attempt.log_dir, timeout_s)
             phase("run_and_fetch")
             if self.fault_run is not None:

@@ -301,13 +301,16 @@ def test_accumulation_compression_and_the_step_profile_run_on_ddp_and_horovod(ha
             assert run.result["world_size"] == 2, key
             if profile == "accumulation":
                 assert run.result["config"]["grad_accum_steps"] == 2, key
-            if profile == "compression":  # half the bytes of every trainable fp32 gradient
+            if profile == "compression":
                 sent = run.result["gradient_sync"]
                 assert sent["compression"] == "fp16" and sent["bytes_per_step"] > 0, (key, sent)
             if profile == "profiled":  # every rank's profile of the same 4 steady steps
                 step_profile = run.result["step_profile"]
                 assert step_profile["steps"] == 4 and len(step_profile["ranks"]) == 2, key
                 assert all(rank for rank in step_profile["ranks"]), key
+        if profile == "compression":  # 2 bytes per trainable gradient on both: DDP's hook and Horovod's
+            sent = {run.cell.framework: run.result["gradient_sync"]["bytes_per_step"] for run in ran.values()}
+            assert sent["ddp"] == sent["horovod"], sent
     tables = build_report(store, profile="profiled").extra_tables
     table, = (table for table in tables if table.number == "B.15")
     platforms_shown = {row[0].text for row in table.rows}
