@@ -27,6 +27,9 @@ from dtlab.inventory import Cluster, Node
 from dtlab.platforms.base import NO_GPU_CPU_INVENTORY, ResetSteps
 
 SERVICES_READY_TIMEOUT_S = 90  # after a reset: each platform's services take cells again
+# The one probe script per node, all nodes at once. It imports torch (Horovod's probe): on a 2-core machine
+# running the lab's three nodes and the tests beside them, it took over 30 s on every node at once.
+PROBE_TIMEOUT_S = 90
 
 
 def threshold(cluster: Cluster, key: str) -> float:
@@ -95,6 +98,15 @@ def _parse_probe(text: str) -> dict[str, str]:
     return values
 
 
+def probe_timeout_rows(node: Node, result: remote.CommandResult) -> list[CheckRow]:
+    """The row that says why a node's probe rows all lack answers: the script ran out of time, answering
+    nothing; none where it answered."""
+    if result.exit_code != remote.TIMED_OUT or _parse_probe(result.stdout):
+        return []
+    return [CheckRow("probe", node.name, False, f"the probe script gave no answer within {PROBE_TIMEOUT_S} "
+                     "s: the node too loaded, or a command in it hung")]
+
+
 def check(cluster: Cluster) -> list[CheckRow]:
     rows: list[CheckRow] = []
     max_skew_s = threshold(cluster, "dtlab_max_clock_skew_s")
@@ -103,9 +115,9 @@ def check(cluster: Cluster) -> list[CheckRow]:
 
     def probe(node: Node) -> tuple[float, remote.CommandResult, float]:
         # The SSH handshake happens before the clock starts: it is one-sided and would bias the skew.
-        connection = sessions.connection(node)
+        connection, script = sessions.connection(node), _probe_script(cluster, node)
         sent = time.time()
-        answer = remote.run(node, _probe_script(cluster, node), timeout=30, connection=connection)
+        answer = remote.run(node, script, timeout=PROBE_TIMEOUT_S, connection=connection)
         return sent, answer, time.time()
 
     with remote.Sessions() as sessions:
@@ -119,6 +131,7 @@ def check(cluster: Cluster) -> list[CheckRow]:
         values = _parse_probe(result.stdout)
         node_states[node.name] = values
         rows.append(CheckRow("ssh", node.name, True, f"{node.ssh_user}@{node.address}"))
+        rows += probe_timeout_rows(node, result)  # first: every row below lacks its answer then
         try:
             skew, delay = clock_offset(sent, float(values["time"]), float(values["time_end"]), received)
             # The node read its clock somewhere inside the network's part of the round trip: allow half

@@ -28,6 +28,7 @@ UNIT_PREFIX = "dtlab-"
 CELL_UNIT_PATTERNS = tuple(f"{UNIT_PREFIX}{framework}-g*" for framework in paths.platform_names())
 CONNECT_TIMEOUT_S = 10
 COMMAND_TIMEOUT_S = 60
+TIMED_OUT = 124  # run's exit code for a command it ended at its timeout (as timeout(1) exits)
 # SSH keepalives on every connection: a silent peer is noticed by the transport too, not only by
 # the harness's own probes (bench.UnitWatch), and NATs and firewalls keep the session open.
 KEEPALIVE_S = 10
@@ -260,7 +261,7 @@ def run(
         return CommandResult(node.name, result.exited, result.stdout, result.stderr)
     except CommandTimedOut:
         tail = "\n".join(writer.lines[-5:]) if writer else ""
-        return CommandResult(node.name, 124, tail, f"timed out after {timeout:.0f} s")
+        return CommandResult(node.name, TIMED_OUT, tail, f"timed out after {timeout:.0f} s")
     except DtlabError:
         raise
     except Exception as exc:  # paramiko/socket errors: one line that names the node

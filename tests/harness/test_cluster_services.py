@@ -5,7 +5,7 @@ import subprocess
 from harness_helpers import CPU_CLUSTER_3, write_inventory
 
 from dtlab import cluster as cluster_module
-from dtlab import platforms
+from dtlab import platforms, remote
 from dtlab.platforms import load_cluster
 from dtlab.platforms.base import ResetSteps, restart_command
 
@@ -51,6 +51,17 @@ def test_the_skew_leaves_out_the_nodes_own_script_time():
     # Clocks in step, with the script as slow as in the CI run whose midpoint read -1.87 s.
     offset, delay = cluster_module.clock_offset(10.0, 10.3, 14.0, 14.1)
     assert abs(offset - 0.1) < 1e-9 and abs(delay - 0.4) < 1e-9
+
+
+def test_a_probe_that_ran_out_of_time_says_so_before_the_rows_that_lack_its_answers(tmp_path):
+    cluster = _cluster_naming(tmp_path)
+    node = cluster.workers[0]
+    timed_out = remote.CommandResult(node.name, remote.TIMED_OUT, "", "timed out after 90 s")
+    [row] = cluster_module.probe_timeout_rows(node, timed_out)
+    assert (row.check, row.node, row.ok) == ("probe", node.name, False)
+    assert row.detail.startswith(f"the probe script gave no answer within {cluster_module.PROBE_TIMEOUT_S} s")
+    answered = remote.CommandResult(node.name, 0, "time=1.0\ntime_end=1.5\n", "")
+    assert cluster_module.probe_timeout_rows(node, answered) == []
 
 
 def _platform_rows(cluster, states):
