@@ -93,10 +93,19 @@ def hit_node(plan: Fault, planned: Node, watched: tuple[Node, ...], ranks_on: di
     return running[-1] if running else planned
 
 
-def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str, cell_unit: str = "") -> str:
+def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str, cell_unit: str = "",
+                   held_service: str = "") -> str:
     """Shell for the hit node; prints one line saying what it did, exits 3 when there was nothing to hit.
     `unit` names a transient unit of the fault's own; `cell_unit` is the cell's unit on that node, "" where
-    the cell runs none there (ranks a driver on another node started)."""
+    the cell runs none there (ranks a driver on another node started); `held_service` the platform's
+    service the ranks run under there, which an elastic plan's lost node loses (lost_node_service)."""
+    if plan.kind == "kill" and plan.elastic and held_service:
+        # The node's platform service gone at once with the ranks under it, as when a node is lost, and
+        # held stopped (the stop cancels systemd's restart) so that it does not rejoin this cell's run.
+        service = shlex.quote(f"{held_service}.service")
+        return (f"systemctl is-active --quiet {service} || {{ echo 'no running {held_service}'; exit 3; }}; "
+                f"systemctl kill --signal=SIGKILL {service} && systemctl stop {service} && "
+                f"echo 'SIGKILL to every process of {held_service}, held stopped until the cell ends'")
     if plan.kind == "kill" and plan.elastic and cell_unit:
         # The node's share of the cell gone at once, its platform agent (torchrun's) with the trainers, as
         # when a node is lost: the survivors must go on without it. A kill of the trainers alone would
@@ -128,8 +137,8 @@ def inject_command(cluster: Cluster, plan: Fault, output_dir: str, unit: str, ce
             f"echo \"$GLOO_SOCKET_IFNAME down for {plan.seconds} s\"")
 
 
-def inject(cluster: Cluster, plan: Fault, node: Node, output_dir: str, unit: str, cell_unit: str = ""
-           ) -> tuple[bool, str]:
+def inject(cluster: Cluster, plan: Fault, node: Node, output_dir: str, unit: str, cell_unit: str = "",
+           held_service: str = "") -> tuple[bool, str]:
     """Do it: (done, one line on what was done or why not). A kill always goes over SSH. The lab's nodes
     are containers on this machine without the right to take their own link down or to come back after
     a reboot: there a netdrop takes the node's cable (its host-side veth) down, and a restart powers the
@@ -152,7 +161,7 @@ def inject(cluster: Cluster, plan: Fault, node: Node, output_dir: str, unit: str
                          name="dtlab-fault-restart").start()
         return True, f"{node.name} powered off and on (lab.restart_node)"
     try:
-        answer = remote.run(node, inject_command(cluster, plan, output_dir, unit, cell_unit),
+        answer = remote.run(node, inject_command(cluster, plan, output_dir, unit, cell_unit, held_service),
                             timeout=PROBE_TIMEOUT_S)
     except DtlabError as error:
         return False, str(error)
@@ -168,6 +177,7 @@ class FaultRun:
     cluster: Cluster
     cell: Cell
     recovery: str  # how the cell's platform recovers from a lost worker (Platform.recovery)
+    held_service: str = ""  # an elastic plan's lost node loses it with the ranks (Platform.lost_node_service)
     record: FaultRecord | None = None
     # The run's clock starts with its first attempt, as an undisturbed run's does (its "submitted").
     started_unix: float = field(default_factory=time.time)
@@ -220,7 +230,8 @@ class FaultRun:
             unit = remote.unit_name(self.cell.key, "fault")
             cell_unit = remote.unit_name(self.cell.key, node.name) if node.name in self._unit_nodes else ""
             self._losing = node.name if plan.elastic else None  # set first: its unit ends as the kill returns
-            done, said = inject(self.cluster, plan, node, output_dir, unit, cell_unit)
+            held = self.held_service if plan.elastic else ""
+            done, said = inject(self.cluster, plan, node, output_dir, unit, cell_unit, held)
             if not done:
                 self._losing = None
             self.record.injection = said if done else f"not injected: {said}"
@@ -230,6 +241,19 @@ class FaultRun:
                 self.record.checkpointed_epoch = max(epochs)
             say(f"[magenta]fault {plan.spec}: {self.record.injection}[/]")
             return
+
+    def restore(self) -> str | None:
+        """After the cell's last attempt: start the platform service an elastic plan's fault held stopped on
+        the lost node; the node's name, or None when there was none to start. DtlabError if it would not."""
+        if not (self.held_service and self.fired and self.cell.fault_plan.elastic):
+            return None
+        node = self.cluster.node(self.record.node)
+        service = shlex.quote(f"{self.held_service}.service")
+        answer = remote.run(node, f"systemctl start {service}", timeout=PROBE_TIMEOUT_S * 6)
+        if not answer.ok:
+            raise DtlabError(f"host {node.name}: the fault's lost {self.held_service} did not start again: "
+                             f"{(answer.stderr or answer.stdout).strip()[-200:]}; run `invoke cluster.reset`")
+        return node.name
 
     def lost_node(self) -> str | None:
         """The node an elastic plan's fault takes out of the run for good, from the moment it is hit: its

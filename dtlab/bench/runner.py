@@ -213,11 +213,32 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
     def run_cell(self, cell: Cell, timeout_s: int) -> CellOutcome:
         """Up to 1 + retries attempts; a retry resumes from the trainer's checkpoint."""
         started = time.monotonic()
-        failure: AttemptFailure | None = None
-        attempts = 0
         platform = platforms.get(cell.framework)
         recovery = (platform.elastic_recovery if cell.elastic else platform.recovery)(self.cluster)
-        self.fault_run = faults.FaultRun(self.cluster, cell, recovery) if cell.fault else None
+        held = platform.lost_node_service(self.cluster)
+        self.fault_run = faults.FaultRun(self.cluster, cell, recovery, held) if cell.fault else None
+        try:
+            return self._run_attempts(cell, timeout_s, started)
+        finally:
+            self.restore_lost_node(platform)
+
+    def restore_lost_node(self, platform: platforms.Platform) -> None:
+        """After a faulted cell: the platform service its elastic plan held stopped starts again, and the
+        next cell waits (bounded) until the platform takes cells on that node again. One that will not start
+        is said, not raised: the cell's outcome stands, and the next cell's preflight names the node."""
+        say = self.display.note if self.display else print
+        try:
+            restored = self.fault_run.restore() if self.fault_run is not None else None
+        except DtlabError as error:
+            say(f"[yellow]{error}[/]")
+            return
+        if restored is not None:
+            say(f"{restored}: the lost node's {self.fault_run.held_service} started again")
+            platform.wait_ready(self.cluster, list(self.cluster.workers), NODES_BACK_WAIT_S)
+
+    def _run_attempts(self, cell: Cell, timeout_s: int, started: float) -> CellOutcome:
+        failure: AttemptFailure | None = None
+        attempts = 0
         for attempts in range(1, self.options.retries + 2):
             if attempts > 1:
                 self.wait_for_nodes()

@@ -216,6 +216,12 @@ class Platform:
         """How it goes on with fewer workers after losing one, as dtlab configures it (recovery: elastic)."""
         raise NotImplementedError
 
+    def lost_node_service(self, cluster: Cluster) -> str:
+        """Its own service on a worker that runs its ranks without a unit of the cell (Ray's raylet): an
+        elastic plan's lost node loses it with the ranks, held stopped until the cell ends; "" where the
+        ranks run in the cell's units or a launcher's SSH sessions."""
+        return ""
+
     # --- upstream ---
 
     def upstream(self) -> dict[str, Any]:

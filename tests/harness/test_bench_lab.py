@@ -250,32 +250,39 @@ def test_bench_faults_kills_a_worker_of_every_platform_and_reports_what_recoveri
     assert "report:" in done.stdout  # bench.faults ends with the report
 
 
-def test_elastic_torchrun_and_horovod_go_on_alone_when_the_last_workers_node_is_lost(harness_lab):
-    """The elastic profile (#55), after epoch 1, on the last worker: ddp's cell unit (torchrun's agent with
-    its trainer) SIGKILLed, and Horovod's rank by its PID. torchrun's first agent meets the rendezvous again
-    alone; Horovod Elastic blacklists the lost host and resets rank 0. Each ends the run on 1 worker from
-    epoch 1's checkpoint, in the one attempt: no dtlab retry."""
+def test_elastic_torchrun_horovod_and_ray_go_on_alone_when_a_workers_node_is_lost(harness_lab):
+    """The elastic profile (#55), after epoch 1: ddp's cell unit (torchrun's agent with its trainer) on the
+    last worker SIGKILLed, Horovod's rank there by its PID, and Ray's raylet on the last worker running a
+    rank, held stopped. torchrun's first agent meets the rendezvous again alone; Horovod Elastic
+    blacklists the lost host and resets rank 0; Ray Train starts its group again on the one raylet left.
+    Each ends the run on 1 worker from epoch 1's checkpoint, in the one attempt: no dtlab retry. The raylet
+    is back after the cell."""
     cluster, env = harness_lab
     store = ResultStore.for_cluster(cluster.name)
     done = invoke("bench.faults", "-i", str(cluster.inventory_path), "--profile", "elastic", "--no-report",
                   env=env)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert not any(cell_units(cluster).values()) and trainer_processes(cluster) == {}
-    injected = {"ddp": "SIGKILL to every process of", "horovod": "kill -9 of trainer PID(s)"}
+    raylet = platforms.get("ray").lost_node_service(cluster)
+    injected = {"ddp": "SIGKILL to every process of", "horovod": "kill -9 of trainer PID(s)",
+                "ray": f"SIGKILL to every process of {raylet}, held stopped"}
     for framework, injection in injected.items():
         key = f"{framework}-g2-e2-s0-elastic-kill-after1"
         run = max((r for r in store.runs(status=None) if r.cell_key == key), key=lambda r: r.id)
         record = run.fault_record
         assert run.status == "ok" and record["outcome"] == "recovered", (key, run.reason, record)
-        assert record["node"] == cluster.workers[-1].name and record["injection"].startswith(injection)
+        lost = [cluster.workers[-1].name] if framework != "ray" else [node.name for node in cluster.workers]
+        assert record["node"] in lost and record["injection"].startswith(injection), record
         assert record["attempts"] == 1 and record["detected_by"] == "the platform (restarted it)", record
         assert record["final_world_size"] == 1 == run.result["world_size"], key
         assert run.result["resumed_from_epoch"] == 1, key
         assert [m["epoch"] for m in run.result["epoch_metrics"]] == [1, 2], key
+    states = remote.run_all(cluster.workers, f"systemctl is-active {raylet}", timeout=10)
+    assert {name: answer.stdout.strip() for name, answer in states.items()} == dict.fromkeys(
+        (node.name for node in cluster.workers), "active"), states
     rows = [" | ".join(value.text for value in row) for row in build_report(store).faults.table.rows]
     elastic = [row for row in rows if "(the node lost; elastic)" in row]
-    assert len(elastic) == 2 and all(" | 1 of 2 | " in row for row in elastic), rows
-
+    assert len(elastic) == 3 and all(" | 1 of 2 | " in row for row in elastic), rows
 
 
 # The seeds' techniques (#55) on the lab, each on ddp and Horovod: the profile, its cells (--only), and what

@@ -192,6 +192,25 @@ def test_an_elastic_horovod_cell_runs_horovod_elastic_and_its_lost_node_loses_it
     assert "--min-np" not in plain.jobs[0][1].argv[-1] and "elastic" not in plain.trainer_config
 
 
+def test_an_elastic_ray_cell_scales_ray_train_and_its_lost_node_loses_its_raylet_until_the_cell_ends(cluster):
+    """Ray's ranks are its raylet's actors: the lost node's raylet is SIGKILLed and held stopped (the stop
+    cancels systemd's Restart=always), so that it does not rejoin the run; bench starts it after the cell."""
+    ray = platforms.get("ray")
+    raylet = ray.lost_node_service(cluster)
+    assert raylet == cluster.require("ray_worker_service") and ray.elastic_refusal(cluster) is None
+    command = faults.inject_command(cluster, Fault("kill", 1, recovery="elastic"), "/runs/out", "unused", "",
+                                    raylet)
+    assert f"systemctl kill --signal=SIGKILL {raylet}.service && systemctl stop {raylet}.service" in command
+    assert "systemctl kill" not in faults.inject_command(cluster, Fault("kill", 1), "/runs/out", "unused", "",
+                                                         raylet)  # a restart plan kills the trainers alone
+    planned = ray.build(cluster, faulted("ray", spec="elastic-kill-after1"), attempt=1, timeout_s=60)
+    assert planned.trainer_config["elastic"] is True
+    assert "elastic" not in ray.build(cluster, faulted("ray"), attempt=1, timeout_s=60).trainer_config
+    assert platforms.get("ddp").lost_node_service(cluster) == ""  # its ranks run in the cell's units
+    unfired = faults.FaultRun(cluster, faulted("ray", spec="elastic-kill-after1"), "elastic", raylet)
+    assert unfired.restore() is None  # nothing was held: nothing to start
+
+
 def test_an_elastic_run_is_recorded_with_the_workers_it_finished_on(cluster):
     run = faults.FaultRun(cluster, faulted(spec="elastic-kill-after1"), "torchrun's elastic rendezvous")
     run.record = faults.FaultRecord("elastic-kill-after1", "kill", "node2", 1, None, run.recovery, 100.0,

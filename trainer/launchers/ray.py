@@ -1,5 +1,4 @@
-"""Ray launcher: `python -m trainer.launchers.ray --config F.yml --num-workers 2 --address HOST:6379`.
-TorchTrainer runs the core on N workers in the group Ray forms. Checkpoints: trainer/README.md, Under Ray."""
+"""Ray launcher: TorchTrainer runs the core on --num-workers workers (elastic: 1 to N); trainer/README.md."""
 
 import os
 from pathlib import Path
@@ -57,9 +56,10 @@ def launch(cfg, args) -> None:
     cfg = from_dict({**cfg.as_dict(), **absolute, "framework": "ray", "device": "cuda" if gpus else "cpu"})
     run_dir = Path(cfg.checkpoint_dir or Path(cfg.output_dir, "ray-run"))
     run, ray_data = _ray_data.etl(cfg, PROG)  # platform: Ray Data's ETL; TorchTrainer's datasets, its rows
+    workers = (1, args.num_workers) if cfg.elastic else args.num_workers  # elastic: as many as fit, from 1
     trainer = TorchTrainer(  # placed as dtlab places ddp: on CPU one worker a node, GPUs filled node by node
         lambda _: train(cfg, RayHooks(run)), torch_config=TorchConfig(backend="nccl" if gpus else "gloo"),
-        scaling_config=ray.train.ScalingConfig(num_workers=args.num_workers, use_gpu=gpus,  # 1 GPU a worker
+        scaling_config=ray.train.ScalingConfig(num_workers=workers, use_gpu=gpus,  # 1 GPU a worker
             resources_per_worker=None if gpus else {"CPU": cfg.threads},
             placement_strategy="PACK" if gpus else "SPREAD"), **ray_data,
         run_config=ray.train.RunConfig(storage_path=str(run_dir.parent), name=run_dir.name,
@@ -67,8 +67,8 @@ def launch(cfg, args) -> None:
     try:
         result = trainer.fit().return_value  # rank 0's: train()'s result dict
     except ray.train.TrainingFailedError as error:  # its last line is the workers' last exception
-        why = str(error).strip().splitlines()[-1]
-        raise SystemExit(f"{PROG}: error: Ray gave up after {args.max_failures} restart(s): {why}") from None
+        raise SystemExit(f"{PROG}: error: Ray gave up after {args.max_failures} restart(s): "
+                         f"{str(error).strip().splitlines()[-1]}") from None
     print(f"result: {write_result(result, cfg.output_dir)}")  # rank 0 may have run on another node
 
 

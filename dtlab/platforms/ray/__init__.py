@@ -2,7 +2,8 @@
 
 Ray Train's TorchTrainer places the N training workers on the workers' raylets (the head offers no
 slots), so Ray, not dtlab, picks which workers; the launcher copies rank 0's result to the driver's
-output_dir, so the result is fetched from the master, as for Spark.
+output_dir, so the result is fetched from the master, as for Spark. A fault plan's `recovery: elastic`
+runs Ray Train's elastic scaling; its lost node loses its raylet (lost_node_service).
 """
 
 from __future__ import annotations
@@ -80,7 +81,10 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     # colour unless told not to; the log is a file, read by people and by the report.
     master = cluster.require_master("ray cells")
     env = {**trainer_env(cluster, master), **auth_env(cluster), "RAY_COLOR_PREFIX": "0"}
-    return driver_on_master(cluster, placement, paths, argv, env, timeout_s, LABEL)
+    launch = driver_on_master(cluster, placement, paths, argv, env, timeout_s, LABEL)
+    if cell.elastic:  # TorchTrainer with 1 to N workers; the survivors resume the checkpoint more wrote
+        launch.trainer_config["elastic"] = True
+    return launch
 
 
 # --- Ray: the head's dashboard API, asked on the master with the token file there --------------------
@@ -250,6 +254,17 @@ class Ray(Platform):
     def recovery(self, cluster: Cluster) -> str:
         failures = cluster.require("ray_max_failures")
         return f"Ray Train FailureConfig(max_failures={failures}), then {DTLAB_RETRY}"
+
+    def elastic_refusal(self, cluster: Cluster) -> str | None:
+        return None  # Ray Train's elastic ScalingConfig (Ray 2.60's Train v2, the default)
+
+    def elastic_recovery(self, cluster: Cluster) -> str:
+        failures = cluster.require("ray_max_failures")
+        return (f"Ray Train's elastic scaling (ScalingConfig(num_workers=(1, N)), FailureConfig(max_failures="
+                f"{failures})): the group starts again on the workers still alive and resumes the checkpoint")
+
+    def lost_node_service(self, cluster: Cluster) -> str:
+        return self.units(cluster)["ray_worker_service"]  # the ranks are its raylet's actors
 
 
 PLATFORM = register(Ray())
