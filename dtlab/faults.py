@@ -177,7 +177,7 @@ class FaultRun:
     cluster: Cluster
     cell: Cell
     recovery: str  # how the cell's platform recovers from a lost worker (Platform.recovery)
-    held_service: str = ""  # an elastic plan's lost node loses it with the ranks (Platform.lost_node_service)
+    held_service: str = ""  # an elastic cell's lost node loses it with the ranks (Platform.lost_node_service)
     record: FaultRecord | None = None
     # The run's clock starts with its first attempt, as an undisturbed run's does (its "submitted").
     started_unix: float = field(default_factory=time.time)
@@ -230,8 +230,7 @@ class FaultRun:
             unit = remote.unit_name(self.cell.key, "fault")
             cell_unit = remote.unit_name(self.cell.key, node.name) if node.name in self._unit_nodes else ""
             self._losing = node.name if plan.elastic else None  # set first: its unit ends as the kill returns
-            held = self.held_service if plan.elastic else ""
-            done, said = inject(self.cluster, plan, node, output_dir, unit, cell_unit, held)
+            done, said = inject(self.cluster, plan, node, output_dir, unit, cell_unit, self.held_service)
             if not done:
                 self._losing = None
             self.record.injection = said if done else f"not injected: {said}"
@@ -245,7 +244,7 @@ class FaultRun:
     def restore(self) -> str | None:
         """After the cell's last attempt: start the platform service an elastic plan's fault held stopped on
         the lost node; the node's name, or None when there was none to start. DtlabError if it would not."""
-        if not (self.held_service and self.fired and self.cell.fault_plan.elastic):
+        if not (self.held_service and self.fired):
             return None
         node = self.cluster.node(self.record.node)
         service = shlex.quote(f"{self.held_service}.service")

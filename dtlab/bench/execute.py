@@ -107,7 +107,8 @@ class ExecuteStep:
         self.collect_platform_files(planned, log_dir)
         if failure is not None:
             return None, failure
-        return self.fetch_result(planned, log_dir)
+        lost = self.fault_run.lost_node() if self.fault_run is not None else None
+        return self.fetch_result(planned, log_dir, search=planned.result_nodes(lost))
 
     def collect_platform_files(self, planned: launching.Launch, log_dir: Path) -> None:
         """What the platform wrote on the nodes beyond the units' logs: logs into the attempt folder,

@@ -215,7 +215,7 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
         started = time.monotonic()
         platform = platforms.get(cell.framework)
         recovery = (platform.elastic_recovery if cell.elastic else platform.recovery)(self.cluster)
-        held = platform.lost_node_service(self.cluster)
+        held = platform.lost_node_service(self.cluster) if cell.elastic else ""
         self.fault_run = faults.FaultRun(self.cluster, cell, recovery, held) if cell.fault else None
         try:
             return self._run_attempts(cell, timeout_s, started)

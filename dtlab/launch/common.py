@@ -158,6 +158,17 @@ class Launch:
     # bench adds them to the attempt's clock (harness_timeline_unix).
     platform_marks: tuple[Node, str] | None = None
 
+    def result_nodes(self, lost: str | None = None) -> tuple[Node, ...]:
+        """Where to look for result.json: `result_node`; after an elastic plan lost node `lost`, also every
+        other node that ran a unit of the cell (the survivors' new rendezvous may give rank 0 to any)."""
+        if lost is None:
+            return (self.result_node,)
+        seen: dict[str, Node] = {}
+        for node in (self.result_node, *(n for n, _ in self.jobs)):
+            if node.name != lost:
+                seen.setdefault(node.name, node)
+        return tuple(seen.values()) or (self.result_node,)
+
     @property
     def all_nodes(self) -> tuple[Node, ...]:
         seen: dict[str, Node] = {}

@@ -51,6 +51,14 @@ def test_ddp_runs_torchrun_on_each_selected_worker_with_rendezvous_on_the_first(
     assert planned.trainer_config["device"] == "cuda" and planned.label == "ddp (torchrun)"
 
 
+def test_after_an_elastic_loss_the_result_is_looked_for_on_each_survivor_rank_0_may_move_to(gpu_cluster):
+    planned = build_launch(gpu_cluster, cell(gpus=6), attempt=1, timeout_s=600)
+    assert [node.name for node, _ in planned.jobs] == ["gpu1", "gpu2", "gpu3"]
+    assert [node.name for node in planned.result_nodes()] == ["gpu1"]  # no loss: rank 0's first node
+    assert [node.name for node in planned.result_nodes("gpu2")] == ["gpu1", "gpu3"]
+    assert [node.name for node in planned.result_nodes("gpu1")] == ["gpu2", "gpu3"]
+
+
 def test_cpu_inventory_means_one_single_thread_worker_per_gpu(cpu_cluster):
     planned = build_launch(cpu_cluster, cell(gpus=2), attempt=3, timeout_s=60)
     assert [(s.node.name, s.nproc, s.gpu_indices) for s in planned.placement.slots] == [
