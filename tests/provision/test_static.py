@@ -63,12 +63,14 @@ def test_site_lists_one_tag_per_component_in_install_order():
 def test_role_has_documented_interface(role):
     role_dir = paths.REPO_ROOT / "roles" / role
     defaults = yaml.safe_load((role_dir / "defaults/main.yml").read_text()) or {}
-    specs = yaml.safe_load((role_dir / "meta/argument_specs.yml").read_text())
-    specs = specs["argument_specs"]["main"]["options"]
+    specs = declared(role_dir)
     for name in defaults:
         assert name.startswith(f"{role}_"), f"{role}: default {name} lacks the role prefix"
-        assert name in specs, f"{role}: default {name} missing from meta/argument_specs.yml"
-    assert (role_dir / "handlers/main.yml").exists()
+        assert name in specs, f"{role}: default {name} missing from meta/main.yml's argument_specs"
+    # One place for the spec (Ansible also reads meta/argument_specs.yml); no empty handlers file.
+    assert not (role_dir / "meta/argument_specs.yml").exists()
+    handlers = role_dir / "handlers/main.yml"
+    assert not handlers.exists() or yaml.safe_load(handlers.read_text()), f"{role}: empty handlers/main.yml"
     readme = (role_dir / "README.md").read_text()
     order = [readme.index(heading) for heading in
              ("## Requirements", "## Role Variables", "## Dependencies", "## Example Playbook")]
@@ -86,7 +88,7 @@ def test_no_role_reaches_outside_itself():
             assert "role_path" not in path.read_text(), f"{path}: role_path (give the role a variable)"
 
 
-# --- every variable a role reads is declared in its meta/argument_specs.yml ------------------------------
+# --- every variable a role reads is declared in its meta/main.yml's argument_specs ------------------------
 
 # Names only parsed here, never rendered: every filter and test passes (Ansible's are not Jinja's).
 class _AnyName(dict):
@@ -155,7 +157,7 @@ def role_reads(role_dir: Path) -> set:
 
 
 def declared(role_dir: Path) -> set:
-    return set(yaml.safe_load((role_dir / "meta/argument_specs.yml").read_text())
+    return set(yaml.safe_load((role_dir / "meta/main.yml").read_text())
                ["argument_specs"]["main"]["options"])
 
 
@@ -163,10 +165,10 @@ def declared(role_dir: Path) -> set:
 def test_role_declares_every_variable_it_reads(role):
     role_dir = paths.REPO_ROOT / "roles" / role
     undeclared = role_reads(role_dir) - declared(role_dir) - READ_FROM_FACTS
-    assert not undeclared, f"{role} reads {sorted(undeclared)}, undeclared in meta/argument_specs.yml"
+    assert not undeclared, f"{role} reads {sorted(undeclared)}, undeclared in meta/main.yml's argument_specs"
     defaults = yaml.safe_load((role_dir / "defaults/main.yml").read_text()) or {}
     unread = declared(role_dir) - role_reads(role_dir) - set(defaults)
-    assert not unread, f"{role}: meta/argument_specs.yml declares {sorted(unread)}, which it never reads"
+    assert not unread, f"{role}: meta/main.yml's argument_specs declare {sorted(unread)}, never read"
 
 
 @pytest.mark.slow
