@@ -16,8 +16,8 @@ What a platform owns:
 - the cluster: `probe_lines` (its part of cluster.check's one probe script per node), `check_rows`,
   `gpu_rows`, `reset` (its step of cluster.reset) and `wait_ready` (after the reset);
 - faults: `recovery` (what recovers a lost worker, as dtlab configures it);
-- upstream: `upstream()` (is it maintained, its last release, where that was read: its package's
-  upstream.yml, a fact checked by hand, which the report's verdict and Table B.10 read);
+- upstream: `upstream_health`, an `Upstream` (is it maintained, its last release, where that was read: a
+  fact checked by hand on the date it gives, which the report's verdict and Table B.10 read);
 - the inventory: `check_inventory_host` and `check_inventory` (its variables that would fail later, refused
   as one line when the inventory is read: dtlab.platforms.load_cluster), `port_ranges` (ports it takes from
   a range, kept free of the other services' ports);
@@ -28,16 +28,13 @@ What a platform owns:
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import subprocess
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any, ClassVar
-
-import yaml
 
 from dtlab import remote
 from dtlab.cell import Cell
@@ -51,9 +48,22 @@ DTLAB_RETRY = "dtlab retry from the newest checkpoint"
 Run = Callable[[list[str], str, float], subprocess.CompletedProcess]  # an offline build's steps
 Say = Callable[[str], None]
 NO_GPU_CPU_INVENTORY = "no GPU (cpu inventory)"
-# What a platform's upstream.yml states: what upstream is, whether releases and fixes still come, the newest
-# release known (with its date where recorded), where that was read, and when it was checked.
-UPSTREAM_KEYS = ("project", "maintained", "last_release", "source", "checked")
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """What a platform states of its upstream: what it is, whether releases and fixes still come, the newest
+    release known (with its date where recorded), where that was read, and when it was checked (by hand:
+    edit it when upstream changes)."""
+
+    project: str
+    maintained: bool
+    last_release: str
+    source: str
+    checked: str  # YYYY-MM-DD
+
+
+UPSTREAM_KEYS = tuple(Upstream.__dataclass_fields__)
 
 
 class PreflightError(DtlabError):
@@ -110,6 +120,7 @@ class Platform:
     check_names: ClassVar[tuple[str, ...]]  # the rows check_rows and gpu_rows can return
     reset_title: ClassVar[str]  # its step's line in cluster.reset's log
     # Run labels (their start) that mark a stand-in, not the platform itself: the report says so.
+    upstream_health: ClassVar[Upstream]  # its upstream's health, stated with its source
     stand_in_labels: ClassVar[tuple[str, ...]] = ()
 
     # TrainConfig.data_path values its launcher trains on: every launcher reads through the trainer's
@@ -225,20 +236,8 @@ class Platform:
     # --- upstream ---
 
     def upstream(self) -> dict[str, Any]:
-        """Its upstream health (UPSTREAM_KEYS), from upstream.yml in its package."""
-        return dict(_upstream(type(self).__module__))
-
-
-@cache
-def _upstream(package: str) -> dict[str, Any]:
-    where = f"{package.replace('.', '/')}/upstream.yml"
-    try:
-        entry = yaml.safe_load(resources.files(package).joinpath("upstream.yml").read_text())
-    except FileNotFoundError:
-        raise DtlabError(f"{where}: missing; each platform states its upstream health there") from None
-    if not isinstance(entry, dict) or any(key not in entry for key in UPSTREAM_KEYS):
-        raise DtlabError(f"{where}: needs {', '.join(UPSTREAM_KEYS)}")
-    return entry
+        """Its upstream health (UPSTREAM_KEYS) as the report reads it."""
+        return dataclasses.asdict(self.upstream_health)
 
 
 _REGISTERED: dict[str, Platform] = {}

@@ -176,7 +176,7 @@ COMPARISON_NOTE = (
     "once). The study's two columns are its Table 5.11 and section 5.6.4 (the study covers DDP, "
     "Determined and Spark only): shown beside the measured, never ranked on this cluster's runs; the data "
     "pipelines column leads with the platform's own ETL as Table B.13 measured it. "
-    "Upstream: each platform's upstream.yml (dtlab/platforms/<name>/), each fact with its source."
+    "Upstream: each platform's upstream_health (dtlab/platforms/<name>/), each fact with its source."
 )
 
 

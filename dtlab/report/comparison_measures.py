@@ -370,8 +370,8 @@ def _unattended(faults: FaultSection | None, framework: str) -> Measure:
 
 @cache
 def upstream() -> dict[str, dict[str, Any]]:
-    """Per platform, whether upstream is maintained, its last release, the source (its package's
-    upstream.yml: Platform.upstream)."""
+    """Per platform, whether upstream is maintained, its last release, the source (its
+    Platform.upstream_health)."""
     return {platform: platforms.get(platform).upstream() for platform in PLATFORMS}
 
 

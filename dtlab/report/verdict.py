@@ -5,7 +5,7 @@ Each line rests on dtlab.report.recommendation's decision over Table B.10's meas
 Table B.11 (a platform drops out only behind another with support; where a criterion cannot order the
 platforms still in, the decision stops and names the command that measures it). The platforms in a
 scenario's field are those that ran here (and that it admits). Beside each answer: the scenario source's
-own pick (never ranked), the upstream health where it matters (each platform's upstream.yml) and any
+own pick (never ranked), the upstream health where it matters (each platform's upstream_health) and any
 stand-in a reason rests on (a platform's `stand_in_labels`, e.g. Determined's Core API off-cluster).
 """
 

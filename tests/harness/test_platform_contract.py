@@ -59,7 +59,7 @@ def test_every_part_of_the_interface_is_implemented(platform: Platform):
     for attribute in ("label", "colour", "description", "reset_title"):
         assert isinstance(getattr(platform, attribute), str) and getattr(platform, attribute).strip()
     assert re.fullmatch(r"#[0-9a-f]{6}", platform.colour)
-    upstream = platform.upstream()  # its package's upstream.yml, every key stated
+    upstream = platform.upstream()  # its upstream_health, every key stated
     assert set(UPSTREAM_KEYS) <= set(upstream) and isinstance(upstream["maintained"], bool), upstream
     assert platform.launcher_files and all((paths.REPO_ROOT / f).is_file() for f in platform.launcher_files)
     roles = paths.REPO_ROOT / "roles"

@@ -10,7 +10,7 @@ from dtlab.cell import Cell
 from dtlab.checks import CheckRow, NodeStates
 from dtlab.inventory import Cluster, Node
 from dtlab.launch import CellPaths, Launch, Slot, place, trainer_config, trainer_env, unit
-from dtlab.platforms.base import DTLAB_RETRY, Platform, ResetSteps, register
+from dtlab.platforms.base import DTLAB_RETRY, Platform, ResetSteps, Upstream, register
 from dtlab.remote import UnitSpec
 
 NAME = "ddp"
@@ -165,6 +165,14 @@ def rendezvous_listeners_command(port: int) -> str:
 class Ddp(Platform):
     name = NAME
     label = "PyTorch DDP"
+    upstream_health = Upstream(  # checked by hand on the date given
+        project="PyTorch (torch.distributed, torchrun)",
+        maintained=True,
+        last_release=("torch 2.13.0 is the release dtlab pins (constraints.txt); "
+                      "release date not recorded here"),
+        source="https://github.com/pytorch/pytorch/releases",
+        checked="2026-11-29",
+    )
     colour = "#1f77b4"
     description = "torchrun on each placed worker, static rendezvous on the first (the study's baseline)"
     launcher_files = ("trainer/launchers/torchrun.py",)

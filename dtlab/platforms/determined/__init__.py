@@ -32,6 +32,7 @@ from dtlab.platforms.base import (
     PreflightError,
     Release,
     ResetSteps,
+    Upstream,
     missing_unit_row,
     register,
     restart_command,
@@ -327,6 +328,14 @@ def cancel_experiments(cluster: Cluster, say) -> list[CheckRow]:
 class Determined(Platform):
     name = NAME
     label = "Determined AI"
+    upstream_health = Upstream(  # checked by hand on the date given
+        project="Determined AI (determined-ai/determined)",
+        maintained=False,
+        last_release="0.38.1, 19 March 2025; no release, fix or security update since, none announced",
+        source=("the v0.38.1 tag and its release notes on github.com/determined-ai/determined "
+                "(docs/determined.md)"),
+        checked="2026-11-29",
+    )
     colour = "#2ca02c"
     description = ("an experiment on the Determined master, its trial in determined_trial_image on the "
                    "agents (without a master: the Core API entry off-cluster under torchrun)")

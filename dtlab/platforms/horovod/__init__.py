@@ -24,7 +24,16 @@ from dtlab.checks import CheckRow, NodeStates
 from dtlab.inventory import Cluster, Node
 from dtlab.launch import CellPaths, Launch, Placement, driver_on_master, place, trainer_env
 from dtlab.pins import pinned
-from dtlab.platforms.base import DTLAB_RETRY, Platform, PreflightError, ResetSteps, Run, Say, register
+from dtlab.platforms.base import (
+    DTLAB_RETRY,
+    Platform,
+    PreflightError,
+    ResetSteps,
+    Run,
+    Say,
+    Upstream,
+    register,
+)
 from trainer import progress, strategies
 
 NAME = "horovod"
@@ -109,6 +118,13 @@ def stop_ranks_command(cluster: Cluster, cell_dirs: str) -> str:
 class Horovod(Platform):
     name = NAME
     label = "Horovod"
+    upstream_health = Upstream(  # checked by hand on the date given
+        project="Horovod (horovod/horovod)",
+        maintained=False,
+        last_release="0.28.1, 12 June 2023; no release since (its C++17 fix, merged in 2024, is in none)",
+        source="PyPI's horovod release history (roles/horovod/README.md)",
+        checked="2026-11-29",
+    )
     colour = "#e377c2"
     description = "horovodrun on the master starts the ranks over SSH; Horovod's Gloo ring averages gradients"
     launcher_files = ("trainer/launchers/horovod.py",)

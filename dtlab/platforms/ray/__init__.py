@@ -24,6 +24,7 @@ from dtlab.platforms.base import (
     Platform,
     PreflightError,
     ResetSteps,
+    Upstream,
     missing_unit_row,
     register,
     restart_command,
@@ -179,6 +180,13 @@ def stop_jobs(cluster: Cluster, call: Callable[..., Any] = api) -> list[str]:
 class Ray(Platform):
     name = NAME
     label = "Ray Train"
+    upstream_health = Upstream(  # checked by hand on the date given
+        project="Ray (Ray Train)",
+        maintained=True,
+        last_release="ray 2.60.0 is the release dtlab pins (constraints.txt); release date not recorded here",
+        source="https://github.com/ray-project/ray/releases",
+        checked="2026-11-29",
+    )
     colour = "#9467bd"
     description = "Ray Train's TorchTrainer, the driver on the master, workers on the workers' raylets"
     launcher_files = ("trainer/launchers/ray.py",)

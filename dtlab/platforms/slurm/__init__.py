@@ -19,7 +19,15 @@ from dtlab.checks import CheckRow, NodeStates, service_state
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
 from dtlab.launch import CellPaths, Launch, Placement, driver_on_master, place, trainer_env
-from dtlab.platforms.base import DTLAB_RETRY, Platform, PreflightError, ResetSteps, missing_unit_row, register
+from dtlab.platforms.base import (
+    DTLAB_RETRY,
+    Platform,
+    PreflightError,
+    ResetSteps,
+    Upstream,
+    missing_unit_row,
+    register,
+)
 from dtlab.platforms.ddp import TRAINER_MODULE, rendezvous_port, torchrun_argv
 from dtlab.remote import UNIT_PREFIX
 from dtlab.waiting import wait_until
@@ -165,6 +173,13 @@ def resume_held_nodes(cluster: Cluster, say) -> None:
 class Slurm(Platform):
     name = NAME
     label = "Slurm"
+    upstream_health = Upstream(  # checked by hand on the date given
+        project="Slurm (SchedMD; the distribution's packages)",
+        maintained=True,
+        last_release="the distribution's packages: 22.05 on Debian 12, 23.11 on Ubuntu 24.04 (roles/slurm)",
+        source="https://github.com/SchedMD/slurm/tags",
+        checked="2026-11-29",
+    )
     colour = "#8c564b"
     description = "one sbatch job per cell; srun starts ddp's torchrun on each placed worker"
     launcher_files = ("trainer/launchers/slurm.py", "trainer/launchers/_slurm.py")

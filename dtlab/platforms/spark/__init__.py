@@ -25,6 +25,7 @@ from dtlab.platforms.base import (
     PreflightError,
     Release,
     ResetSteps,
+    Upstream,
     missing_unit_row,
     register,
     restart_command,
@@ -190,6 +191,14 @@ def gpu_rows(workers: list[Node], alive: list[dict[str, Any]]) -> list[CheckRow]
 class Spark(Platform):
     name = NAME
     label = "Apache Spark"
+    upstream_health = Upstream(  # checked by hand on the date given
+        project="Apache Spark (pyspark's TorchDistributor)",
+        maintained=True,
+        last_release=("pyspark 4.3.0 is the release dtlab pins (constraints.txt); "
+                      "release date not recorded here"),
+        source="https://spark.apache.org/news/",
+        checked="2026-11-29",
+    )
     colour = "#d62728"
     description = "TorchDistributor on a standalone Spark cluster: the driver on the master, barrier tasks"
     launcher_files = ("trainer/launchers/spark.py", "trainer/launchers/_spark.py")
