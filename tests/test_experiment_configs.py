@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from dtlab import search
 from dtlab.errors import DtlabError
 from dtlab.pins import pinned
 from dtlab.platforms.determined import config as detconfig
@@ -134,3 +135,55 @@ def test_launcher_hyperparameters_are_trainer_options():
     fields = {field.name for field in dataclasses.fields(TrainConfig)}
     for path in CONFIGS:
         assert set(yaml.safe_load(path.read_text())["hyperparameters"]) <= fields
+
+
+# --- scenario C: the same search on Determined's own searcher (issue #54) ------------------------------
+
+SEARCH = {"space": {"learning_rate": {"loguniform": [1.0e-4, 3.0e-3]},
+                    "warmup_steps": {"choice": [0, 4, 16]}},
+          "trials": 8, "budget_epochs": 4, "grace_epochs": 1, "reduction_factor": 2, "seed": 0}
+
+
+def test_a_search_becomes_determined_adaptive_asha_over_the_same_space_budget_and_rungs():
+    base = detconfig.load_experiment(CONFIGS[0])
+    spec = search.parse_search(SEARCH, base["hyperparameters"], "test")
+    searched = detconfig.searcher_experiment(base, spec, "test", concurrent_trials=1)
+    assert searched["searcher"] == {
+        "name": "adaptive_asha", "metric": "val_accuracy", "smaller_is_better": False, "max_trials": 8,
+        "time_metric": "epochs", "max_time": 4, "mode": "aggressive", "divisor": 2, "max_rungs": 3,
+        "max_concurrent_trials": 1}
+    hyperparameters = searched["hyperparameters"]
+    assert hyperparameters["epochs"] == 4 and hyperparameters["warmup_steps"] == {"type": "categorical",
+                                                                                   "vals": [0, 4, 16]}
+    rate = hyperparameters["learning_rate"]
+    assert rate["type"] == "log" and rate["base"] ** rate["minval"] == pytest.approx(1.0e-4)
+    assert rate["base"] ** rate["maxval"] == pytest.approx(3.0e-3)
+    # Determined's rungs for one bracket of n (its async halving): max_time / divisor^(n-1-k); dtlab's own.
+    rungs = [4 / 2 ** (3 - 1 - k) for k in range(3)]
+    assert rungs == spec.rungs() == [1, 2, 4]
+    assert base["searcher"]["name"] == "single"  # the study's config is left as it was
+
+
+@pytest.mark.parametrize(("edit", "names"), [
+    (lambda c: c["hyperparameters"].update(learning_rate={"type": "double", "minval": -0.1, "maxval": 0.1}),
+     "hyperparameters.learning_rate"),
+    (lambda c: c["hyperparameters"].update(warmup_steps={"type": "categorical", "vals": [0, -4]}),
+     "hyperparameters.warmup_steps"),
+    (lambda c: c["searcher"].pop("max_time"), "searcher: 'max_time' is a required property"),
+    (lambda c: c["searcher"].update(max_length={"epochs": 4}), "searcher.max_length: Determined 0.38's"),
+], ids=["negative-rate-edge", "negative-warmup-choice", "asha-without-max-time", "asha-with-max-length"])
+def test_a_search_the_trainer_or_determined_would_refuse_is_one_line_naming_the_key(edit, names):
+    base = detconfig.load_experiment(CONFIGS[0])
+    spec = search.parse_search(SEARCH, base["hyperparameters"], "t")
+    searched = detconfig.searcher_experiment(base, spec, "t")
+    edit(searched)
+    with pytest.raises(DtlabError) as caught:
+        detconfig.validate_experiment(searched, "search.yaml")
+    message = str(caught.value)
+    assert message.startswith("search.yaml: ") and names in message and "\n" not in message
+
+
+def test_a_single_trial_experiment_takes_no_search_fields():
+    base = detconfig.load_experiment(CONFIGS[0])
+    with pytest.raises(DtlabError, match="searcher.max_trials: only searcher adaptive_asha takes it"):
+        detconfig.validate_experiment({**base, "searcher": {**base["searcher"], "max_trials": 4}}, "one.yaml")

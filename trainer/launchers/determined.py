@@ -50,10 +50,11 @@ class DeterminedHooks(TrainHooks):
             yield Path(path)
 
     def on_epoch_end(self, epoch: int, metrics: dict) -> None:
-        self.epoch = epoch
-        for kind, report in (("train", self.context.train.report_training_metrics),
-                             ("val", self.context.train.report_validation_metrics)):
-            report(steps_completed=epoch, metrics={k: v for k, v in metrics.items() if k.startswith(kind)})
+        self.epoch = epoch  # validation also reports `epochs`: an adaptive_asha search's time_metric (0.38)
+        for kind, report, extra in (("train", self.context.train.report_training_metrics, {}),
+                                    ("val", self.context.train.report_validation_metrics, {"epochs": epoch})):
+            picked = {k: v for k, v in metrics.items() if k.startswith(kind)}
+            report(steps_completed=epoch, metrics={**picked, **extra})
 
     def should_stop(self) -> bool:  # every rank must ask Determined (the chief broadcasts), so ask first
         return self.context.preempt.should_preempt() or self.epoch == self.preempt_after_epoch

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import json
+import math
 import re
 import shutil
 import tempfile
@@ -35,6 +36,7 @@ import yaml
 
 from dtlab import paths
 from dtlab.errors import DtlabError
+from dtlab.search import Dimension, SearchSpec
 
 EXPERIMENTS_DIR = paths.EXPERIMENTS_DIR / "determined"
 SCHEMA_PATH = EXPERIMENTS_DIR / "schema.json"
@@ -43,6 +45,8 @@ TRIAL_IMAGE_PROBE = EXPERIMENTS_DIR / "trial_image_probe.py"
 TRIAL_IMAGE_DOCS = "docs/determined.md#the-trial-image"
 LAUNCH_MODULE = "determined.launch.torch_distributed"
 TRAINER_MODULE = "trainer.launchers.determined"
+# What only an adaptive_asha searcher takes (schema.json).
+ASHA_ONLY = ("max_trials", "time_metric", "max_time", "mode", "divisor", "max_rungs", "max_concurrent_trials")
 # Hyperparameters that are paths on the node, not protocol: the harness passes them as flags.
 PATH_OPTIONS = ("output_dir", "checkpoint_dir", "cache_dir")
 
@@ -84,8 +88,19 @@ def validate_experiment(config: Any, source: str = "experiment config") -> dict[
         if module not in entrypoint:
             raise DtlabError(f"{source}: entrypoint: must run {module}; "
                              f"use 'python3 -m {LAUNCH_MODULE} python3 -m {TRAINER_MODULE}'")
+    _check_searcher(config["searcher"], source)
     _check_hyperparameters(config["hyperparameters"], source)
     return config
+
+
+def _check_searcher(searcher: dict[str, Any], source: str) -> None:
+    if searcher["name"] == "adaptive_asha" and "max_length" in searcher:
+        raise DtlabError(f"{source}: searcher.max_length: Determined 0.38's adaptive_asha measures a trial "
+                         "by time_metric and max_time instead; remove it")
+    searched = sorted(set(searcher) & set(ASHA_ONLY))
+    if searcher["name"] != "adaptive_asha" and searched:
+        raise DtlabError(f"{source}: searcher.{searched[0]}: only searcher adaptive_asha takes it; remove "
+                         "it, or search with name: adaptive_asha")
 
 
 def _check_hyperparameters(hyperparameters: dict[str, Any], source: str) -> None:
@@ -96,13 +111,57 @@ def _check_hyperparameters(hyperparameters: dict[str, Any], source: str) -> None
         if name in PATH_OPTIONS:
             raise DtlabError(f"{source}: hyperparameters.{name}: a node path, not a hyperparameter; "
                              "pass it as a flag in the entrypoint")
+    plain = {name: value for name, value in hyperparameters.items() if not isinstance(value, dict)}
+    # A searched one's every value it can take at the edges (a range's bounds, each categorical value),
+    # one at a time over the plain ones.
+    trials = [plain] + [{**plain, name: value} for name, distribution in hyperparameters.items()
+                        if isinstance(distribution, dict) for value in distribution_edges(distribution)]
     # The trainer checks every name and value; its path checks get a scratch directory so nothing is
     # created here.
     with tempfile.TemporaryDirectory(prefix="dtlab-detconfig-") as scratch:
-        try:
-            from_dict({**hyperparameters, "output_dir": scratch, "cache_dir": scratch})
-        except ConfigError as error:
-            raise DtlabError(f"{source}: hyperparameters.{error}") from None
+        for trial in trials:
+            try:
+                from_dict({**trial, "output_dir": scratch, "cache_dir": scratch})
+            except ConfigError as error:
+                raise DtlabError(f"{source}: hyperparameters.{error}") from None
+
+
+def distribution_edges(distribution: dict[str, Any]) -> list[Any]:
+    """The values at the edges of one of Determined's hyperparameter distributions (schema.json)."""
+    if distribution["type"] == "categorical":
+        return list(distribution["vals"])
+    low, high = distribution["minval"], distribution["maxval"]
+    if distribution["type"] == "log":
+        return [distribution["base"] ** low, distribution["base"] ** high]
+    return [low, high]
+
+
+def searcher_experiment(base: dict[str, Any], spec: SearchSpec, source: str,
+                        concurrent_trials: int = 0) -> dict[str, Any]:
+    """`base` (a single-trial experiment) as scenario C's search on Determined's own searcher: adaptive ASHA
+    (Determined 0.38: time_metric and max_time, not max_length) over the same space, trial count, budget and
+    reduction factor as Ray Tune's and dtlab's sweep. Determined samples its own configurations from the
+    space (not dtlab's drawn list), so whether it finds the same best one is a measured question. mode
+    aggressive is one bracket, as dtlab's Asha; its rungs are max_time / divisor^k, dtlab's grace x rf^k:
+    the same when budget_epochs = grace_epochs x reduction_factor^(rungs - 1). Validated before returned."""
+    hyperparameters = {**base["hyperparameters"], "epochs": spec.budget_epochs}
+    hyperparameters.update({dimension.name: _distribution(dimension) for dimension in spec.space})
+    searcher = {"name": "adaptive_asha", "metric": "val_accuracy", "smaller_is_better": False,
+                "max_trials": spec.trials, "time_metric": "epochs", "max_time": spec.budget_epochs,
+                "mode": "aggressive", "divisor": spec.reduction_factor, "max_rungs": len(spec.rungs()),
+                "max_concurrent_trials": concurrent_trials}
+    config = {**base, "name": f"{base['name']}-search", "hyperparameters": hyperparameters,
+              "searcher": searcher}
+    return validate_experiment(config, source)
+
+
+def _distribution(dimension: Dimension) -> dict[str, Any]:
+    if dimension.kind == "choice":
+        return {"type": "categorical", "vals": list(dimension.values)}
+    low, high = dimension.values
+    if dimension.kind == "uniform":
+        return {"type": "double", "minval": low, "maxval": high}
+    return {"type": "log", "base": 10, "minval": math.log10(low), "maxval": math.log10(high)}
 
 
 def _one_line(message: str) -> str:
