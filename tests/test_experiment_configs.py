@@ -158,8 +158,10 @@ def test_a_search_becomes_determined_adaptive_asha_over_the_same_space_budget_an
     rate = hyperparameters["learning_rate"]
     assert rate["type"] == "log" and rate["base"] ** rate["minval"] == pytest.approx(1.0e-4)
     assert rate["base"] ** rate["maxval"] == pytest.approx(3.0e-3)
-    # Determined's rungs for one bracket of n (its async halving): max_time / divisor^(n-1-k); dtlab's own.
-    rungs = [4 / 2 ** (3 - 1 - k) for k in range(3)]
+    # Determined's rungs for its one bracket of n (async halving): max_time / divisor^(n-1-k); dtlab's own.
+    asha = searched["searcher"]
+    count = asha["max_rungs"]
+    rungs = [asha["max_time"] / asha["divisor"] ** (count - 1 - k) for k in range(count)]
     assert rungs == spec.rungs() == [1, 2, 4]
     assert base["searcher"]["name"] == "single"  # the study's config is left as it was
 

@@ -63,7 +63,7 @@ class Upstream:
     checked: str  # YYYY-MM-DD
 
 
-UPSTREAM_KEYS = tuple(Upstream.__dataclass_fields__)
+UPSTREAM_KEYS = tuple(field.name for field in dataclasses.fields(Upstream))
 
 
 class PreflightError(DtlabError):
@@ -119,8 +119,8 @@ class Platform:
     service_variables: ClassVar[tuple[str, ...]] = ()  # its systemd units, by group_vars name
     check_names: ClassVar[tuple[str, ...]]  # the rows check_rows and gpu_rows can return
     reset_title: ClassVar[str]  # its step's line in cluster.reset's log
-    # Run labels (their start) that mark a stand-in, not the platform itself: the report says so.
     upstream_health: ClassVar[Upstream]  # its upstream's health, stated with its source
+    # Run labels (their start) that mark a stand-in, not the platform itself: the report says so.
     stand_in_labels: ClassVar[tuple[str, ...]] = ()
 
     # TrainConfig.data_path values its launcher trains on: every launcher reads through the trainer's

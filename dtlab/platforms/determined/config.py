@@ -115,7 +115,7 @@ def _check_hyperparameters(hyperparameters: dict[str, Any], source: str) -> None
     # A searched one's every value it can take at the edges (a range's bounds, each categorical value),
     # one at a time over the plain ones.
     trials = [plain] + [{**plain, name: value} for name, distribution in hyperparameters.items()
-                        if isinstance(distribution, dict) for value in distribution_edges(distribution)]
+                        if isinstance(distribution, dict) for value in _distribution_edges(distribution)]
     # The trainer checks every name and value; its path checks get a scratch directory so nothing is
     # created here.
     with tempfile.TemporaryDirectory(prefix="dtlab-detconfig-") as scratch:
@@ -126,7 +126,7 @@ def _check_hyperparameters(hyperparameters: dict[str, Any], source: str) -> None
                 raise DtlabError(f"{source}: hyperparameters.{error}") from None
 
 
-def distribution_edges(distribution: dict[str, Any]) -> list[Any]:
+def _distribution_edges(distribution: dict[str, Any]) -> list[Any]:
     """The values at the edges of one of Determined's hyperparameter distributions (schema.json)."""
     if distribution["type"] == "categorical":
         return list(distribution["vals"])
