@@ -16,10 +16,8 @@ A search section reads:
 Everything a trial would be refused for is refused here, in one line, before any trial starts: a value the
 trainer refuses (a negative learning rate), a budget under one epoch, a range upside down.
 
-`Asha` is the early-stopping rule dtlab applies itself to the sequential sweep, so the sweep with the rule
-shows what a platform's scheduler adds beyond it: asynchronous successive halving as Ray Tune's
-ASHAScheduler decides it (one bracket; a trial reaching a rung stops when its metric is below the rung's
-(1 - 1/rf) percentile of the metrics recorded there so far), tested decision for decision against Ray's.
+`SearchSpec.plan` is what every way's launcher reads (trainer/search.py: the trials, the budget, ASHA's
+rungs); trainer.search.Asha is the early-stopping rule dtlab's own sweep applies.
 """
 
 from __future__ import annotations
@@ -33,11 +31,10 @@ from typing import Any
 from dtlab.errors import DtlabError
 from trainer.config import ConfigError
 from trainer.options import from_dict
+from trainer.search import EARLY_STOPPING, NOT_SEARCHED, rung_epochs
 
 KINDS = ("choice", "uniform", "loguniform")
 KEYS = ("space", "trials", "budget_epochs", "grace_epochs", "reduction_factor", "seed")
-# What a trial's options may not set: the search owns its epochs (budget_epochs), the harness the rest.
-NOT_SEARCHED = ("epochs", "seed", "output_dir", "checkpoint_dir", "cache_dir", "framework")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +68,15 @@ class SearchSpec:
 
     def rungs(self) -> list[int]:
         """ASHA's milestones in epochs: grace x rf^k up to the budget."""
-        return [self.grace_epochs * self.reduction_factor ** k
-                for k in range(_rung_count(self.grace_epochs, self.budget_epochs, self.reduction_factor))]
+        return rung_epochs(self.grace_epochs, self.budget_epochs, self.reduction_factor)
+
+    def plan(self, early_stopping: str = "asha") -> dict[str, Any]:
+        """The search plan every way's launcher reads (trainer.search.SearchPlan), as JSON data."""
+        if early_stopping not in EARLY_STOPPING:
+            raise DtlabError(f"early stopping {early_stopping!r}: one of {', '.join(EARLY_STOPPING)}")
+        return {"trials": self.trial_options(), "budget_epochs": self.budget_epochs,
+                "grace_epochs": self.grace_epochs, "reduction_factor": self.reduction_factor,
+                "early_stopping": early_stopping}
 
 
 def parse_search(raw: Any, trainer: Mapping[str, Any], where: str) -> SearchSpec:
@@ -148,36 +152,3 @@ def _dimension(name: str, spec: Any, refuse) -> Dimension:
         raise refuse(f"space: {name}: loguniform needs low > 0, got {low}")
     return Dimension(name, kind, (float(low), float(high)))
 
-
-def _rung_count(grace: int, budget: int, factor: int) -> int:
-    # Ray's ASHAScheduler: int(log(max_t / grace) / log(rf) + 1) rungs (one bracket).
-    return int(math.log(budget / grace) / math.log(factor) + 1)
-
-
-class Asha:
-    """Asynchronous successive halving over one search, decided as trials report their epochs (higher metric
-    is better). `report` answers "continue" or "stop" for a trial's metric after an epoch."""
-
-    def __init__(self, spec: SearchSpec):
-        self.factor = spec.reduction_factor
-        self.recorded: dict[int, dict[Any, float]] = {rung: {} for rung in spec.rungs()}
-
-    def report(self, trial: Any, epoch: int, metric: float) -> str:
-        # The highest rung this epoch reaches and the trial has not been judged at yet, as Ray's bracket.
-        for rung in sorted(self.recorded, reverse=True):
-            recorded = self.recorded[rung]
-            if epoch < rung or trial in recorded:
-                continue
-            cutoff = _percentile(list(recorded.values()), (1 - 1 / self.factor) * 100) if recorded else None
-            recorded[trial] = metric
-            return "stop" if cutoff is not None and metric < cutoff else "continue"
-        return "continue"
-
-
-def _percentile(values: list[float], percent: float) -> float:
-    """numpy's default (linear) percentile, which Ray's cutoff uses."""
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * percent / 100
-    below = math.floor(position)
-    above = min(below + 1, len(ordered) - 1)
-    return ordered[below] + (ordered[above] - ordered[below]) * (position - below)

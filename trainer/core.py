@@ -453,8 +453,8 @@ class _Run:
             self._save_checkpoint(epoch + 1, elapsed, epoch_metrics)
             stop = all_reduce_sum([float(self.hooks.should_stop())], self.device)[0] > 0
             if stop and epoch + 1 < cfg.epochs:
-                self.log(f"stopping after epoch {epoch + 1} as asked (preemption); "
-                         "a resumed run continues from here")
+                self.log(f"stopping after epoch {epoch + 1} as the launcher asked (a preemption, or a "
+                         "search's early stopping); a resumed run continues from here")
                 return None
         return elapsed
 

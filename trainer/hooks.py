@@ -53,7 +53,7 @@ class TrainHooks:
         """Global metrics of a finished epoch: val_loss, val_accuracy, train_time_s, val_time_s, ..."""
 
     def should_stop(self) -> bool:
-        """True to stop after this epoch's checkpoint (preemption); train() then returns None."""
+        """True to stop after this epoch's checkpoint (preemption, early stop); train() then returns None."""
         return False
 
     def wrap_model(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -3,15 +3,19 @@ refused in one line before any trial starts, and dtlab's own ASHA rule deciding 
 
 from __future__ import annotations
 
+import json
 import math
 import random
+from pathlib import Path
 
 import pytest
 import yaml
 
 from dtlab import paths
 from dtlab.errors import DtlabError
-from dtlab.search import Asha, parse_search
+from dtlab.search import parse_search
+from trainer.config import ConfigError
+from trainer.search import Asha, SearchPlan
 
 # The smoke profile's trainer options, as a search profile would start from them
 MATRIX = yaml.safe_load((paths.REPO_ROOT / "experiments/matrix.yml").read_text())
@@ -86,7 +90,8 @@ def test_dtlabs_asha_decides_every_report_as_ray_tunes_asha_bracket(seed):
     grace, budget, factor = rng.choice([(1, 4, 2), (1, 9, 3), (2, 8, 2), (1, 16, 2)])
     budgets = {"budget_epochs": budget, "grace_epochs": grace, "reduction_factor": factor}
     spec = parse_search({**SEARCH, **budgets}, SMOKE_TRAINER, WHERE)
-    ours, theirs = Asha(spec), _Bracket(min_t=grace, max_t=budget, reduction_factor=factor, s=0)
+    ours = Asha(spec.rungs(), factor)
+    theirs = _Bracket(min_t=grace, max_t=budget, reduction_factor=factor, s=0)
     quality = {f"t{n}": rng.random() for n in range(rng.randint(4, 12))}
     epoch = dict.fromkeys(quality, 0)
     running = list(quality)
@@ -101,3 +106,40 @@ def test_dtlabs_asha_decides_every_report_as_ray_tunes_asha_bracket(seed):
         if decided == "stop" or epoch[trial] == budget:
             running.remove(trial)
     assert decisions >= len(quality)
+
+
+def test_the_plan_every_way_reads_holds_the_drawn_trials_and_the_budget(tmp_path):
+    spec = parse_search(SEARCH, SMOKE_TRAINER, WHERE)
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(spec.plan("none")))
+    plan = SearchPlan.load(path)
+    assert list(plan.trials) == spec.trial_options() and plan.rungs() == spec.rungs() == [1, 2, 4]
+    assert plan.asha() is None and SearchPlan.load(_written(tmp_path, spec.plan())).asha() is not None
+    with pytest.raises(DtlabError, match="early stopping 'median'"):
+        spec.plan("median")
+
+
+PLAN = {"trials": [{"learning_rate": 1e-3}], "budget_epochs": 2, "grace_epochs": 1, "reduction_factor": 2}
+
+
+@pytest.mark.parametrize(("plan", "said"), [
+    ({**PLAN, "trials": [{"epochs": 3}]}, "a trial sets epochs, the plan's or launcher's own"),
+    ({**PLAN, "trials": []}, "needs one or more trials"),
+    ({**PLAN, "early_stopping": "hyperband"}, "early_stopping in asha, none"),
+    ({**PLAN, "grace_epochs": 3}, "needs 1 <= grace_epochs <= budget_epochs"),
+    ({**PLAN, "reduction_factor": 1}, "reduction_factor >= 2"),
+    ({"trials": [{}]}, "not a search plan (KeyError"),
+    ("not json", "not a search plan (JSONDecodeError"),
+])
+def test_a_plan_no_launcher_could_run_is_refused_in_one_line_naming_the_file(tmp_path, plan, said):
+    path = _written(tmp_path, plan)
+    with pytest.raises(ConfigError) as refused:
+        SearchPlan.load(path)
+    assert str(refused.value).startswith(f"{path}: ") and said in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def _written(tmp_path, plan) -> Path:
+    path = tmp_path / "plan.json"
+    path.write_text(plan if isinstance(plan, str) else json.dumps(plan))
+    return path

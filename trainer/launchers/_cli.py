@@ -30,6 +30,16 @@ def at_least(low: int) -> Callable[[str], int]:
     return integer
 
 
+def search_plan(path: str):
+    """An argparse type: the search plan at `path` (trainer/search.py), else its one-line error."""
+    from trainer.search import SearchPlan
+
+    try:
+        return SearchPlan.load(path)
+    except ConfigError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def reachable(address: str, what: str, flag: str = "--address", timeout_s: float = 10.0) -> str:
     """`address` (HOST:PORT, given as `flag`) once something there accepts a TCP connection, else a
     ConfigError: a client library's own connect (ray.init, Spark Connect's) retries for minutes before it
