@@ -183,13 +183,16 @@ def validate_result(result: dict) -> None:
 def write_result(result: dict, output_dir: str | Path) -> Path:
     """Validate, then write atomically, so a reader never sees half a result."""
     validate_result(result)
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".result-", suffix=".json", dir=output_dir)
+    return write_json_atomically(result, Path(output_dir) / RESULT_FILE_NAME)
+
+
+def write_json_atomically(data: dict, final: Path) -> Path:
+    """`data` as indented JSON at `final`, through a temporary file beside it: a reader sees all or none."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{final.stem}-", suffix=final.suffix, dir=final.parent)
     with os.fdopen(handle, "w") as stream:
-        json.dump(result, stream, indent=2)
+        json.dump(data, stream, indent=2)
         stream.write("\n")
-    final = output_dir / RESULT_FILE_NAME
     os.replace(temporary, final)
     return final
 

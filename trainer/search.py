@@ -22,13 +22,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from trainer.config import ConfigError, TrainConfig
 from trainer.options import from_dict
+from trainer.result import write_json_atomically
 
 EARLY_STOPPING = ("asha", "none")
 METRIC = "val_accuracy"  # higher is better; every way ranks and stops trials on it
@@ -149,15 +148,7 @@ def search_result(way: str, label: str, plan: SearchPlan, trials: list[dict], st
 
 def write_search_result(result: dict, output_dir: str | Path) -> Path:
     """Written atomically, so a reader never sees half a search."""
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=".search-", suffix=".json", dir=output_dir)
-    with os.fdopen(handle, "w") as stream:
-        json.dump(result, stream, indent=2)
-        stream.write("\n")
-    final = output_dir / SEARCH_FILE_NAME
-    os.replace(temporary, final)
-    return final
+    return write_json_atomically(result, Path(output_dir) / SEARCH_FILE_NAME)
 
 
 
