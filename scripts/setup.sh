@@ -74,8 +74,9 @@ want=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install -q --upgrade pip
   # --no-compile: Python compiles what it imports on first use; compiling every module of torch, Ray and
-  # Spark up front cost minutes on a fresh machine.
-  .venv/bin/pip install -q --no-compile -c constraints.txt -e '.[test]'
+  # Spark up front cost minutes on a fresh machine. PYTHONWARNINGS: setuptools' editable build prints a
+  # 9-line banner on every install (a UserWarning that folders named like the package may shadow it).
+  PYTHONWARNINGS="ignore::UserWarning" .venv/bin/pip install -q --no-compile -c constraints.txt -e '.[test]'
   echo "$want" > "$stamp"
 fi
 
