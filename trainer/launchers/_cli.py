@@ -5,6 +5,7 @@ import gc
 import socket
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from trainer.config import ConfigError, TrainConfig
@@ -28,6 +29,15 @@ def at_least(low: int) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text}")
         return int(text)
     return integer
+
+
+def with_absolute_dirs(cfg: TrainConfig, **overrides) -> TrainConfig:
+    """`cfg` with its directories absolute (a scheduler picks its workers' cwd) and `overrides` set."""
+    from trainer.options import from_dict
+
+    absolute = {key: str(Path(value).resolve()) for key in ("output_dir", "checkpoint_dir", "cache_dir",
+                "platform_data_dir") if (value := getattr(cfg, key))}
+    return from_dict({**cfg.as_dict(), **absolute, **overrides})
 
 
 def search_plan(path: str):

@@ -10,7 +10,6 @@ from trainer import progress
 from trainer.core import TrainHooks, train
 from trainer.distributed import scheduler_gives_gpus
 from trainer.launchers import _cli, _ray_data
-from trainer.options import from_dict
 from trainer.result import write_result
 
 PROG, LABEL = "python -m trainer.launchers.ray", "ray (Ray Train, TorchTrainer)"
@@ -51,9 +50,7 @@ def launch(cfg, args) -> None:
     env = {key: os.environ[key] for key in FORWARDED if key in os.environ} | PLAIN_PRINT
     ray.init(_cli.reachable(args.address, "Ray's GCS"), runtime_env={"env_vars": env})
     gpus = scheduler_gives_gpus(cfg.device, ray.cluster_resources().get("GPU", 0))
-    absolute = {key: str(Path(value).resolve()) for key in ("output_dir", "checkpoint_dir", "cache_dir",
-                "platform_data_dir") if (value := getattr(cfg, key))}  # Ray picks the workers' cwd
-    cfg = from_dict({**cfg.as_dict(), **absolute, "framework": "ray", "device": "cuda" if gpus else "cpu"})
+    cfg = _cli.with_absolute_dirs(cfg, framework="ray", device="cuda" if gpus else "cpu")
     run_dir = Path(cfg.checkpoint_dir or Path(cfg.output_dir, "ray-run"))
     run, ray_data = _ray_data.etl(cfg, PROG)  # platform: Ray Data's ETL; TorchTrainer's datasets, its rows
     workers = (1, args.num_workers) if cfg.elastic else args.num_workers  # elastic: as many as fit, from 1

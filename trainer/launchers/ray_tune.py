@@ -1,19 +1,19 @@
 """Ray Tune launcher: a search plan's trials as Tune trials on the Ray cluster, each running the core in a
-process of its own on a worker; with the plan's early_stopping asha, Tune's ASHAScheduler stops them at the
-plan's rungs (trainer/search.py).
+process of its own on a worker (one GPU each where the cluster offers GPUs); with the plan's early_stopping
+asha, Tune's ASHAScheduler stops them at the plan's rungs (trainer/search.py).
 
     python -m trainer.launchers.ray_tune --config C.yml --search plan.json --address HEAD:6379
 """
 
 import os
 import time
-from pathlib import Path
 
 import ray
 from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from trainer.core import TrainHooks, train
+from trainer.distributed import scheduler_gives_gpus
 from trainer.launchers import _cli
 from trainer.launchers.ray import FORWARDED, PLAIN_PRINT
 from trainer.search import METRIC, search_result, trial_line, trial_record, write_search_result
@@ -39,35 +39,35 @@ class TuneHooks(TrainHooks):
         tune.report({"epoch": epoch, METRIC: metrics[METRIC], "ended": time.time(), "started": self.started})
 
 
-def run_trial(config, base, plan, output_root):  # in a Tune actor on a worker
-    train(plan.trial_config(base, config["trial"], output_root), TuneHooks())
+def run_trial(config, base, plan):  # in a Tune actor on a worker
+    train(plan.trial_config(base, config["trial"], base.output_dir), TuneHooks())
 
 
 def launch(cfg, args) -> None:
     plan, started = args.search, time.time()
     env = {key: os.environ[key] for key in FORWARDED if key in os.environ} | PLAIN_PRINT
     ray.init(_cli.reachable(args.address, "Ray's GCS"), runtime_env={"env_vars": env})
-    slots = int(ray.cluster_resources().get("CPU", 0) // cfg.threads)
-    output_root = Path(cfg.output_dir).resolve()  # Tune's actors start elsewhere
+    offered = ray.cluster_resources()
+    gpus = scheduler_gives_gpus(cfg.device, offered.get("GPU", 0))
+    cfg = _cli.with_absolute_dirs(cfg, device="cuda" if gpus else "cpu")  # Tune's actors start elsewhere
+    slots = int(offered.get("GPU", 0)) if gpus else int(offered.get("CPU", 0) // cfg.threads)
     scheduler = FIFOScheduler() if plan.asha() is None else ASHAScheduler(
         time_attr="epoch", max_t=plan.budget_epochs, grace_period=plan.grace_epochs,
         reduction_factor=plan.reduction_factor)
-    trainable = tune.with_resources(tune.with_parameters(run_trial, base=cfg, plan=plan, output_root=str(
-        output_root)), {"cpu": cfg.threads})
+    trainable = tune.with_resources(tune.with_parameters(run_trial, base=cfg, plan=plan),
+                                    {"cpu": cfg.threads, "gpu": 1 if gpus else 0})
     grid = tune.Tuner(trainable, param_space={"trial": tune.grid_search(list(range(len(plan.trials))))},
                       tune_config=tune.TuneConfig(metric=METRIC, mode="max", scheduler=scheduler),
-                      run_config=tune.RunConfig(storage_path=str(output_root), name="tune",
-                                                 verbose=1)).fit()  # 1: no table per report
+                      run_config=tune.RunConfig(storage_path=cfg.output_dir, name="tune", verbose=1)).fit()
     trials = []
-    for result in grid:
-        number = result.config["trial"]
-        rows = result.metrics_dataframe.to_dict("records") if result.metrics_dataframe is not None else []
+    for result in grid:  # verbose 1 above: Tune's status lines, not a table per report
+        rows = [] if result.metrics_dataframe is None else result.metrics_dataframe.to_dict("records")
         epochs = [{"epoch": int(row["epoch"]), METRIC: row[METRIC], "ended": row["ended"]} for row in rows]
         error = None if result.error is None else str(result.error).strip().splitlines()[-1]
+        number = result.config["trial"]
         trials.append(trial_record(number, plan.trials[number], rows[0]["started"] if rows else started,
                                    epochs, plan.budget_epochs, error))
-    for trial in sorted(trials, key=lambda trial: trial["number"]):
-        print(trial_line(trial, len(plan.trials)), flush=True)
+    print("\n".join(trial_line(one, len(plan.trials)) for one in sorted(trials, key=lambda t: t["number"])))
     result = search_result("ray-tune", LABEL, plan, trials, started, time.time(), max(slots, 1), 1)
     print(f"search: {write_search_result(result, cfg.output_dir)}")
 
