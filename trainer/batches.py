@@ -9,7 +9,17 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from trainer.config import TrainConfig
 from trainer.data import TokenizedSplit
+
+COMPILED_PAD_MULTIPLE = 64  # length buckets: at most 512/64 = 8 widths, so few graphs to compile or capture
+CUDA_PAD_MULTIPLE = 8  # tensor cores
+
+
+def padding_multiple(cfg: TrainConfig, is_cuda: bool) -> int:
+    """What a batch's width is padded to a multiple of: the run's choice, else its compile's or device's."""
+    return cfg.pad_to_multiple_of or (
+        COMPILED_PAD_MULTIPLE if cfg.compile != "no" else CUDA_PAD_MULTIPLE if is_cuda else 1)
 
 
 class LengthGroupedBatchSampler(torch.utils.data.Sampler):

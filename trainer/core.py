@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from trainer import checkpoint, flops, progress, result, strategies
-from trainer.batches import LengthGroupedBatchSampler, PaddedBatches, validation_batches
+from trainer.batches import LengthGroupedBatchSampler, PaddedBatches, padding_multiple, validation_batches
 from trainer.config import DDP_OPTIONS, ConfigError, TrainConfig, config_hash
 from trainer.distributed import all_reduce_sum, average_touched_rows, gather, process_group, resolve_device
 from trainer.energy import EnergyMeter
@@ -33,7 +33,6 @@ from trainer.step_profile import StepProfiler
 
 _PRECISION_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16"}  # result.json's names
 _GPU_UTILIZATION_EVERY_STEPS = 20  # an NVML query per step would cost more than it tells
-_COMPILED_PAD_MULTIPLE = 64  # length buckets: at most 512/64 = 8 widths, so few graphs to compile or capture
 
 
 def auto_precision(capability: tuple[int, int]) -> str:
@@ -160,8 +159,7 @@ class _Run:
         loader_options = dict(batch_size=None, num_workers=num_workers, pin_memory=self.is_cuda,
                               persistent_workers=num_workers > 0,
                               generator=torch.Generator().manual_seed(cfg.seed))
-        self.pad_multiple = pad_multiple = cfg.pad_to_multiple_of or (
-            _COMPILED_PAD_MULTIPLE if cfg.compile != "no" else 8 if self.is_cuda else 1)  # 8: tensor cores
+        self.pad_multiple = pad_multiple = padding_multiple(cfg, self.is_cuda)
         train_split, test_split = splits["train"], splits["test"]
         # The data is cut into the strategy's data-parallel shares, not per rank: ranks that split the
         # model between them (tensor parallelism) see the same batches. The global batch stays

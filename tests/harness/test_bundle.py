@@ -57,7 +57,7 @@ def test_the_lab_bundle_holds_every_package_its_roles_install_and_no_gpu_ones(la
     assert not [p for p in the_plan.apt_packages if "nvidia" in p or p.startswith("linux-headers")]
     assert (the_plan.node_os, the_plan.node_python) == ("debian-bookworm", "3.11")
     assert the_plan.torch_build == "pypi" and f"torch=={pinned('torch')}" in the_plan.requirements
-    assert "ray[default,train]" in the_plan.requirements
+    assert "ray[default,train,serve]" in the_plan.requirements
     assert the_plan.built_wheels == {"horovod": ["horovod", "cloudpickle"]}  # the lab runs Horovod
     # The lab installs Spark from pyspark and no Determined binaries; smoke generates its model and data.
     assert the_plan.releases == [] and the_plan.images == []  # the lab builds no trainer image
