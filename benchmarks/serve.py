@@ -22,7 +22,6 @@ import contextlib
 import itertools
 import os
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,7 @@ from _trainer_common import OUT_DIR, free_loopback_port, machine  # noqa: E402
 from dtlab import paths  # noqa: E402
 from dtlab.loadtest import LoadPlan, cluster_targets, load_test, wait_ready  # noqa: E402
 from tests.raycluster import RayCluster  # noqa: E402
+from tests.trainer.conftest import running  # noqa: E402
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.core import train  # noqa: E402
 from trainer.data import generate_imdb_like  # noqa: E402
@@ -91,7 +91,7 @@ def main() -> None:
             with contextlib.ExitStack() as stack:
                 started = time.perf_counter()
                 for command in commands:
-                    stack.enter_context(_serving(command, {**env, **cluster.env}))
+                    stack.enter_context(running(command, {**env, **cluster.env}, stdout=subprocess.DEVNULL))
                 wait_ready(targets, reviews[0], READY_TIMEOUT_S)
                 ready_s = time.perf_counter() - started
                 levels = load_test(targets, reviews, expected["labels"], plan)
@@ -102,22 +102,6 @@ def main() -> None:
                 for level in levels), flush=True)
     _summary(runs, plan)
     print(f"n = {args.rounds} rounds per way; machine after: {machine()}")
-
-
-@contextlib.contextmanager
-def _serving(command: list[str], env: dict):
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
-    try:
-        yield process
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
 
 
 def _summary(runs: dict[str, list[dict]], plan: LoadPlan) -> None:

@@ -130,3 +130,22 @@ def kill_after_first_checkpoint(command: list[str], checkpoint_dir: Path) -> Non
                 member.kill()
         process.wait(timeout=60)
         psutil.wait_procs(members, timeout=60)
+
+
+@contextlib.contextmanager
+def running(command: list[str], env: dict, stdout=subprocess.PIPE):
+    """`command` in a session of its own while the block runs; then SIGTERM to its group (SIGKILL later)."""
+    import signal
+
+    process = subprocess.Popen(command, env=env, stdout=stdout, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        yield process
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=30)

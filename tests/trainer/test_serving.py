@@ -5,16 +5,21 @@ the trainer's own evaluation of the same review, and that evaluation is the one 
 
 import contextlib
 import json
-import os
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from dtlab.loadtest import LoadPlan, cluster_targets, load_test, wait_ready
-from tests.trainer.conftest import TINY, free_loopback_port, run, torchrun_command, trainer_env, write_config
+from tests.trainer.conftest import (
+    TINY,
+    free_loopback_port,
+    run,
+    running,
+    torchrun_command,
+    trainer_env,
+    write_config,
+)
 from trainer.config import TrainConfig
 from trainer.data import generate_imdb_like
 from trainer.serving import PREDICT_PATH, Predictor, expected_predictions
@@ -54,22 +59,6 @@ def reviews(cfg: TrainConfig) -> list[str]:
                                    cfg.generated_median_words)["test"]["text"])
 
 
-@contextlib.contextmanager
-def serving(command: list[str], env: dict):
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
-    try:
-        yield process
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=30)
-
-
 def assert_every_answer_is_the_trainers(levels: list[dict]) -> None:
     assert [level["concurrency"] for level in levels] == list(PLAN.concurrency)
     for level in levels:
@@ -83,7 +72,7 @@ def test_the_plain_server_on_two_workers_answers_every_request_as_the_trainer_do
     ports = [free_loopback_port(), free_loopback_port()]
     env = {**trainer_env(), "PYTHONPATH": str(REPO)}
     with contextlib.ExitStack() as stack:
-        servers = [stack.enter_context(serving(
+        servers = [stack.enter_context(running(
             [sys.executable, "-m", "trainer.launchers.serve", "--config", str(config), "--host", LOOPBACK,
              "--port", str(port)], env)) for port in ports]
         targets = cluster_targets([f"http://{LOOPBACK}:{port}{PREDICT_PATH}" for port in ports], {LOOPBACK},
@@ -102,7 +91,7 @@ def test_ray_serve_puts_a_replica_on_each_worker_and_answers_as_the_trainer_does
     command = [sys.executable, "-m", "trainer.launchers.ray_serve", "--config", str(config),
                "--address", loopback_ray.address, "--host", LOOPBACK, "--port", str(port), "--replicas", "2",
                "--proxies", "head"]  # the loopback cluster's nodes share one address: one proxy
-    with serving(command, env) as server:
+    with running(command, env) as server:
         targets = cluster_targets([f"http://{LOOPBACK}:{port}{PREDICT_PATH}"], {LOOPBACK}, where="serve")
         texts = reviews(cfg)
         wait_ready(targets, texts[0], READY_TIMEOUT_S)
