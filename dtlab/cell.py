@@ -12,6 +12,12 @@ from typing import Any
 from dtlab.errors import DtlabError
 from trainer import strategies
 from trainer.config import DEFAULT_DATA_PATH
+from trainer.search import EARLY_STOPPING
+
+# What a cell runs beyond one training run (scenario C, #54): "" trains once; "search-asha" and
+# "search-none" run a search plan's trials with or without ASHA's early stopping (trainer/search.py).
+SEARCH_TASKS = tuple(f"search-{mode}" for mode in EARLY_STOPPING)
+TASKS = ("", *SEARCH_TASKS)
 
 # The faults a fault plan can inject (dtlab.faults injects them; docs/faults.md says what each does).
 FAULT_KINDS = ("kill", "netdrop", "restart")
@@ -80,6 +86,11 @@ class Cell:
     # platform's own ETL ("platform": Spark's, Ray Data's). Part of the identity, the hash (when not the
     # default) and the key (-etl), so every earlier cell keeps its key and hash.
     data_path: str = DEFAULT_DATA_PATH
+    # What the cell runs (TASKS): part of the identity, the key (-search-asha) and the hash when set, so
+    # every training cell keeps its key and hash. A search's plan (dtlab.search.SearchSpec.plan: the
+    # trials, the budget, ASHA's rungs) is in `task_plan`, hashed, not compared.
+    task: str = ""
+    task_plan: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
     def __post_init__(self) -> None:
         # One statement of the model: a models: cell trains it, whatever trainer_config was given.
@@ -88,8 +99,9 @@ class Cell:
 
     @property
     def key(self) -> str:
-        """FRAMEWORK-gN-eE-sS[-STRATEGY][-MODEL][-etl][-FAULT]: ddp-g2-e2-s0, ddp-g2-e2-s0-fsdp,
-        ddp-g2-e2-s0-fsdp-bert-mini, spark-g2-e2-s0-etl, ray-g2-e2-s0-zero1-kill-after1."""
+        """FRAMEWORK-gN-eE-sS[-STRATEGY][-MODEL][-etl][-TASK][-FAULT]: ddp-g2-e2-s0, ddp-g2-e2-s0-fsdp,
+        ddp-g2-e2-s0-fsdp-bert-mini, spark-g2-e2-s0-etl, ray-g2-e4-s0-search-asha,
+        ray-g2-e2-s0-zero1-kill-after1."""
         key = f"{self.framework}-g{self.gpus}-e{self.epochs}-s{self.seed}"
         if self.strategy != strategies.DEFAULT:
             key += f"-{self.strategy}"
@@ -97,7 +109,14 @@ class Cell:
             key += f"-{model_label(self.model)}"
         if self.data_path != DEFAULT_DATA_PATH:
             key += "-etl"
+        if self.task:
+            key += f"-{self.task}"
         return f"{key}-{self.fault}" if self.fault else key
+
+    @property
+    def search(self) -> str | None:
+        """A search cell's early stopping (trainer.search.EARLY_STOPPING), None for any other cell."""
+        return self.task.removeprefix("search-") if self.task in SEARCH_TASKS else None
 
     @property
     def fault_plan(self) -> Fault | None:
@@ -112,7 +131,8 @@ class Cell:
     def undisturbed(self) -> Cell:
         """The same cell without its fault: the run a faulted one is measured against."""
         return Cell(self.framework, self.gpus, self.epochs, self.seed, self.profile, self.trainer_config,
-                    strategy=self.strategy, model=self.model, data_path=self.data_path)
+                    strategy=self.strategy, model=self.model, data_path=self.data_path, task=self.task,
+                    task_plan=self.task_plan)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -126,6 +146,7 @@ class Cell:
             **({"strategy": self.strategy} if self.strategy != strategies.DEFAULT else {}),
             **({"model": self.model} if self.model else {}),
             **({"data_path": self.data_path} if self.data_path != DEFAULT_DATA_PATH else {}),
+            **({"task": self.task, "task_plan": dict(self.task_plan)} if self.task else {}),
         }
 
 
@@ -168,6 +189,8 @@ def config_hash(cell: Cell) -> str:
     identity = {"gpus": cell.gpus, **trainer_options(cell)}
     if cell.fault:  # an undisturbed cell's hash stays what it was before fault plans existed
         identity["fault"] = cell.fault
+    if cell.task:  # so does a training cell's before tasks existed; a search's plan is its identity too
+        identity.update(task=cell.task, task_plan=dict(cell.task_plan))
     if identity.get("dataset") == GENERATED_DATASET:
         identity["generated_data_version"] = GENERATED_DATA_VERSION
     if str(identity.get("model", "")).startswith(GENERATED_MODEL_PREFIX):

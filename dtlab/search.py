@@ -76,7 +76,17 @@ class SearchSpec:
             raise DtlabError(f"early stopping {early_stopping!r}: one of {', '.join(EARLY_STOPPING)}")
         return {"trials": self.trial_options(), "budget_epochs": self.budget_epochs,
                 "grace_epochs": self.grace_epochs, "reduction_factor": self.reduction_factor,
-                "early_stopping": early_stopping}
+                "early_stopping": early_stopping, "seed": self.seed,
+                "space": {one.name: {one.kind: list(one.values)} for one in self.space}}
+
+    @classmethod
+    def from_plan(cls, plan: Mapping[str, Any]) -> SearchSpec:
+        """The spec a plan was drawn from (its space, trial count, budget, rungs and seed), for a platform
+        that draws its own trials from the space (Determined's searcher)."""
+        space = tuple(Dimension(name, kind, tuple(values))
+                      for name, spec in plan["space"].items() for kind, values in spec.items())
+        return cls(space, len(plan["trials"]), plan["budget_epochs"], plan["grace_epochs"],
+                   plan["reduction_factor"], plan["seed"])
 
 
 def parse_search(raw: Any, trainer: Mapping[str, Any], where: str) -> SearchSpec:

@@ -73,3 +73,19 @@ def made_up_result(
         "started_at": "2025-10-01T00:00:00+00:00",
         "finished_at": "2025-10-01T01:00:00+00:00",
     }
+
+
+def made_up_search(cell, wall_s: float = 2.0, best: int = 1, **changes) -> dict:
+    """What trainer.search.search_result writes for a search cell (dtlab.cell.Cell with a task_plan): each
+    trial one epoch, trial `best` (0-based) the best, the last reached at wall_s; `changes` replace keys."""
+    count = len(cell.task_plan["trials"])
+    trials = [{"number": n, "options": option, "started": 0.0, "ended": wall_s * (n + 1) / count,
+               "error": None, "stopped_early": True,
+               "epochs": [{"epoch": 1, "val_accuracy": 0.9 if n == best else 0.5, "ended": 1.0 + n}]}
+              for n, option in enumerate(cell.task_plan["trials"])]
+    return {"way": "sweep-asha", "label": "sweep (torchrun, one trial at a time)", "metric": "val_accuracy",
+            "early_stopping": cell.search, "budget_epochs": cell.epochs, "rungs": [1, 2], "slots": 2,
+            "workers_per_trial": 2, "started": 0.0, "ended": wall_s, "wall_s": wall_s, "trials": trials,
+            "counts": {"started": len(trials), "stopped_early": len(trials), "failed": 0},
+            "best": {"number": best, "options": trials[best]["options"], "val_accuracy": 0.9, "epochs": 1,
+                     "reached_s": trials[best]["ended"]}, "busy_fraction": 0.75, **changes}

@@ -108,7 +108,8 @@ class ExecuteStep:
         if failure is not None:
             return None, failure
         lost = self.fault_run.lost_node() if self.fault_run is not None else None
-        return self.fetch_result(planned, log_dir, search=planned.result_nodes(lost))
+        result, failure = self.fetch_result(planned, log_dir, search=planned.result_nodes(lost))
+        return ({**result, **planned.result_extra} if result is not None else None), failure
 
     def collect_platform_files(self, planned: launching.Launch, log_dir: Path) -> None:
         """What the platform wrote on the nodes beyond the units' logs: logs into the attempt folder,

@@ -47,7 +47,8 @@ class RecordStep:
                     )
         node = planned.result_node.name
         return None, AttemptFailure(
-            f"no result.json at {planned.paths.result_path} on {node} although every unit exited 0",
+            f"no {planned.paths.result_path.rsplit('/', 1)[-1]} at {planned.paths.result_path} on {node} "
+            "although every unit exited 0",
             node,
             0,
             log_tail(log_dir, node) if log_dir else [],

@@ -100,13 +100,14 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
         return selected
 
     def check_cells(self, selected: matrix_module.Matrix) -> None:
-        """What the controller alone decides about the cells: each cell's platform can run its strategy
-        and data path (Platform.strategy_refusal, data_path_refusal; a platform's ETL needs the shared
-        disk), and each fault plan's node is one its cell runs on."""
+        """What the controller alone decides about the cells: each cell's platform can run its strategy,
+        data path and search (Platform.strategy_refusal, data_path_refusal, search_refusal; a platform's
+        ETL needs the shared disk), and each fault plan's node is one its cell runs on."""
         where = f"{selected.source}: profiles.{selected.profile}"
         for cell in selected.cells:
             platform = platforms.get(cell.framework)
-            refusal = platform.strategy_refusal(cell.strategy) or platform.data_path_refusal(cell.data_path)
+            refusal = platform.strategy_refusal(cell.strategy) or platform.data_path_refusal(cell.data_path) \
+                or (platform.search_refusal(self.cluster, cell.search) if cell.search else None)
             shared_disk = self.cluster.shared_checkpoint_dir
             if refusal is None and cell.data_path != DEFAULT_DATA_PATH and not shared_disk:
                 refusal = (f"data_path {cell.data_path}: the platform's ETL reads and writes on a disk every "

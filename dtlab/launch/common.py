@@ -7,6 +7,7 @@ all at once through dtlab.remote, follows their logs, and fetches the result fro
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from dtlab.cell import DEFAULT_DATA_PATH, Cell, trainer_options
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
 from dtlab.remote import UnitSpec, unit_name
+from trainer.search import SEARCH_FILE_NAME
 
 
 class ExternalJob(Protocol):
@@ -107,7 +109,13 @@ class CellPaths:
 
     @property
     def result_path(self) -> str:
-        return f"{self.output_dir}/result.json"
+        """What the cell's launcher writes when it ends well: a run's result.json, a search's search.json."""
+        return f"{self.output_dir}/{SEARCH_FILE_NAME if self.cell.search else 'result.json'}"
+
+    @property
+    def search_plan_path(self) -> str:
+        """A search cell's plan (Cell.task_plan), which every way's launcher reads."""
+        return f"{self.attempt_dir}/search-plan.json"
 
     @property
     def checkpoint_root(self) -> str:
@@ -157,6 +165,11 @@ class Launch:
     # A JSON file of the platform's own wall-clock marks (Slurm's queue), on this node at this path:
     # bench adds them to the attempt's clock (harness_timeline_unix).
     platform_marks: tuple[Node, str] | None = None
+    # Files beside the trainer config on every prepared node, {path: text}, beyond a search cell's plan
+    # (which prepare_command writes for every platform): what the platform wrote for it.
+    files: dict[str, str] = field(default_factory=dict)
+    # What the platform adds to the recorded result beyond what its launcher wrote (JSON data).
+    result_extra: dict[str, Any] = field(default_factory=dict)
 
     def result_nodes(self, lost: str | None = None) -> tuple[Node, ...]:
         """Where to look for result.json: `result_node`; after an elastic plan lost node `lost`, also every
@@ -191,6 +204,12 @@ def trainer_config(cluster: Cluster, placement: Placement, paths: CellPaths, lab
     if placement.cell.data_path != DEFAULT_DATA_PATH:  # runner.check_cells refuses it without a shared disk
         config["platform_data_dir"] = paths.platform_data_dir
     return config
+
+
+def search_files(paths: CellPaths) -> dict[str, str]:
+    """A search cell's plan as the file its launcher reads; {} for any other cell."""
+    return {paths.search_plan_path: json.dumps(dict(paths.cell.task_plan), sort_keys=True)} \
+        if paths.cell.search else {}
 
 
 def trainer_env(cluster: Cluster, node: Node, slot: Slot | None = None) -> dict[str, str]:
@@ -252,20 +271,23 @@ def driver_on_master(
 
 
 def prepare_command(launch: Launch, owner: str, fresh: bool) -> str:
-    """Shell run on each prepared node: attempt dirs owned by the trainer user, the config file, and
-    (on its own disk) the checkpoint dir. A shared one is shared_checkpoint_command's, from one node.
+    """Shell run on each prepared node: attempt dirs owned by the trainer user, the config file (and a
+    search cell's plan, and the launch's files), and (on its own disk) the checkpoint dir. A shared one
+    is shared_checkpoint_command's, from one node.
 
     fresh: drop the cell's old checkpoints (a new run); a retry keeps them and the trainer resumes.
     """
     p = launch.paths
     local_checkpoints = not p.cluster.shared_checkpoint_dir
     config_text = yaml.safe_dump(launch.trainer_config, sort_keys=True)
+    files = "".join(f" && printf %s {shlex.quote(text)} > {shlex.quote(path)}"
+                    for path, text in {**search_files(p), **launch.files}.items())
     dirs = " ".join(shlex.quote(d) for d in (p.output_dir, p.cache_dir,
                                              *((p.checkpoint_dir,) if local_checkpoints else ())))
     drop = f"rm -rf {shlex.quote(p.checkpoint_dir)} && " if fresh and local_checkpoints else ""
     return (
         f"{drop}rm -rf {shlex.quote(p.attempt_dir)} && mkdir -p {dirs} && "
-        f"printf %s {shlex.quote(config_text)} > {shlex.quote(p.config_path)} && "
+        f"printf %s {shlex.quote(config_text)} > {shlex.quote(p.config_path)}{files} && "
         f"chown -R {shlex.quote(owner)} {shlex.quote(p.cell_dir)} {shlex.quote(p.cache_dir)}"
     )
 

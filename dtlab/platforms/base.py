@@ -11,6 +11,7 @@ What a platform owns:
   `variable_prefixes` (its group_vars names: ports, services), `service_variables` (its systemd units);
 - one cell's life: `strategy_refusal` (a parallelism strategy it cannot run, and why: bench refuses
   such a cell before the matrix starts), `data_paths` / `data_path_refusal` (its own ETL, if any),
+  `search_refusal` (scenario C's search cells: whether its launcher runs a search plan's trials),
   `build` (the Launch bench runs), `preflight` (is the platform
   ready for this cell?), `stop` (what stopping its units leaves behind);
 - the cluster: `probe_lines` (its part of cluster.check's one probe script per node), `check_rows`,
@@ -136,6 +137,13 @@ class Platform:
             return None
         return (f"data_path {data_path}: {self.label}'s launcher has no ETL of its own "
                 f"(trainer/platform_data.py names those that have); use {', '.join(self.data_paths)}")
+
+    def search_refusal(self, cluster: Cluster, early_stopping: str) -> str | None:
+        """Why it cannot run a search cell (a search plan's trials, trainer/search.py) with this early
+        stopping (trainer.search.EARLY_STOPPING) here, or None when its build runs one. bench asks before
+        any cell starts."""
+        return (f"search: dtlab runs no search on {self.label} (Ray Tune on ray, the sweep on ddp, "
+                "Determined's searcher on determined)")
 
     def strategy_refusal(self, strategy: str) -> str | None:
         """Why this platform cannot run the trainer's parallelism strategy `strategy` (one of

@@ -6,6 +6,7 @@ Layout, one folder per cluster (``dtlab.paths.results_dir_for(cluster_name)``)::
       dtlab.sqlite                        one row per attempt (SQLite, WAL, append-only)
       runs/<cell_key>/attempt-<n>/
         result.json                       the trainer's result (ok attempts)
+        search.json                       a search cell's instead (ok attempts; trainer/search.py)
         mlperf.log                        the same run in MLPerf's log format (ok attempts; mlperf_log)
         failure.json                      reason, node, exit code, log tail (failed attempts)
         logs/<node>.log                   per-node logs of that attempt

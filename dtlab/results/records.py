@@ -82,6 +82,32 @@ def validate_result(result: Mapping[str, Any], *, where: str = "result") -> None
         )
 
 
+# search.json's keys the store and the report read (trainer.search.search_result writes them).
+SEARCH_RESULT_KEYS = {"way": str, "label": str, "early_stopping": str, "budget_epochs": int, "trials": list,
+                      "counts": dict, "wall_s": float, "busy_fraction": float}
+
+
+def validate_search_result(result: Mapping[str, Any], cell: Cell, where: str) -> None:
+    """Raise DtlabError naming the first key of a search cell's search.json that is missing, of another type,
+    or unlike the cell (its early stopping, budget and trial count)."""
+    for key, kind in SEARCH_RESULT_KEYS.items():
+        value = result.get(key)
+        if not isinstance(value, kind) and not (kind is float and isinstance(value, int)):
+            raise DtlabError(f"{where}: {key}: expected {kind.__name__}, got {value!r}; the launcher must "
+                             "write trainer.search.search_result's JSON")
+    best = result.get("best")
+    if best is not None and not isinstance(best, Mapping):
+        raise DtlabError(f"{where}: best: expected an object or null, got {best!r}")
+    expected = {"early_stopping": cell.search, "budget_epochs": cell.epochs,
+                "trials": len(cell.task_plan.get("trials", ()))}
+    found = {"early_stopping": result["early_stopping"], "budget_epochs": result["budget_epochs"],
+             "trials": len(result["trials"])}
+    for key, value in expected.items():
+        if found[key] != value:
+            raise DtlabError(f"{where}: {key} is {found[key]!r} but the cell has {value!r}; record the "
+                             "search under its own cell")
+
+
 def newest_per_cell(runs: Iterable[Run], profile: str | None = None) -> list[Run]:
     """The newest of the given runs for each cell key (of one profile, if given), oldest cell first."""
     newest: dict[str, Run] = {}

@@ -14,15 +14,16 @@ from dtlab.errors import DtlabError
 from dtlab.results.records import Run
 from trainer import strategies
 
-_SCHEMA_VERSION = 5
-# 0: a new file; 1 to 4: read as they are and upgraded by the first write.
-_READABLE_VERSIONS = (0, 1, 2, 3, 4, _SCHEMA_VERSION)
+_SCHEMA_VERSION = 6
+# 0: a new file; 1 to 5: read as they are and upgraded by the first write.
+_READABLE_VERSIONS = (0, 1, 2, 3, 4, 5, _SCHEMA_VERSION)
 
 # Columns each version added, by the version that added them: an upgrade adds the ones after its own.
 _V2_COLUMNS = ("fault TEXT NOT NULL DEFAULT ''", "fault_record TEXT")
 _V3_COLUMNS = (f"strategy TEXT NOT NULL DEFAULT '{strategies.DEFAULT}'",)
 _V4_COLUMNS = ("model TEXT NOT NULL DEFAULT ''",)
 _V5_COLUMNS = (f"data_path TEXT NOT NULL DEFAULT '{DEFAULT_DATA_PATH}'",)
+_V6_COLUMNS = ("task TEXT NOT NULL DEFAULT ''", "task_plan TEXT")
 _DDL = (
     """CREATE TABLE IF NOT EXISTS runs (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -53,6 +54,8 @@ _DDL = (
     strategy        TEXT    NOT NULL DEFAULT 'ddp',  -- the cell's parallelism strategy (version 3)
     model           TEXT    NOT NULL DEFAULT '',  -- a run's models: entry; '' the profile's (version 4)
     data_path       TEXT    NOT NULL DEFAULT 'loader',  -- the cell's data path (version 5)
+    task            TEXT    NOT NULL DEFAULT '',  -- what the cell ran (cell.TASKS); '' trained (version 6)
+    task_plan       TEXT,                      -- JSON: a search cell's plan (version 6)
     UNIQUE (cell_key, attempt)
 )""",
     "CREATE INDEX IF NOT EXISTS runs_by_cell ON runs (cell_key, config_hash, status)",
@@ -80,8 +83,8 @@ def ensure_schema(conn: sqlite3.Connection) -> None:
         )
     # Every row kept: fault plans came with version 2 (two columns), strategies with version 3 and the
     # models axis with 4, data paths with 5 (one each, whose defaults read every earlier run as what it
-    # was: a ddp run of its profile's model through the DataLoader).
-    later = (_V2_COLUMNS, _V3_COLUMNS, _V4_COLUMNS, _V5_COLUMNS)  # versions 2 to 5's
+    # was: a ddp run of its profile's model through the DataLoader), tasks with 6 (a training run).
+    later = (_V2_COLUMNS, _V3_COLUMNS, _V4_COLUMNS, _V5_COLUMNS, _V6_COLUMNS)  # versions 2 to 6's
     added = sum(later[version - 1:], ()) if version >= 1 else ()
     for column in added:
         conn.execute(f"ALTER TABLE runs ADD COLUMN {column}")
@@ -104,6 +107,8 @@ def run_from_row(row: Mapping[str, Any], root: Path) -> Run:
         _column(row, "strategy") or strategies.DEFAULT,  # a store before version 3: ddp
         _column(row, "model") or "",  # before version 4: the profile's model
         _column(row, "data_path") or DEFAULT_DATA_PATH,  # before version 5: the DataLoader's
+        _column(row, "task") or "",  # before version 6: a training run
+        json.loads(plan) if (plan := _column(row, "task_plan")) else {},
     )
     return Run(
         id=row["id"],

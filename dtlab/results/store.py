@@ -19,8 +19,17 @@ from dtlab.files import atomic_copy, atomic_write_text
 from dtlab.paths import results_dir_for
 from dtlab.results import mlperf_log
 from dtlab.results.database import ResultsDatabase
-from dtlab.results.records import Attempt, Provenance, Run, newest_per_cell, result_strategy, validate_result
+from dtlab.results.records import (
+    Attempt,
+    Provenance,
+    Run,
+    newest_per_cell,
+    result_strategy,
+    validate_result,
+    validate_search_result,
+)
 from dtlab.results.schema import run_from_row
+from trainer.search import SEARCH_FILE_NAME
 
 STATUSES = ("ok", "failed")
 _LOG_TAIL_LINES = 50
@@ -81,7 +90,12 @@ class ResultStore(ResultsDatabase):
     # --- writing -------------------------------------------------------------
 
     def record_ok(self, cell: Cell, result: Mapping[str, Any], provenance: Provenance) -> Run:
-        """Record a successful attempt; the result is validated against the schema and the cell first."""
+        """Record a successful attempt; the result is validated against the schema and the cell first (a
+        search cell's search.json against its cell)."""
+        if cell.search:
+            validate_search_result(result, cell, f"results: {cell.key} search.json")
+            return self._record(cell, "ok", provenance, result=dict(result),
+                                trainer_time_s=float(result["wall_s"]))
         where = f"results: {cell.key} result.json"
         validate_result(result, where=where)
         for name in ("framework", "epochs", "seed"):
@@ -160,7 +174,9 @@ class ResultStore(ResultsDatabase):
             folder.mkdir(parents=True, exist_ok=True)
         self._collect_logs(provenance.log_dir, folder / "logs")
         recorded_at = _now()
-        if result is not None:
+        if result is not None and cell.search:  # its own file name; a search is no MLPerf training run
+            atomic_write_text(folder / SEARCH_FILE_NAME, json.dumps(result, indent=2, sort_keys=True) + "\n")
+        elif result is not None:
             atomic_write_text(folder / "result.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
             # The same run in MLPerf's log format, beside it (dtlab.results.mlperf_log).
             atomic_write_text(folder / mlperf_log.FILENAME, mlperf_log.log_text(
@@ -205,6 +221,8 @@ class ResultStore(ResultsDatabase):
             "strategy": cell.strategy,
             "model": cell.model,
             "data_path": cell.data_path,
+            "task": cell.task,
+            "task_plan": json.dumps(dict(cell.task_plan), sort_keys=True) if cell.task else None,
         }
         columns = ", ".join(row)
         placeholders = ", ".join(f":{name}" for name in row)

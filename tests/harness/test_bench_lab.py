@@ -187,6 +187,39 @@ def test_spark_and_ray_train_through_their_own_etl_to_the_dataloaders_numbers(ha
                                       row[3].text)
 
 
+def test_the_tune_profile_searches_four_ways_and_the_sweeps_agree_epoch_for_epoch(harness_lab):
+    """The tune profile's first seed (#54): the plain sweep, dtlab's ASHA sweep, Ray Tune on the lab's Ray
+    cluster and Determined's searcher stand-in each run the one drawn plan to a search.json in the store;
+    the sweeps train the same trials on the same workers, so ASHA's epochs are the plain sweep's, and the
+    stand-in (the same rule) stops the very trials dtlab's ASHA sweep stops. Table B.16 sets them side by
+    side."""
+    cluster, env = harness_lab
+    done = invoke("bench.all", "-i", str(cluster.inventory_path), "--profile", "tune", "--only", "s1",
+                  env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    store = ResultStore.for_cluster(cluster.name)
+    ok = {run.cell_key: run.result for run in store.runs(status="ok") if run.cell.profile == "tune"}
+    plain, asha = ok["ddp-g2-e2-s1-search-none"], ok["ddp-g2-e2-s1-search-asha"]
+    tune, stand_in = ok["ray-g2-e2-s1-search-asha"], ok["determined-g2-e2-s1-search-asha"]
+    for result in (plain, asha, tune, stand_in):
+        assert result["counts"]["started"] == 4 and result["counts"]["failed"] == 0, result["counts"]
+        assert result["best"] is not None and result["wall_s"] > 0, result["way"]
+    assert plain["counts"]["stopped_early"] == 0 and all(len(t["epochs"]) == 2 for t in plain["trials"])
+    assert asha["counts"]["stopped_early"] >= 1 and tune["counts"]["stopped_early"] >= 1
+
+    def accuracies(result):
+        return [[epoch["val_accuracy"] for epoch in trial["epochs"]] for trial in result["trials"]]
+
+    for trial, (full, stopped) in enumerate(zip(accuracies(plain), accuracies(asha), strict=True)):
+        assert stopped == full[:len(stopped)], trial  # the same trial, the same digits, as far as it went
+    assert accuracies(stand_in) == accuracies(asha)
+    assert stand_in["label"].startswith("determined searcher stand-in")
+    assert stand_in["determined_searcher"]["name"] == "adaptive_asha"  # the config a master would run
+    assert (tune["way"], tune["slots"], tune["workers_per_trial"]) == ("ray-tune", 2, 1)
+    b16 = next(t for t in build_report(store).extra_tables if t.number == "B.16")
+    assert len(b16.rows) == 4 and all("no spread" in row[6].text for row in b16.rows[1:])
+
+
 def _trajectory(run) -> list[tuple]:
     """Per-epoch train loss, validation loss and accuracy: every printed digit."""
     return [(m["train_loss"], m["val_loss"], m["val_accuracy"]) for m in run.result["epoch_metrics"]]

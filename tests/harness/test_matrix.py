@@ -1,5 +1,7 @@
 """experiments/matrix.yml: the profiles the issue asks for, and one clear line for each bad matrix."""
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -9,6 +11,7 @@ from dtlab.errors import DtlabError
 from trainer.options import parse_args
 
 RUN = "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]"
+SEARCH = "search: {space: {learning_rate: {loguniform: [1.0e-4, 3.0e-3]}}, trials: 2, budget_epochs: 2}\n"
 
 
 def test_study_profile_is_the_reference_studys_matrix_plus_ray_and_slurm_beyond_it():
@@ -127,7 +130,7 @@ def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
         (
             "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0, hosts: 2}]",
             "p.runs[0].hosts: unknown key; allowed: frameworks, strategies, data_paths, models, gpus, "
-            "epochs, seeds",
+            "epochs, early_stopping, seeds",
         ),
         (
             "timeout: 60\nruns: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]",
@@ -151,9 +154,30 @@ def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
         ),
         ("runs: []", "p.runs: must be a non-empty list"),
         ("description: smoke", "p: missing 'runs'"),
+        ("runs: [{frameworks: ddp, gpus: 1, seeds: 0}]", "p.runs[0]: 'epochs' is a required property"),
+        (
+            "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0, early_stopping: asha}]",
+            "p.runs[0].early_stopping: only a profile with a search: section runs searches",
+        ),
+        # Scenario C's search (#54): bad input in one line, before any trial starts.
+        (SEARCH + "runs: [{frameworks: ddp, gpus: 1, epochs: 2, seeds: 0}]",
+         "p.runs[0].epochs: a search's trials train search.budget_epochs; remove epochs"),
+        (SEARCH + "runs: [{frameworks: ddp, strategies: [zero1], gpus: 1, seeds: 0}]",
+         "p.runs[0].strategies: a search's trials train the profile's trainer: options alone"),
+        (SEARCH + "fault: {kind: kill, after_epoch: 1}\nruns: [{frameworks: ddp, gpus: 1, seeds: 0}]",
+         "p.fault: a search profile takes no fault plan"),
+        (SEARCH + "runs: [{frameworks: ddp, gpus: 1, seeds: 0, early_stopping: [asha, asha]}]",
+         "p.runs[0].early_stopping: each early stopping once"),
+        (SEARCH.replace("1.0e-4", "-1.0e-4").replace("loguniform", "uniform")
+         + "runs: [{frameworks: ddp, gpus: 1, seeds: 0}]",
+         "p: search: space: learning_rate -0.0001 would be refused by the trainer: learning_rate"),
+        (SEARCH.replace("budget_epochs: 2", "budget_epochs: 0")
+         + "runs: [{frameworks: ddp, gpus: 1, seeds: 0}]",
+         "p: search: budget_epochs must be a whole number of epochs, at least 1, got 0"),
     ],
 )
 def test_a_bad_matrix_fails_with_one_line_naming_the_key(matrix_file, body, message):
+    """Every problem is one line naming the file and the key, raised by load, before anything starts."""
     path = matrix_file(body)
     with pytest.raises(DtlabError) as failure:
         matrix.load("p", path, max_gpus=2)
@@ -572,3 +596,22 @@ def test_a_bad_models_axis_fails_with_one_line_naming_the_file_and_key(matrix_fi
         matrix.load("p", path, device="cpu")
     text = str(failure.value)
     assert text.startswith(f"{path}: profiles.") and message in text and "\n" not in text
+
+
+def test_a_search_profile_runs_one_drawn_plan_in_every_way_seed_by_seed():
+    """The tune profile (#54): search cells of the budget's epochs, each carrying the same drawn trials with
+    its way's early stopping, the ways interleaved seed by seed; the plan is in the hash, not in the key."""
+    tune = matrix.load("tune")
+    assert [cell.key for cell in tune.cells[:4]] == [
+        "ddp-g2-e2-s1-search-none", "ddp-g2-e2-s1-search-asha", "ray-g2-e2-s1-search-asha",
+        "determined-g2-e2-s1-search-asha"]
+    assert [cell.seed for cell in tune.cells] == sorted(cell.seed for cell in tune.cells)
+    assert {cell.epochs for cell in tune.cells} == {2}
+    trials = {tuple(map(str, cell.task_plan["trials"])) for cell in tune.cells}
+    assert len(trials) == 1 and len(next(iter(trials))) == 4
+    assert {cell.task_plan["early_stopping"] for cell in tune.cells} == {"none", "asha"}
+    first = tune.cells[1]
+    other_plan = {**first.task_plan, "budget_epochs": 3}
+    assert config_hash(first) != config_hash(dataclasses.replace(first, task_plan=other_plan))
+    assert config_hash(first) != config_hash(dataclasses.replace(first, task=""))
+    assert first.undisturbed == first and first.search == "asha"

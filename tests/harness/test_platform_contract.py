@@ -14,6 +14,7 @@ import yaml
 from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
 from result_factory import made_up_result
 
+from dtlab import launch as launching
 from dtlab import matrix, paths, platforms, remote
 from dtlab.cell import Cell
 from dtlab.checks import CheckRow
@@ -123,6 +124,28 @@ def test_the_matrix_accepts_it_with_and_without_a_fault_plan(platform: Platform,
     assert faulted.fault and not twin.fault and faulted.framework == platform.name
     assert platform.recovery(cluster).strip()
     assert platform.build(cluster, faulted, 1, 600).cell == faulted
+
+
+@each_platform
+def test_a_search_cell_runs_the_plan_its_node_gets_or_is_refused_in_one_line(platform: Platform, cluster):
+    """Scenario C (#54): each platform that runs searches launches a search launcher reading the plan that
+    prepare writes, and its cell's result is search.json; any other refuses the cell in one line."""
+    tune = matrix.load("tune")
+    for stopping in ("asha", "none"):
+        cell = next(cell for cell in tune.cells if cell.search == stopping)
+        cell = dataclasses.replace(cell, framework=platform.name)
+        refusal = platform.search_refusal(cluster, stopping)
+        if refusal is not None:
+            assert refusal.startswith("search: ") and "\n" not in refusal
+            continue
+        launch = platform.build(cluster, cell, 1, 600)
+        argv = [part for _, spec in launch.jobs for part in spec.argv]
+        assert launch.paths.search_plan_path in argv and "--search" in argv, argv
+        assert any(module in argv for module in ("trainer.launchers.sweep", "trainer.launchers.ray_tune"))
+        assert launch.paths.result_path.endswith("/out/search.json")
+        written = launching.prepare_command(launch, cluster.user, fresh=True)
+        assert launch.paths.search_plan_path in written and '"early_stopping": "' + stopping in written
+    assert platforms.get(platforms.BASELINE).search_refusal(cluster, "none") is None  # Table B.16's baseline
 
 
 @each_platform

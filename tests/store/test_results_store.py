@@ -5,7 +5,7 @@ import sqlite3
 import threading
 
 import pytest
-from result_factory import made_up_result
+from result_factory import made_up_result, made_up_search
 
 from dtlab.cell import Cell, Fault, config_hash
 from dtlab.errors import DtlabError
@@ -288,7 +288,7 @@ def test_a_version_1_store_is_read_as_is_and_upgraded_by_its_next_write_with_eve
     old = ResultStore(tmp_path / "old")
     old.root.mkdir(parents=True)
     v1_ddl = "\n".join(line for line in _DDL[0].splitlines()
-                       if not line.lstrip().startswith(("fault", "strategy", "model", "data_path")))
+                       if not line.lstrip().startswith(("fault", "strategy", "model", "data_path", "task")))
     with sqlite3.connect(old.db_path) as conn:
         conn.execute(v1_ddl)
         assert "fault" not in [row[1] for row in conn.execute("PRAGMA table_info(runs)")]
@@ -307,7 +307,7 @@ def test_a_version_1_store_is_read_as_is_and_upgraded_by_its_next_write_with_eve
     assert [(r.attempt, r.status, r.reason) for r in runs] == [(1, "failed", "boom"), (2, "ok", None)]
     assert [r.cell.strategy for r in runs] == ["ddp", "ddp"]
     with sqlite3.connect(old.db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 6
 
 
 def _version_2_store(root) -> ResultStore:
@@ -315,7 +315,7 @@ def _version_2_store(root) -> ResultStore:
     old = ResultStore(root)
     old.root.mkdir(parents=True)
     v2_ddl = "\n".join(line for line in _DDL[0].splitlines()
-                        if not line.lstrip().startswith(("strategy", "model", "data_path")))
+                        if not line.lstrip().startswith(("strategy", "model", "data_path", "task")))
     faulted = Cell("ray", 2, 3, 7, "faults", {"max_length": 64}, fault="kill-after1")
     result = result_for(faulted)
     with sqlite3.connect(old.db_path) as conn:
@@ -358,7 +358,7 @@ def test_a_version_3_store_reads_as_its_profiles_model_and_its_next_write_adds_t
     old = ResultStore(tmp_path / "v3")
     old.root.mkdir(parents=True)
     v3_ddl = "\n".join(line for line in _DDL[0].splitlines()
-                       if not line.lstrip().startswith(("model", "data_path")))
+                       if not line.lstrip().startswith(("model", "data_path", "task")))
     with sqlite3.connect(old.db_path) as conn:
         conn.execute(v3_ddl)
         conn.execute("INSERT INTO runs (cell_key, attempt, framework, gpus, epochs, seed, profile, "
@@ -379,7 +379,7 @@ def test_a_version_3_store_reads_as_its_profiles_model_and_its_next_write_adds_t
         ("ddp-g2-e3-s7-fsdp", ""), ("ddp-g2-e3-s7-fsdp-bert-mini", "generated:bert-mini")]
     assert runs[0] == read
     with sqlite3.connect(old.db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 6
         models = conn.execute("SELECT model FROM runs ORDER BY id").fetchall()
         assert models == [("",), ("generated:bert-mini",)]
 
@@ -389,7 +389,8 @@ def test_a_version_4_store_reads_as_the_loaders_and_its_next_write_adds_the_data
     adds the column, and a platform-ETL cell is its own key, hash and row."""
     old = ResultStore(tmp_path / "v4")
     old.root.mkdir(parents=True)
-    v4_ddl = "\n".join(line for line in _DDL[0].splitlines() if not line.lstrip().startswith("data_path"))
+    v4_ddl = "\n".join(line for line in _DDL[0].splitlines()
+                       if not line.lstrip().startswith(("data_path", "task")))
     with sqlite3.connect(old.db_path) as conn:
         conn.execute(v4_ddl)
         conn.execute("INSERT INTO runs (cell_key, attempt, framework, gpus, epochs, seed, profile, "
@@ -411,7 +412,7 @@ def test_a_version_4_store_reads_as_the_loaders_and_its_next_write_adds_the_data
         ("spark-g2-e3-s7", "loader"), ("spark-g2-e3-s7-etl", "platform")]
     assert runs[0] == read
     with sqlite3.connect(old.db_path) as conn:
-        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 5
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 6
 
 
 def test_a_model_is_its_own_cell_key_and_hash_and_a_result_of_another_model_is_refused(tmp_path):
@@ -463,3 +464,31 @@ def test_a_result_trained_with_another_strategy_is_refused(tmp_path):
     with pytest.raises(DtlabError, match="strategy is 'ddp' but the cell has 'zero1'"):
         store.record_ok(zero1, result_for(zero1), Provenance(config_hash=HASH, git_rev=None, inventory="lab"))
     assert store.runs(None) == []
+
+
+def test_a_search_cell_records_its_search_json_read_back_with_its_plan_and_refuses_another_cells(tmp_path):
+    """A search cell (#54) is its own key and row: its search.json (not a trainer result, no MLPerf log),
+    checked against the cell's early stopping, budget and trial count; a version-5 store gains the task."""
+    old = ResultStore(tmp_path / "v5")
+    old.root.mkdir(parents=True)
+    v5_ddl = "\n".join(line for line in _DDL[0].splitlines() if not line.lstrip().startswith("task"))
+    with sqlite3.connect(old.db_path) as conn:
+        conn.execute(v5_ddl)
+        conn.execute("PRAGMA user_version=5")
+    plan = {"trials": [{"learning_rate": 0.001}, {"learning_rate": 0.0001}], "budget_epochs": 2,
+            "grace_epochs": 1, "reduction_factor": 2, "early_stopping": "asha"}
+    cell = Cell("ddp", 2, 2, 1, "tune", {"max_length": 64}, task="search-asha", task_plan=plan)
+    provenance = Provenance(config_hash=config_hash(cell), git_rev=None, inventory="lab")
+    for wrong, message in (({"early_stopping": "none"}, "early_stopping is 'none' but the cell has 'asha'"),
+                           ({"budget_epochs": 3}, "budget_epochs is 3 but the cell has 2"),
+                           ({"busy_fraction": "x"}, "busy_fraction: expected float, got 'x'")):
+        with pytest.raises(DtlabError, match=message):
+            old.record_ok(cell, made_up_search(cell, **wrong), provenance)
+    assert old.runs(status=None) == []  # nothing written by a refused record
+    run = old.record_ok(cell, made_up_search(cell), provenance)
+    [read] = old.runs(status="ok")
+    assert read.cell.key == "ddp-g2-e2-s1-search-asha" and read.cell.task_plan == plan
+    assert read.result["best"]["number"] == 1 and read.trainer_time_s == 2.0 and read == run
+    assert sorted(path.name for path in read.run_dir.iterdir()) == ["logs", "search.json"]
+    with sqlite3.connect(old.db_path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == _SCHEMA_VERSION == 6

@@ -1,8 +1,7 @@
-"""Ray Tune launcher: a search plan's trials as Tune trials on the Ray cluster, each running the core in a
-process of its own on a worker (one GPU each where the cluster offers GPUs); with the plan's early_stopping
+"""Ray Tune launcher: a search plan's trials as Tune trials on the Ray cluster, at most --max-concurrent at
+once, each running the core in its own process on a worker (a GPU each where offered); with early_stopping
 asha, Tune's ASHAScheduler stops them at the plan's rungs (trainer/search.py).
-
-    python -m trainer.launchers.ray_tune --config C.yml --search plan.json --address HEAD:6379
+    python -m trainer.launchers.ray_tune --config C.yml --search plan.json --address H:6379 --max-concurrent 2
 """
 
 import os
@@ -10,7 +9,6 @@ import time
 
 import ray
 from ray import tune
-from ray.tune.schedulers import ASHAScheduler, FIFOScheduler
 
 from trainer.core import TrainHooks, train
 from trainer.distributed import scheduler_gives_gpus
@@ -26,6 +24,7 @@ def add_tune_flags(parser):
     group.add_argument("--search", required=True, type=_cli.search_plan,
                        help="the search plan (JSON) the harness wrote")
     group.add_argument("--address", required=True, help="Ray's GCS, HOST:PORT (token: $RAY_AUTH_TOKEN_PATH)")
+    group.add_argument("--max-concurrent", type=_cli.at_least(1), help="trials at once (default: the slots)")
     return parser
 
 
@@ -44,31 +43,32 @@ def run_trial(config, base, plan):  # in a Tune actor on a worker
 
 
 def launch(cfg, args) -> None:
-    plan, started = args.search, time.time()
+    plan, started, label = args.search, time.time(), cfg.framework_label or LABEL  # the harness's label
     env = {key: os.environ[key] for key in FORWARDED if key in os.environ} | PLAIN_PRINT
     ray.init(_cli.reachable(args.address, "Ray's GCS"), runtime_env={"env_vars": env})
     offered = ray.cluster_resources()
     gpus = scheduler_gives_gpus(cfg.device, offered.get("GPU", 0))
     cfg = _cli.with_absolute_dirs(cfg, device="cuda" if gpus else "cpu")  # Tune's actors start elsewhere
-    slots = int(offered.get("GPU", 0)) if gpus else int(offered.get("CPU", 0) // cfg.threads)
-    scheduler = FIFOScheduler() if plan.asha() is None else ASHAScheduler(
+    slots = min(int(offered.get("GPU", 0)) if gpus else int(offered.get("CPU", 0) // cfg.threads),
+                args.max_concurrent or len(plan.trials))
+    scheduler = tune.schedulers.FIFOScheduler() if plan.asha() is None else tune.schedulers.ASHAScheduler(
         time_attr="epoch", max_t=plan.budget_epochs, grace_period=plan.grace_epochs,
         reduction_factor=plan.reduction_factor)
     trainable = tune.with_resources(tune.with_parameters(run_trial, base=cfg, plan=plan),
                                     {"cpu": cfg.threads, "gpu": 1 if gpus else 0})
     grid = tune.Tuner(trainable, param_space={"trial": tune.grid_search(list(range(len(plan.trials))))},
-                      tune_config=tune.TuneConfig(metric=METRIC, mode="max", scheduler=scheduler),
+                      tune_config=tune.TuneConfig(metric=METRIC, mode="max", scheduler=scheduler,
+                                                  max_concurrent_trials=args.max_concurrent),
                       run_config=tune.RunConfig(storage_path=cfg.output_dir, name="tune", verbose=1)).fit()
     trials = []
     for result in grid:  # verbose 1 above: Tune's status lines, not a table per report
         rows = [] if result.metrics_dataframe is None else result.metrics_dataframe.to_dict("records")
         epochs = [{"epoch": int(row["epoch"]), METRIC: row[METRIC], "ended": row["ended"]} for row in rows]
-        error = None if result.error is None else str(result.error).strip().splitlines()[-1]
-        number = result.config["trial"]
+        number, error = result.config["trial"], result.error and str(result.error).strip().splitlines()[-1]
         trials.append(trial_record(number, plan.trials[number], rows[0]["started"] if rows else started,
                                    epochs, plan.budget_epochs, error))
     print("\n".join(trial_line(one, len(plan.trials)) for one in sorted(trials, key=lambda t: t["number"])))
-    result = search_result("ray-tune", LABEL, plan, trials, started, time.time(), max(slots, 1), 1)
+    result = search_result("ray-tune", label, plan, trials, started, time.time(), max(slots, 1), 1)
     print(f"search: {write_search_result(result, cfg.output_dir)}")
 
 

@@ -56,8 +56,8 @@ def launch(cfg, args) -> None:
         if rank == 0:
             print(trial_line(trials[-1], len(plan.trials)), flush=True)
     if rank == 0:
-        way = "sweep-asha" if asha else "sweep"
-        result = search_result(way, LABEL, plan, trials, started, time.time(), args.slots, world)
+        way, label = "sweep-asha" if asha else "sweep", cfg.framework_label or LABEL  # the harness's label
+        result = search_result(way, label, plan, trials, started, time.time(), args.slots, world)
         print(f"search: {write_search_result(result, cfg.output_dir)}")
 
 

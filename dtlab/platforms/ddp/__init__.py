@@ -6,6 +6,8 @@ code mounted at /app) when the inventory sets dtlab_trainer_runtime: docker.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from dtlab.cell import Cell
 from dtlab.checks import CheckRow, NodeStates
 from dtlab.inventory import Cluster, Node
@@ -16,6 +18,10 @@ from dtlab.remote import UnitSpec
 NAME = "ddp"
 LABEL = "ddp (torchrun)"
 TRAINER_MODULE = "trainer.launchers.torchrun"
+# A search cell (scenario C): the plan's trials one after another under one torchrun, each on the cell's
+# workers, with or without dtlab's own ASHA rule (the baseline Ray Tune and Determined are set against).
+SWEEP_MODULE = "trainer.launchers.sweep"
+SWEEP_LABEL = "sweep (torchrun, one trial at a time)"
 AGENT_MODULE = "trainer.launchers.agent"  # torch.distributed.run, unchanged
 
 
@@ -54,6 +60,7 @@ def torchrun_argv(
     module: str,
     config_path: str,
     elastic_id: str | None = None,
+    module_args: Sequence[str] = (),
 ) -> list[str]:
     """One node's torchrun: static rendezvous (env://) on the first worker, as in the study, or elastic
     with `elastic_id` (rendezvous_args).
@@ -70,6 +77,7 @@ def torchrun_argv(
         module,
         "--config",
         config_path,
+        *module_args,
     ]
 
 
@@ -119,12 +127,14 @@ def build(
     paths = CellPaths(cluster, cell, attempt)
     first = placement.slots[0].node
     elastic_id = f"{unit(cell, first)}-a{attempt}" if cell.elastic else None  # one rendezvous per attempt
+    # A search cell's launcher reads its plan; its slots are the cell's workers (its busy fraction's).
+    search = ["--search", paths.search_plan_path, "--slots", str(len(placement.slots))] if cell.search else []
     docker = cluster.trainer_runtime == "docker"
     jobs = []
     for index, slot in enumerate(placement.slots):
         env = {**trainer_env(cluster, slot.node, slot), **(extra_env or {})}
         argv = torchrun_argv(cluster.python, placement.slots, index, first, rendezvous_port(cluster), module,
-                             paths.config_path, elastic_id)
+                             paths.config_path, elastic_id, search)
         if docker:
             argv = docker_argv(cluster, cell, slot.node, slot, env, argv)
         jobs.append(
@@ -182,7 +192,12 @@ class Ddp(Platform):
     reset_title = "DDP: torchrun lives in each cell's units (stopped above); is the rendezvous port free?"
 
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+        if cell.search:
+            return build(cluster, cell, attempt, timeout_s, module=SWEEP_MODULE, label=SWEEP_LABEL)
         return build(cluster, cell, attempt, timeout_s)
+
+    def search_refusal(self, cluster: Cluster, early_stopping: str) -> str | None:
+        return None  # the sweep runs the plan with dtlab's ASHA rule or without early stopping
 
     def probe_lines(self, cluster: Cluster, node: Node) -> list[str]:
         if node not in cluster.workers:

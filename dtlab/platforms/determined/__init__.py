@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+import yaml
+
 from dtlab import paths as dtlab_paths
 from dtlab import remote
 from dtlab.cell import Cell
@@ -48,6 +50,10 @@ NAME = "determined"
 OFF_CLUSTER_LABEL = "determined (Core API, off-cluster)"
 CLUSTER_LABEL = "determined (Core API, cluster)"
 TRAINER_MODULE = "trainer.launchers.determined"
+# A search cell without a master (the lab): a stand-in for Determined's searcher, dtlab's ASHA sweep under
+# torchrun; the adaptive_asha experiment a master would run is still rendered and validated against
+# Determined's schema, and recorded with the search.
+SEARCH_STAND_IN_LABEL = "determined searcher stand-in: dtlab's ASHA sweep under torchrun (no master)"
 EXPERIMENTS_DIR = dtlab_paths.EXPERIMENTS_DIR / "determined"
 POLL_S = 10
 FINAL_STATES = ("COMPLETED", "CANCELED", "ERROR", "DELETED")  # words in the state's name
@@ -66,6 +72,8 @@ def postgresql_port(cluster: Cluster) -> int:
 
 
 def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+    if cell.search:
+        return search_stand_in(cluster, cell, attempt, timeout_s)
     if not has_master(cluster):
         # Determined's DistributedContext needs the chief's address once the job spans nodes.
         chief = place(cluster, cell).slots[0].node
@@ -95,6 +103,22 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         label=label,
         external=experiment,
     )
+
+
+def search_stand_in(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+    """The searcher's stand-in (no master): the sweep with dtlab's ASHA rule, beside the adaptive_asha
+    experiment config over the same space and budget that a master would run (validated offline)."""
+    from dtlab.platforms.determined import config as detconfig
+    from dtlab.search import SearchSpec
+
+    launch = ddp.build(cluster, cell, attempt, timeout_s, module=ddp.SWEEP_MODULE,
+                       label=SEARCH_STAND_IN_LABEL)
+    searcher = detconfig.searcher_experiment(render_experiment(cluster, cell, launch.trainer_config),
+                                             SearchSpec.from_plan(cell.task_plan), f"searcher for {cell.key}")
+    launch.files[f"{launch.paths.attempt_dir}/determined-search.yaml"] = yaml.safe_dump(searcher,
+                                                                                        sort_keys=False)
+    launch.result_extra["determined_searcher"] = searcher["searcher"]
+    return launch
 
 
 def experiment_template(slots: int) -> Path:
@@ -340,7 +364,8 @@ class Determined(Platform):
     description = ("an experiment on the Determined master, its trial in determined_trial_image on the "
                    "agents (without a master: the Core API entry off-cluster under torchrun)")
     launcher_files = ("trainer/launchers/determined.py",)
-    stand_in_labels = (OFF_CLUSTER_LABEL,)  # the lab's: the Core API off-cluster, no Determined master
+    # The lab's, with no Determined master: the Core API off-cluster, and the searcher's stand-in.
+    stand_in_labels = (OFF_CLUSTER_LABEL, SEARCH_STAND_IN_LABEL)
     roles = ("determined_master", "determined_agent", "postgresql")  # docker: shared with ddp's image
     variable_prefixes = ("determined_", "postgresql_")
     service_variables = ("postgresql_service", "determined_master_service", "determined_agent_service")
@@ -350,6 +375,15 @@ class Determined(Platform):
 
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         return build(cluster, cell, attempt, timeout_s)
+
+    def search_refusal(self, cluster: Cluster, early_stopping: str) -> str | None:
+        if early_stopping != "asha":
+            return (f"search: early_stopping {early_stopping}: Determined's searcher here is adaptive_asha; "
+                    "ddp's sweep runs the plan without early stopping")
+        if has_master(cluster):
+            return ("search: on a Determined master bench does not run the searcher yet, only the lab's "
+                    "stand-in (no master); run the tune profile's determined cells on the lab")
+        return None
 
     def check_inventory(self, where: str, cluster: Cluster) -> None:
         """One agent_id per worker: two agents of one id take each other's place at the master."""

@@ -38,6 +38,9 @@ NAME = "ray"
 JOIN_WAIT_S = 60  # raylets rejoin for a while after a restart (cluster.reset, a node reboot)
 LABEL = "ray (Ray Train, TorchTrainer)"
 TRAINER_MODULE = "trainer.launchers.ray"
+# A search cell (scenario C): the plan's trials as Ray Tune trials, as many at once as the cell has workers.
+TUNE_MODULE = "trainer.launchers.ray_tune"
+TUNE_LABEL = "ray-tune (Ray Tune, ASHAScheduler)"
 
 
 def head_address(cluster: Cluster) -> str:
@@ -63,25 +66,19 @@ def auth_env(cluster: Cluster) -> dict[str, str]:
 def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     placement = place(cluster, cell)  # checks the inventory offers N slots; Ray picks the workers
     paths = CellPaths(cluster, cell, attempt)
-    argv = [
-        cluster.python,
-        "-m",
-        TRAINER_MODULE,
-        "--config",
-        paths.config_path,
-        "--num-workers",
-        str(cell.gpus),
-        "--address",
-        head_address(cluster),
-        "--max-failures",
-        str(int(cluster.require("ray_max_failures"))),
-    ]
     # The driver forwards the trainer's environment to its workers; each worker keeps its own node's
     # socket interface (its raylet's unit reads the socket env file).
     # RAY_COLOR_PREFIX=0: Ray's driver prefixes each worker line with "(RayTrainWorker pid=..)", in
     # colour unless told not to; the log is a file, read by people and by the report.
     master = cluster.require_master("ray cells")
     env = {**trainer_env(cluster, master), **auth_env(cluster), "RAY_COLOR_PREFIX": "0"}
+    common = ["--config", paths.config_path, "--address", head_address(cluster)]
+    if cell.search:  # Tune's trials, one worker each, at most the cell's workers at once
+        argv = [cluster.python, "-m", TUNE_MODULE, *common, "--search", paths.search_plan_path,
+                "--max-concurrent", str(cell.gpus)]
+        return driver_on_master(cluster, placement, paths, argv, env, timeout_s, TUNE_LABEL)
+    argv = [cluster.python, "-m", TRAINER_MODULE, *common, "--num-workers", str(cell.gpus),
+            "--max-failures", str(int(cluster.require("ray_max_failures")))]
     launch = driver_on_master(cluster, placement, paths, argv, env, timeout_s, LABEL)
     if cell.elastic:  # TorchTrainer with 1 to N workers; the survivors resume the checkpoint more wrote
         launch.trainer_config["elastic"] = True
@@ -201,6 +198,9 @@ class Ray(Platform):
 
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         return build(cluster, cell, attempt, timeout_s)
+
+    def search_refusal(self, cluster: Cluster, early_stopping: str) -> str | None:
+        return None  # Tune's ASHAScheduler, or its FIFOScheduler for no early stopping
 
     def preflight(self, cluster: Cluster, planned: Launch, sessions: remote.Sessions | None) -> None:
         needed = len(planned.placement.slots)  # the workers placement would use; Ray picks which
