@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -32,6 +33,8 @@ from dtlab.report.faults import FaultSection, fault_section, is_faulted
 from dtlab.report.gate import GateSection, gate_section
 from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
 from dtlab.report.own_tables import resumed_costs
+from dtlab.report.search import search_measures, search_table
+from dtlab.report.search import stand_ins as search_stand_ins
 from dtlab.report.step_profile import is_profiled, step_profile_table
 from dtlab.report.strategies import SizePoint, any_other_strategy, size_lines, strategies_table
 from dtlab.report.study import (
@@ -101,15 +104,18 @@ class Report:
         return config_label(count, devices.pop() if len(devices) == 1 else "cuda")
 
 
-def choose_profile(ok_runs: list[Run], profile: str | None) -> tuple[str | None, list[str]]:
+def choose_profile(ok_runs: list[Run], profile: str | None, searched: Iterable[str] = ()
+                   ) -> tuple[str | None, list[str]]:
     """The profile to report: the one asked for, else that of the newest ok run (profiles never mix);
-    an undisturbed run's, when there is one: faulted runs have their own section, from every profile."""
+    an undisturbed run's, when there is one: faulted runs have their own section, from every profile, and
+    so have search runs (`searched`: their profiles, which may be asked for: bench.all --profile tune)."""
     present = sorted({run.cell.profile for run in ok_runs})
     if profile is not None:
-        if present and profile not in present:
+        recorded = sorted(set(present) | set(searched))
+        if recorded and profile not in recorded:
             raise DtlabError(
                 f"bench.report: --profile {profile} has no recorded runs; recorded profiles: "
-                f"{', '.join(present)}"
+                f"{', '.join(recorded)}"
             )
         return profile, [p for p in present if p != profile]
     if not ok_runs:
@@ -340,13 +346,18 @@ def build_report(
             f"bench.report: no recorded runs in {store.root}; "
             "run `invoke bench.all` (or bench.run) first, then `invoke bench.report`"
         )
+    # Search cells (scenario C) are measured in their own table, from every profile, never in a training
+    # table: their result is a search's, not a run's.
+    search_runs = newest_per_cell(run for run in recorded if run.cell.search)
+    searches = search_table(search_runs)
+    recorded = [run for run in recorded if not run.cell.search]
     # A stored result that lacks a field (an older or damaged row) is named in the header and left out;
     # it never stops the report. Its raw files stay in runs/ as recorded.
     unreadable = [(run, reason) for run in recorded if (reason := unreadable_reason(run))]
     left_out = {run.id for run, _ in unreadable}
     all_runs = [run for run in recorded if run.id not in left_out]
     readable_ok = [run for run in all_runs if run.status == "ok"]
-    chosen, others = choose_profile(readable_ok, profile)
+    chosen, others = choose_profile(readable_ok, profile, {run.cell.profile for run in search_runs})
     # A faulted cell's runs (its injected failures too) are measured in their own section, never in the
     # study's tables, B.2 or B.4: their time is the fault's. Their undisturbed twins are ordinary cells.
     faults = fault_section(all_runs)
@@ -395,6 +406,8 @@ def build_report(
     if profiled:
         extra.append(step_profile_table([(run.cell.framework, run.cell.gpus, run.result)
                                          for run in profiled]))
+    if searches is not None:
+        extra.append(searches)
     if failed:
         extra.append(failures_table(failed, ok_runs))
     if resumed:
@@ -429,8 +442,8 @@ def build_report(
             "not comparable across the two (per-epoch times and ratios are)."
         )
     etl = etl_summaries(samples)
-    comparison = with_recommendation(build_comparison(groups, study_samples, faults, short, store.root, etl),
-                                     priorities)
+    comparison = with_recommendation(build_comparison(groups, study_samples, faults, short, store.root, etl,
+                                                      search_measures(search_runs)), priorities)
     return Report(
         title=f"dtlab report: {_join(run.inventory for run in all_runs)}",
         size_lines=size_lines(samples),
@@ -455,7 +468,8 @@ def build_report(
         disagreements=builder.disagreement_table(
             known_setup_differences(study_undisturbed, short, pub.device)),
         comparison=comparison,
-        verdict=build_verdict(comparison, groups, all_runs, priorities),
+        verdict=build_verdict(comparison, groups, all_runs, priorities,
+                              search_stand_ins=search_stand_ins(search_runs)),
     )
 
 

@@ -62,6 +62,8 @@ CRITERIA = {
     "mfu": "model FLOPs utilization of its runs (Table B.14), higher first",
     "energy": "joules per run, GPUs by NVML and CPU packages by RAPL (Table B.14), less first",
     "cost": "cost per run, node_cost_per_hour x the whole run (Table B.14), less first",
+    "search": "scenario C's search: one plan of trials with ASHA's early stopping, start to end "
+              "(Table B.16), faster first",
     "checklist": "centralised management features (the study's Table 5.11; not measured here), more first",
     "pipelines": "training inside a data pipeline (the study's section 5.6.4; not measured here) first",
 }

@@ -75,6 +75,7 @@ LOWER_FIRST = {
     "mfu": False,
     "energy": True,
     "cost": True,
+    "search": True,
     "checklist": False,
     "pipelines": False,
 }
@@ -98,6 +99,7 @@ MEASURED_BY = {
     "mfu": ("invoke bench.all --profile spread", "spread"),
     "energy": ("invoke bench.all --profile spread, on nodes with an NVIDIA GPU or RAPL", "spread"),
     "cost": ("node_cost_per_hour in the inventory, then invoke bench.all --profile spread", "spread"),
+    "search": ("invoke bench.all --profile tune", "tune"),
 }
 STUDY_WORD = "the study's word, never measured by dtlab"
 

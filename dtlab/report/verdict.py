@@ -42,7 +42,8 @@ SCENARIOS_FILE = EXPERIMENTS_DIR / "scenarios.yml"
 LABELS = {"whole_run": "whole run", "speed": "steady-state speed", "startup": "start-up",
           "unattended": "recovery without a person", "adoption": "lines a user writes",
           "footprint": "services and ports", "idle": "idle memory", "provisioning": "provisioning time",
-          "mfu": "model FLOPs utilization", "energy": "energy per run", "cost": "cost per run"}
+          "mfu": "model FLOPs utilization", "energy": "energy per run", "cost": "cost per run",
+          "search": "a search with ASHA"}
 SPEED_MODES = {"whole_run": "the whole run, start-up included", "steady_state": "the steady-state epoch"}
 SCENARIO_KEYS = {"id", "name", "source", "claim", "speed", "priorities", "weights", "candidates", "because"}
 REQUIRED_KEYS = ("id", "name", "source", "claim", "speed")
@@ -213,6 +214,7 @@ def _short(criterion: str, m: Measure) -> str:
         "mfu": lambda: f"{value * 100:.2f}% MFU",
         "energy": lambda: f"{value:.0f} J a run",
         "cost": lambda: f"{value:.4f} a run",
+        "search": lambda: f"{value:.1f} s a search",
     }.get(criterion, lambda: m.shown)()
     n = m.n
     return f"{shown} (n={n})" if n else f"{shown} (counted)"
@@ -371,10 +373,12 @@ def single_runs_preface(groups: Mapping[GroupKey, GroupStats]) -> list[str]:
 
 
 def build_verdict(comparison: Comparison, groups: Mapping[GroupKey, GroupStats], runs: Iterable[Run],
-                  priorities: Priorities | None = None, scenarios: list[Scenario] | None = None) -> Verdict:
+                  priorities: Priorities | None = None, scenarios: list[Scenario] | None = None,
+                  search_stand_ins: Mapping[str, str] | None = None) -> Verdict:
+    """`search_stand_ins`: the platforms whose search runs are a stand-in's (search.stand_ins)."""
     scenarios = scenarios if scenarios is not None else load_scenarios()
     costs = profile_costs(runs)
-    found = stand_ins(groups)
+    found = {**(search_stand_ins or {}), **stand_ins(groups)}
     ran = comparison.ranked_field
     lines = []
     if priorities is not None:
