@@ -9,6 +9,7 @@ import os
 import time
 
 from trainer.core import TrainHooks, train
+from trainer.distributed import process_group, resolve_device
 from trainer.launchers import _cli
 from trainer.search import (
     METRIC,
@@ -49,12 +50,15 @@ class SweepHooks(TrainHooks):
 def launch(cfg, args) -> None:
     plan, started, trials = args.search, time.time(), []
     asha, rank, world = plan.asha(), int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    for number, options in enumerate(plan.trials):
-        hooks, trial_started = SweepHooks(asha, number), time.time()
-        train(plan.trial_config(cfg, number, cfg.output_dir), hooks)
-        trials.append(trial_record(number, options, trial_started, hooks.epochs, plan.budget_epochs))
-        if rank == 0:
-            print(trial_line(trials[-1], len(plan.trials)), flush=True)
+    # One process group for every trial: each train() joins it. A group destroyed and formed again on
+    # torchrun's store finds the first one's keys there, and across nodes one rank then waits forever.
+    with process_group(resolve_device(cfg)):
+        for number, options in enumerate(plan.trials):
+            hooks, trial_started = SweepHooks(asha, number), time.time()
+            train(plan.trial_config(cfg, number, cfg.output_dir), hooks)
+            trials.append(trial_record(number, options, trial_started, hooks.epochs, plan.budget_epochs))
+            if rank == 0:
+                print(trial_line(trials[-1], len(plan.trials)), flush=True)
     if rank == 0:
         way, label = "sweep-asha" if asha else "sweep", cfg.framework_label or LABEL  # the harness's label
         result = search_result(way, label, plan, trials, started, time.time(), args.slots, world)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import copy
+import json
 import shlex
 import tempfile
 from collections.abc import Sequence
@@ -115,6 +116,7 @@ def search_stand_in(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) 
                        label=SEARCH_STAND_IN_LABEL)
     searcher = detconfig.searcher_experiment(render_experiment(cluster, cell, launch.trainer_config),
                                              SearchSpec.from_plan(cell.task_plan), f"searcher for {cell.key}")
+    searcher = json.loads(json.dumps(searcher))  # plain str: the inventory's templated values are subclasses
     launch.files[f"{launch.paths.attempt_dir}/determined-search.yaml"] = yaml.safe_dump(searcher,
                                                                                         sort_keys=False)
     launch.result_extra["determined_searcher"] = searcher["searcher"]
