@@ -15,9 +15,11 @@ from trainer.config import DEFAULT_DATA_PATH
 from trainer.search import EARLY_STOPPING
 
 # What a cell runs beyond one training run (scenario C, #54): "" trains once; "search-asha" and
-# "search-none" run a search plan's trials with or without ASHA's early stopping (trainer/search.py).
+# "search-none" run a search plan's trials with or without ASHA's early stopping (trainer/search.py);
+# "serve" serves a trained cell's checkpoint (task_plan["serves"]) and load-tests it (dtlab.loadtest).
 SEARCH_TASKS = tuple(f"search-{mode}" for mode in EARLY_STOPPING)
-TASKS = ("", *SEARCH_TASKS)
+SERVE_TASK = "serve"
+TASKS = ("", *SEARCH_TASKS, SERVE_TASK)
 
 # The faults a fault plan can inject (dtlab.faults injects them; docs/faults.md says what each does).
 FAULT_KINDS = ("kill", "netdrop", "restart")
@@ -101,7 +103,7 @@ class Cell:
     def key(self) -> str:
         """FRAMEWORK-gN-eE-sS[-STRATEGY][-MODEL][-etl][-TASK][-FAULT]: ddp-g2-e2-s0, ddp-g2-e2-s0-fsdp,
         ddp-g2-e2-s0-fsdp-bert-mini, spark-g2-e2-s0-etl, ray-g2-e4-s0-search-asha,
-        ray-g2-e2-s0-zero1-kill-after1."""
+        ray-g2-e2-s0-serve, ray-g2-e2-s0-zero1-kill-after1."""
         key = f"{self.framework}-g{self.gpus}-e{self.epochs}-s{self.seed}"
         if self.strategy != strategies.DEFAULT:
             key += f"-{self.strategy}"
@@ -117,6 +119,15 @@ class Cell:
     def search(self) -> str | None:
         """A search cell's early stopping (trainer.search.EARLY_STOPPING), None for any other cell."""
         return self.task.removeprefix("search-") if self.task in SEARCH_TASKS else None
+
+    @property
+    def trained(self) -> Cell | None:
+        """A serve cell's trained cell, whose checkpoint it serves (task_plan["serves"]); None for any other
+        cell. Its options are the serve cell's: the checkpoint's config hash is the served config's."""
+        if self.task != SERVE_TASK:
+            return None
+        return Cell(self.task_plan["serves_framework"], self.gpus, self.epochs, self.seed, self.profile,
+                    self.trainer_config, strategy=self.strategy, model=self.model, data_path=self.data_path)
 
     @property
     def fault_plan(self) -> Fault | None:

@@ -6,7 +6,7 @@ connection per target; request k carries review k mod len(reviews) to target k m
 request is an error when it fails, times out or answers other than 200 with one label; a mismatch when its
 label differs from the trainer's own evaluation of that review (trainer/serving.expected_predictions).
 
-    plan = LoadPlan.from_dict({"concurrency": [1, 8, 32], "requests": 256}, where="serve")
+    plan = LoadPlan.from_dict({"concurrency": [1, 8, 32], "requests": 256}, where="serve")  # matrix.tasks
     targets = cluster_targets(["http://10.77.0.11:8100/predict"], cluster_hosts, where="serve")
     levels = load_test(targets, reviews, expected_labels, plan)
 """
@@ -22,11 +22,8 @@ import urllib.parse
 from dataclasses import asdict, dataclass
 
 from dtlab.errors import DtlabError
+from dtlab.matrix.tasks import LoadPlan
 from dtlab.waiting import wait_until
-
-MAX_REQUESTS = 10_000  # per level: a load test is bounded, and this one ends in minutes
-MAX_CONCURRENCY = 256
-DEFAULT_CONCURRENCY = (1, 8, 32)
 
 
 @dataclass(frozen=True)
@@ -38,37 +35,6 @@ class Target:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}{self.path}"
-
-
-@dataclass(frozen=True)
-class LoadPlan:
-    concurrency: tuple[int, ...] = DEFAULT_CONCURRENCY
-    requests: int = 256  # per level
-    timeout_s: float = 30.0  # per request
-
-    @classmethod
-    def from_dict(cls, data: dict, where: str) -> LoadPlan:
-        unknown = sorted(set(data) - {"concurrency", "requests", "timeout_s"})
-        if unknown:
-            raise DtlabError(f"{where}: unknown key {unknown[0]}; use concurrency, requests, timeout_s")
-        levels = data.get("concurrency", list(DEFAULT_CONCURRENCY))
-        if not isinstance(levels, list) or not levels or not all(_int_in(n, 1, MAX_CONCURRENCY)
-                                                                 for n in levels):
-            raise DtlabError(f"{where}: concurrency: must be a list of integers 1-{MAX_CONCURRENCY}, "
-                             f"got {levels!r}")
-        requests = data.get("requests", cls.requests)
-        if not _int_in(requests, max(levels), MAX_REQUESTS):
-            raise DtlabError(f"{where}: requests: must be an integer from the highest concurrency "
-                             f"({max(levels)}) to {MAX_REQUESTS}, got {requests!r}")
-        timeout_s = data.get("timeout_s", cls.timeout_s)
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s <= 600:
-            raise DtlabError(f"{where}: timeout_s: must be a number of seconds in (0, 600], "
-                             f"got {timeout_s!r}")
-        return cls(tuple(levels), requests, float(timeout_s))
-
-
-def _int_in(value, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value <= high
 
 
 def cluster_targets(urls: list[str], cluster_hosts: set[str], where: str) -> list[Target]:

@@ -89,3 +89,17 @@ def made_up_search(cell, wall_s: float = 2.0, best: int = 1, **changes) -> dict:
             "counts": {"started": len(trials), "stopped_early": len(trials), "failed": 0},
             "best": {"number": best, "options": trials[best]["options"], "val_accuracy": 0.9, "epochs": 1,
                      "reached_s": trials[best]["ended"]}, "busy_fraction": 0.75, **changes}
+
+
+def made_up_serve(cell, p99_ms: float = 20.0, throughput_rps: float = 100.0, mismatches: int = 0,
+                  **changes) -> dict:
+    """What dtlab/bench/serve.py records for a serve cell (dtlab.cell.Cell with a task_plan): each planned
+    load level with this p99 (p50 half of it) and throughput; `changes` replace keys."""
+    levels = [{"concurrency": n, "requests": cell.task_plan["load"]["requests"], "errors": 0,
+               "mismatches": mismatches, "p50_ms": p99_ms / 2, "p99_ms": p99_ms,
+               "throughput_rps": throughput_rps, "wall_s": 2.5, "first_error": None}
+              for n in cell.task_plan["load"]["concurrency"]]
+    return {"way": cell.framework, "label": f"{cell.framework} server", "serves": cell.task_plan["serves"],
+            "checkpoint": "/srv/dtlab-shared/x/checkpoints/epoch-2.pt", "epoch": cell.epochs,
+            "accuracy": 0.95, "replicas": cell.gpus, "urls": ["http://10.0.0.11:8100/predict"],
+            "levels": levels, "ready_s": 12.0, "wall_s": 30.0, **changes}

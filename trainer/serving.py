@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field
 from trainer import checkpoint
 from trainer.batches import PaddedBatches, padding_multiple, validation_batches
 from trainer.config import ConfigError, TrainConfig, config_hash
-from trainer.data import load_tokenizer, tokenized_splits
+from trainer.data import load_tokenizer, text_source, tokenized_splits
 from trainer.distributed import resolve_device
 from trainer.model import build_model
 
@@ -99,3 +99,8 @@ def expected_predictions(predictor: Predictor) -> dict:
             labels[indices] = predictor.logits(batches[indices]).argmax(dim=-1).numpy()
     return {"checkpoint": str(predictor.checkpoint), "epoch": predictor.epoch, "labels": labels.tolist(),
             "accuracy": float((labels == np.asarray(test.labels)).mean())}
+
+
+def test_reviews(cfg: TrainConfig) -> list[str]:
+    """The test split's raw reviews in its order: what expected_predictions labels, as text."""
+    return list(text_source(cfg).load()["test"]["text"])

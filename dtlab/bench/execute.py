@@ -43,6 +43,8 @@ class ExecuteStep:
         """Start every unit at once, follow them; the first failure stops the rest."""
         if planned.external is not None:
             return self._execute_external(planned)
+        if planned.serving is not None:  # dtlab/bench/serve.py
+            return self.execute_serving(planned, log_dir, timeout_s)
         sink = self.display.line if self.display else None
         say = self.display.note if self.display else print
         started = time.monotonic()

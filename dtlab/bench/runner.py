@@ -19,6 +19,7 @@ from dtlab.bench.gate import HealthGate
 from dtlab.bench.options import BenchOptions
 from dtlab.bench.prepare import PrepareStep
 from dtlab.bench.record import RecordStep
+from dtlab.bench.serve import ServeStep
 from dtlab.bench.watch import PROBE_TIMEOUT_S
 from dtlab.cell import DEFAULT_DATA_PATH, Cell, config_hash
 from dtlab.display import Display
@@ -53,7 +54,7 @@ def git_revision() -> str | None:
     return f"{rev}-dirty" if rev and dirty else (rev or None)
 
 
-class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
+class Bench(HealthGate, PrepareStep, ExecuteStep, ServeStep, RecordStep):
     """One bench run on a cluster: the matrix, its cells and their attempts, through the steps mixed in."""
 
     def __init__(
@@ -101,14 +102,19 @@ class Bench(HealthGate, PrepareStep, ExecuteStep, RecordStep):
 
     def check_cells(self, selected: matrix_module.Matrix) -> None:
         """What the controller alone decides about the cells: each cell's platform can run its strategy,
-        data path and search (Platform.strategy_refusal, data_path_refusal, search_refusal; a platform's
-        ETL needs the shared disk), and each fault plan's node is one its cell runs on."""
+        data path, search and serving (Platform.strategy_refusal, data_path_refusal, search_refusal,
+        serve_refusal; a platform's ETL and a served checkpoint need the shared disk), and each fault
+        plan's node is one its cell runs on."""
         where = f"{selected.source}: profiles.{selected.profile}"
         for cell in selected.cells:
             platform = platforms.get(cell.framework)
             refusal = platform.strategy_refusal(cell.strategy) or platform.data_path_refusal(cell.data_path) \
-                or (platform.search_refusal(self.cluster, cell.search) if cell.search else None)
+                or (platform.search_refusal(self.cluster, cell.search) if cell.search else None) \
+                or (platform.serve_refusal(self.cluster) if cell.trained else None)
             shared_disk = self.cluster.shared_checkpoint_dir
+            if refusal is None and cell.trained and not shared_disk:
+                refusal = ("serve: the servers on every worker read the trained cell's checkpoint from a "
+                           "disk every node mounts; set dtlab_shared_checkpoint_dir in the inventory")
             if refusal is None and cell.data_path != DEFAULT_DATA_PATH and not shared_disk:
                 refusal = (f"data_path {cell.data_path}: the platform's ETL reads and writes on a disk every "
                            "node mounts; set dtlab_shared_checkpoint_dir in the inventory, or use loader")

@@ -6,18 +6,24 @@ shape that Spark, Ray and Slurm share. Each platform's own launch is in its pack
 from __future__ import annotations
 
 from dtlab.launch.common import (
+    PREDICT_PATH,
     CellPaths,
     Launch,
     Placement,
+    Serving,
     Slot,
     driver_on_master,
     place,
     prepare_command,
+    serve_config,
+    serve_url,
+    serving,
     shared_checkpoint_command,
     trainer_config,
     trainer_env,
     unit,
 )
 
-__all__ = ["CellPaths", "Launch", "Placement", "Slot", "driver_on_master", "place", "prepare_command",
-           "shared_checkpoint_command", "trainer_config", "trainer_env", "unit"]
+__all__ = ["PREDICT_PATH", "CellPaths", "Launch", "Placement", "Serving", "Slot", "driver_on_master",
+           "place", "prepare_command", "serve_config", "serve_url", "serving", "shared_checkpoint_command",
+           "trainer_config", "trainer_env", "unit"]

@@ -7,6 +7,7 @@ all at once through dtlab.remote, follows their logs, and fetches the result fro
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shlex
 from collections.abc import Sequence
@@ -18,6 +19,7 @@ import yaml
 from dtlab.cell import DEFAULT_DATA_PATH, Cell, trainer_options
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
+from dtlab.matrix.tasks import LoadPlan
 from dtlab.remote import UnitSpec, unit_name
 from trainer.search import SEARCH_FILE_NAME
 
@@ -145,6 +147,19 @@ class CellPaths:
         return f"{shared}/platform-data" if shared else None
 
 
+@dataclass(frozen=True)
+class Serving:
+    """What bench does with a serve cell's servers: first the trainer's own answers, computed by the
+    `expected` unit on its node and written to `expected_path`; then, once every URL answers, the load
+    test against `urls` (dtlab/loadtest.py) from the controller."""
+
+    expected: tuple[Node, UnitSpec]
+    expected_path: str
+    urls: tuple[str, ...]
+    load: LoadPlan
+    replicas: int  # serving processes (uvicorn's, Ray Serve's replicas)
+
+
 @dataclass
 class Launch:
     """Everything bench needs to run one attempt of one cell."""
@@ -170,6 +185,8 @@ class Launch:
     files: dict[str, str] = field(default_factory=dict)
     # What the platform adds to the recorded result beyond what its launcher wrote (JSON data).
     result_extra: dict[str, Any] = field(default_factory=dict)
+    # A serve cell's: its jobs are the servers, which serve until bench stops them (dtlab/bench/serve.py).
+    serving: Serving | None = None
 
     def result_nodes(self, lost: str | None = None) -> tuple[Node, ...]:
         """Where to look for result.json: `result_node`; after an elastic plan lost node `lost`, also every
@@ -204,6 +221,44 @@ def trainer_config(cluster: Cluster, placement: Placement, paths: CellPaths, lab
     if placement.cell.data_path != DEFAULT_DATA_PATH:  # runner.check_cells refuses it without a shared disk
         config["platform_data_dir"] = paths.platform_data_dir
     return config
+
+
+EXPECTED_MODULE = "trainer.launchers.expected"
+PREDICT_PATH = "/predict"  # trainer.serving.PREDICT_PATH, which both servers answer (that module loads torch)
+
+
+def serve_url(node: Node, port: int | str) -> str:
+    return f"http://{node.address}:{port}{PREDICT_PATH}"
+
+
+def serve_config(cluster: Cluster, placement: Placement, paths: CellPaths, label: str) -> dict[str, Any]:
+    """A serve cell's trainer config: its trained cell's options (the checkpoint's config hash is the
+    served config's), reading that cell's checkpoints, with this attempt's own output dir."""
+    trained = placement.cell.trained
+    config = trainer_config(cluster, dataclasses.replace(placement, cell=trained), paths, label)
+    config["checkpoint_dir"] = CellPaths(cluster, trained, 1).checkpoint_dir  # shared by its attempts
+    return config
+
+
+def serving(cluster: Cluster, placement: Placement, paths: CellPaths, timeout_s: int, urls: list[str],
+            replicas: int) -> Serving:
+    """A serve cell's expected answers (on its first placed worker, where the checkpoint and the data
+    are) and its load test against `urls`."""
+    cell, node = placement.cell, placement.slots[0].node
+    load = LoadPlan.from_dict(dict(cell.task_plan["load"]), where=f"cell {cell.key}")
+    out = f"{paths.output_dir}/expected.json"
+    expected = UnitSpec(
+        unit=unit_name(f"{cell.key}-expected", node.name),
+        argv=[cluster.python, "-m", EXPECTED_MODULE, "--config", paths.config_path, "--reviews",
+              str(load.requests), "--out", out],
+        log_path=f"{paths.attempt_dir}/{node.name}-expected.log",
+        user=cluster.user,
+        workdir=cluster.code_dir,
+        env=trainer_env(cluster, node, placement.slots[0]),
+        environment_files=(cluster.socket_env_file,),
+        runtime_max_s=timeout_s,
+    )
+    return Serving((node, expected), out, tuple(urls), load, replicas)
 
 
 def search_files(paths: CellPaths) -> dict[str, str]:

@@ -4,8 +4,8 @@ A profile expands each `runs:` entry to frameworks x strategies x models x data_
 seeds (strategies: the trainer's parallelism strategies, default [ddp]; a run's `strategies:` is the one
 place a profile names them, so its `trainer:` may not, and so with data_paths, default [loader]; models:
 default the profile's `trainer: model`, whose cells keep the keys and hashes they had before the axis
-existed). A profile with a `search:` section (scenario C, dtlab/search.py) expands each run to seeds x
-gpus x early_stopping x frameworks instead: search cells, each running the one drawn plan. The file's
+existed). A profile with a `search:` or a `serve:` section (scenario C) adds that task's cells
+(dtlab/matrix/tasks.py): search cells in place of the training ones, serve cells after them. The file's
 shape (keys, types, ranges, frameworks) is SCHEMA below, whose profiles' `trainer:` sections are the
 trainer's own schema (trainer.config.SCHEMA, referred to by its $id, not copied); what a schema cannot
 say (more GPUs than the inventory has, duplicate cells, the trainer's rules for the inventory's device)
@@ -30,7 +30,8 @@ from referencing import Registry, Resource
 from dtlab import paths
 from dtlab.cell import DEFAULT_DATA_PATH, FAULT_KINDS, RECOVERY_MODES, Cell, Fault, model_label
 from dtlab.errors import DtlabError
-from dtlab.search import SearchSpec, parse_search
+from dtlab.matrix.tasks import EARLY_STOPPING_KEY, ServeSpec, profile_task, search_cells, with_serve_cells
+from dtlab.search import SearchSpec
 from trainer import config as trainer_config
 from trainer import options as config_options
 from trainer import strategies
@@ -60,10 +61,6 @@ MODELS_KEY = "models"
 # ... and where the tokens come from (trainer.config.DATA_PATHS): the DataLoader's, or the platform's own
 # ETL (Spark's, Ray Data's); a platform without one refuses it (Platform.data_path_refusal).
 DATA_PATHS_KEY = "data_paths"
-# A search profile's runs (its `search:` section: dtlab/search.py) name the early stopping each way runs
-# with (default [asha]); the search's budget_epochs is every trial's epochs, so its runs name none.
-EARLY_STOPPING_KEY = "early_stopping"
-_TRAINING_ONLY_KEYS = ("epochs", STRATEGIES_KEY, MODELS_KEY, DATA_PATHS_KEY)
 _DEFAULT_MODEL = next(f.default for f in dataclasses.fields(trainer_config.TrainConfig) if f.name == "model")
 
 
@@ -126,6 +123,8 @@ SCHEMA = {
                 # Scenario C's hyperparameter search: its space, trials and budget (dtlab/search.py checks
                 # the rest, against the profile's trainer: options).
                 "search": {"type": "object"},
+                # ... or serving a trained cell's checkpoint under a load test (dtlab/matrix/tasks.py).
+                "serve": {"type": "object"},
                 # The quality a run must reach to count in the report's score (MLPerf-style; a run
                 # under it is dropped, two invalidate the cell): docs/results-and-report.md.
                 "target_accuracy": {
@@ -283,12 +282,12 @@ def load(
             used.setdefault((strategy, model), f"runs[{index}]")
     configs = _check_trainer_rules(where, trainer_options, device, used)
     fault = _fault(f"{where}.fault", spec.get("fault"))
-    search = _search(where, spec, trainer_options)
+    task = profile_task(where, spec, trainer_options)
     cells: list[Cell] = []
     first_seen: dict[Cell, str] = {}
     for index, run in enumerate(spec["runs"]):
         run_where = f"{where}.runs[{index}]"
-        for cell in _expand(run, profile, trainer_options, fault, profile_model, search):
+        for cell in _expand(run, profile, trainer_options, fault, profile_model, task):
             if fault is not None and fault.after_epoch >= cell.epochs:
                 raise DtlabError(
                     f"{where}.fault.after_epoch: {fault.after_epoch}, but cell {cell.undisturbed.key} has "
@@ -309,7 +308,7 @@ def load(
                 )
             first_seen[cell] = run_where
             cells.append(cell)
-    if search is not None:  # seed by seed across the runs, so the ways interleave in time
+    if isinstance(task, SearchSpec):  # seed by seed across the runs, so the ways interleave in time
         cells.sort(key=lambda cell: cell.seed)
     return Matrix(
         profile=profile,
@@ -419,32 +418,6 @@ def _fault(where: str, spec: dict[str, Any] | None) -> Fault | None:
     return Fault(spec["kind"], spec["after_epoch"], spec.get("node"), seconds, recovery)
 
 
-def _search(where: str, spec: dict[str, Any], trainer_options: dict[str, Any]) -> SearchSpec | None:
-    """A search profile's plan, checked with its runs: they name no epochs (the budget's), no other axis
-    and no fault plan; a training profile's runs name their epochs and no early stopping."""
-    runs = spec["runs"]
-    if "search" not in spec:
-        for index, run in enumerate(runs):
-            if "epochs" not in run:
-                raise DtlabError(f"{where}.runs[{index}]: 'epochs' is a required property")
-            if EARLY_STOPPING_KEY in run:
-                raise DtlabError(f"{where}.runs[{index}].{EARLY_STOPPING_KEY}: only a profile with a search: "
-                                 "section runs searches; add one, or remove early_stopping")
-        return None
-    if "fault" in spec:
-        raise DtlabError(f"{where}.fault: a search profile takes no fault plan; put the fault in a "
-                         "training profile")
-    for index, run in enumerate(runs):
-        named = next((key for key in _TRAINING_ONLY_KEYS if key in run), None)
-        if named == "epochs":
-            raise DtlabError(f"{where}.runs[{index}].epochs: a search's trials train search.budget_epochs; "
-                             "remove epochs")
-        if named is not None:
-            raise DtlabError(f"{where}.runs[{index}].{named}: a search's trials train the profile's trainer: "
-                             f"options alone; remove {named}")
-    return parse_search(spec["search"], trainer_options, where)
-
-
 def _as_list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else [value]
 
@@ -455,16 +428,10 @@ def _expand(
     trainer_options: dict[str, Any],
     fault: Fault | None = None,
     profile_model: str = _DEFAULT_MODEL,
-    search: SearchSpec | None = None,
+    task: SearchSpec | ServeSpec | None = None,
 ) -> Iterator[Cell]:
-    if search is not None:  # seeds, then GPUs, then early stopping, then framework
-        for seed, gpu_count, mode, framework in itertools.product(
-            _as_list(run["seeds"]), _as_list(run["gpus"]), _as_list(run.get(EARLY_STOPPING_KEY, "asha")),
-            _as_list(run["frameworks"])
-        ):
-            yield Cell(framework=framework, gpus=gpu_count, epochs=search.budget_epochs, seed=seed,
-                       profile=profile, trainer_config=trainer_options, task=f"search-{mode}",
-                       task_plan=search.plan(mode))
+    if isinstance(task, SearchSpec):
+        yield from search_cells(run, profile, trainer_options, task)
         return
     frameworks, gpus, epochs, seeds = (_as_list(run[key]) for key in RUN_KEYS)
     strategy_names = _as_list(run.get(STRATEGIES_KEY, strategies.DEFAULT))
@@ -486,6 +453,9 @@ def _expand(
             model=model,
             data_path=data_path,
         )
+        if isinstance(task, ServeSpec):  # each way serves it right after it trains
+            yield from with_serve_cells(cell, task)
+            continue
         yield cell
         if fault is not None:  # the faulted run right after its undisturbed twin, on the same nodes
             yield dataclasses.replace(cell, fault=fault.spec)

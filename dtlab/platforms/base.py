@@ -145,6 +145,12 @@ class Platform:
         return (f"search: dtlab runs no search on {self.label} (Ray Tune on ray, the sweep on ddp, "
                 "Determined's searcher on determined)")
 
+    def serve_refusal(self, cluster: Cluster) -> str | None:
+        """Why it cannot serve a serve cell's checkpoint here (dtlab/matrix/tasks.py), or None when its build
+        starts servers for one. bench asks before any cell starts."""
+        return (f"serve: dtlab serves no checkpoint on {self.label} (ddp's plain FastAPI server, one a "
+                "worker; Ray Serve on ray)")
+
     def strategy_refusal(self, strategy: str) -> str | None:
         """Why this platform cannot run the trainer's parallelism strategy `strategy` (one of
         trainer.strategies.NAMES), or None when it can. Every strategy runs under a launcher that leaves

@@ -7,6 +7,7 @@ Layout, one folder per cluster (``dtlab.paths.results_dir_for(cluster_name)``)::
       runs/<cell_key>/attempt-<n>/
         result.json                       the trainer's result (ok attempts)
         search.json                       a search cell's instead (ok attempts; trainer/search.py)
+        serve.json                        a serve cell's instead: its load levels (dtlab/bench/serve.py)
         mlperf.log                        the same run in MLPerf's log format (ok attempts; mlperf_log)
         failure.json                      reason, node, exit code, log tail (failed attempts)
         logs/<node>.log                   per-node logs of that attempt

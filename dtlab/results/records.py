@@ -108,6 +108,35 @@ def validate_search_result(result: Mapping[str, Any], cell: Cell, where: str) ->
                              "search under its own cell")
 
 
+# serve.json's keys (dtlab/bench/serve.py writes them), and each load level's (dtlab.loadtest.LevelResult).
+SERVE_FILE_NAME = "serve.json"
+SERVE_RESULT_KEYS = {"way": str, "label": str, "serves": str, "checkpoint": str, "epoch": int,
+                     "accuracy": float, "replicas": int, "urls": list, "levels": list, "ready_s": float,
+                     "wall_s": float}
+LEVEL_KEYS = {"concurrency": int, "requests": int, "errors": int, "mismatches": int, "p50_ms": float,
+              "p99_ms": float, "throughput_rps": float, "wall_s": float}
+
+
+def validate_serve_result(result: Mapping[str, Any], cell: Cell, where: str) -> None:
+    """Raise DtlabError naming the first key of a serve cell's serve.json that is missing, of another type,
+    or unlike the cell (the trained cell it serves, its load levels)."""
+    def check(data: Mapping[str, Any], keys: Mapping[str, type], at: str) -> None:
+        for key, kind in keys.items():
+            value = data.get(key) if isinstance(data, Mapping) else None
+            number = kind is float and isinstance(value, int)
+            if isinstance(value, bool) or not (isinstance(value, kind) or number):
+                raise DtlabError(f"{where}: {at}{key}: expected {kind.__name__}, got {value!r}")
+
+    check(result, SERVE_RESULT_KEYS, "")
+    for index, level in enumerate(result["levels"]):
+        check(level, LEVEL_KEYS, f"levels[{index}].")
+    planned = list(cell.task_plan["load"]["concurrency"])
+    found = [level["concurrency"] for level in result["levels"]]
+    if result["serves"] != cell.task_plan["serves"] or found != planned:
+        raise DtlabError(f"{where}: it serves {result['serves']} at concurrency {found}, but the cell serves "
+                         f"{cell.task_plan['serves']} at {planned}; record it under its own cell")
+
+
 def newest_per_cell(runs: Iterable[Run], profile: str | None = None) -> list[Run]:
     """The newest of the given runs for each cell key (of one profile, if given), oldest cell first."""
     newest: dict[str, Run] = {}

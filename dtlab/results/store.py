@@ -20,6 +20,7 @@ from dtlab.paths import results_dir_for
 from dtlab.results import mlperf_log
 from dtlab.results.database import ResultsDatabase
 from dtlab.results.records import (
+    SERVE_FILE_NAME,
     Attempt,
     Provenance,
     Run,
@@ -27,6 +28,7 @@ from dtlab.results.records import (
     result_strategy,
     validate_result,
     validate_search_result,
+    validate_serve_result,
 )
 from dtlab.results.schema import run_from_row
 from trainer.search import SEARCH_FILE_NAME
@@ -92,8 +94,11 @@ class ResultStore(ResultsDatabase):
     def record_ok(self, cell: Cell, result: Mapping[str, Any], provenance: Provenance) -> Run:
         """Record a successful attempt; the result is validated against the schema and the cell first (a
         search cell's search.json against its cell)."""
-        if cell.search:
-            validate_search_result(result, cell, f"results: {cell.key} search.json")
+        if cell.search or cell.trained:
+            if cell.search:
+                validate_search_result(result, cell, f"results: {cell.key} {SEARCH_FILE_NAME}")
+            else:
+                validate_serve_result(result, cell, f"results: {cell.key} {SERVE_FILE_NAME}")
             return self._record(cell, "ok", provenance, result=dict(result),
                                 trainer_time_s=float(result["wall_s"]))
         where = f"results: {cell.key} result.json"
@@ -174,8 +179,9 @@ class ResultStore(ResultsDatabase):
             folder.mkdir(parents=True, exist_ok=True)
         self._collect_logs(provenance.log_dir, folder / "logs")
         recorded_at = _now()
-        if result is not None and cell.search:  # its own file name; a search is no MLPerf training run
-            atomic_write_text(folder / SEARCH_FILE_NAME, json.dumps(result, indent=2, sort_keys=True) + "\n")
+        if result is not None and (cell.search or cell.trained):  # their own files: no MLPerf training runs
+            name = SEARCH_FILE_NAME if cell.search else SERVE_FILE_NAME
+            atomic_write_text(folder / name, json.dumps(result, indent=2, sort_keys=True) + "\n")
         elif result is not None:
             atomic_write_text(folder / "result.json", json.dumps(result, indent=2, sort_keys=True) + "\n")
             # The same run in MLPerf's log format, beside it (dtlab.results.mlperf_log).

@@ -220,6 +220,31 @@ def test_the_tune_profile_searches_four_ways_and_the_sweeps_agree_epoch_for_epoc
     assert len(b16.rows) == 4 and all("no spread" in row[6].text for row in b16.rows[1:])
 
 
+def test_the_serve_profile_serves_one_checkpoint_two_ways_and_every_answer_is_the_trainers(harness_lab):
+    """The serve profile's first seed (#54): a 2-worker DDP run, then its checkpoint served by a plain
+    FastAPI server on each worker and by Ray Serve's replicas, each load-tested from the controller at
+    1, 8 and 32 at once against the workers' addresses. Every answer is the trainer's own, whose
+    accuracy is the one the run recorded; Table B.17 sets the ways side by side."""
+    cluster, env = harness_lab
+    done = invoke("bench.all", "-i", str(cluster.inventory_path), "--profile", "serve", "--only", "s1",
+                  env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    store = ResultStore.for_cluster(cluster.name)
+    ok = {run.cell_key: run.result for run in store.runs(status="ok") if run.cell.profile == "serve"}
+    trained, plain, ray = ok["ddp-g2-e2-s1"], ok["ddp-g2-e2-s1-serve"], ok["ray-g2-e2-s1-serve"]
+    workers = {node.address for node in cluster.workers}
+    for served in (plain, ray):
+        assert served["serves"] == "ddp-g2-e2-s1" and served["epoch"] == 2, served["label"]
+        assert served["accuracy"] == trained["epoch_metrics"][-1]["val_accuracy"]  # the run's own evaluation
+        assert [level["concurrency"] for level in served["levels"]] == [1, 8, 32]
+        for level in served["levels"]:
+            assert level["errors"] == 0 and level["mismatches"] == 0 and level["throughput_rps"] > 0, level
+        assert {url.split("/")[2].split(":")[0] for url in served["urls"]} == workers
+    assert plain["checkpoint"] == ray["checkpoint"] and (plain["replicas"], ray["replicas"]) == (2, 2)
+    b17 = next(t for t in build_report(store).extra_tables if t.number == "B.17")
+    assert len(b17.rows) == 6 and all(row[9].text.startswith("0 / 0 of ") for row in b17.rows)
+
+
 def _trajectory(run) -> list[tuple]:
     """Per-epoch train loss, validation loss and accuracy: every printed digit."""
     return [(m["train_loss"], m["val_loss"], m["val_accuracy"]) for m in run.result["epoch_metrics"]]

@@ -12,6 +12,8 @@ from trainer.options import parse_args
 
 RUN = "runs: [{frameworks: ddp, gpus: 1, epochs: 1, seeds: 0}]"
 SEARCH = "search: {space: {learning_rate: {loguniform: [1.0e-4, 3.0e-3]}}, trials: 2, budget_epochs: 2}\n"
+SERVE = "serve: {ways: [ddp, ray], concurrency: [1, 8], requests: 16}\n"
+TRAINED = "runs: [{frameworks: ddp, gpus: 1, epochs: 2, seeds: 0}]"
 
 
 def test_study_profile_is_the_reference_studys_matrix_plus_ray_and_slurm_beyond_it():
@@ -174,6 +176,21 @@ def test_trainer_options_are_parsed_as_the_trainer_parses_them(matrix_file):
         (SEARCH.replace("budget_epochs: 2", "budget_epochs: 0")
          + "runs: [{frameworks: ddp, gpus: 1, seeds: 0}]",
          "p: search: budget_epochs must be a whole number of epochs, at least 1, got 0"),
+        # ... and its serving: a load the cluster would not bound, or a way that is no platform.
+        (SERVE.replace("[ddp, ray]", "[ddp, mpi]") + TRAINED,
+         "p.serve.ways: 'mpi' is not a platform; choose from ddp, determined"),
+        (SERVE.replace("[ddp, ray]", "[ddp, ddp]") + TRAINED, "p.serve.ways: must list the platforms"),
+        (SERVE.replace("[1, 8]", "[1, 0]") + TRAINED,
+         "p.serve: concurrency: must be a list of integers 1-256"),
+        (SERVE.replace("16", "4") + TRAINED,
+         "p.serve: requests: must be an integer from the highest concurrency (8) to 10000, got 4"),
+        (SERVE.replace("}", ", port: 80}") + TRAINED, "p.serve.port: must be a TCP port 1024-65535, got 80"),
+        (SERVE.replace("}", ", host: 8.8.8.8}") + TRAINED, "p.serve: unknown key host; the keys are ways"),
+        (SERVE + SEARCH + "runs: [{frameworks: ddp, gpus: 1, seeds: 0}]", "p: a profile searches or serves"),
+        (SERVE + "fault: {kind: kill, after_epoch: 1}\n" + TRAINED,
+         "p.fault: a serve profile takes no fault"),
+        (SERVE + "runs: [{frameworks: [ddp, ray], gpus: 1, epochs: 2, seeds: 0}]",
+         "p.runs: a serve profile trains the one checkpoint every way serves; list one framework"),
     ],
 )
 def test_a_bad_matrix_fails_with_one_line_naming_the_key(matrix_file, body, message):
@@ -596,6 +613,20 @@ def test_a_bad_models_axis_fails_with_one_line_naming_the_file_and_key(matrix_fi
         matrix.load("p", path, device="cpu")
     text = str(failure.value)
     assert text.startswith(f"{path}: profiles.") and message in text and "\n" not in text
+
+
+def test_a_serve_profile_trains_each_seed_then_serves_its_checkpoint_every_way():
+    """The serve profile (#54): each seed's trained cell, then one serve cell per way serving that cell's
+    checkpoint with its options; the serve cells' plan (load, port) is in their hash, not their key."""
+    serve = matrix.load("serve")
+    assert [cell.key for cell in serve.cells[:3]] == ["ddp-g2-e2-s1", "ddp-g2-e2-s1-serve",
+                                                      "ray-g2-e2-s1-serve"]
+    trained, plain, ray = serve.cells[:3]
+    assert trained.trained is None and plain.trained == ray.trained == trained
+    assert ray.task_plan["load"] == {"concurrency": [1, 8, 32], "requests": 256, "timeout_s": 30.0}
+    other_port = dataclasses.replace(ray, task_plan={**ray.task_plan, "port": 9000})
+    assert config_hash(ray) != config_hash(other_port)
+    assert config_hash(trained) == config_hash(dataclasses.replace(trained, profile="smoke"))  # a plain run
 
 
 def test_a_search_profile_runs_one_drawn_plan_in_every_way_seed_by_seed():

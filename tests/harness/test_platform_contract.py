@@ -149,6 +149,36 @@ def test_a_search_cell_runs_the_plan_its_node_gets_or_is_refused_in_one_line(pla
 
 
 @each_platform
+def test_a_serve_cell_serves_its_trained_cells_checkpoint_with_that_cells_config_or_is_refused(
+        platform: Platform, cluster):
+    """Scenario C (#54): a platform that serves starts servers on the cluster's addresses with the trained
+    cell's own trainer config (its checkpoint's config hash), reading that cell's checkpoints; the
+    trainer's expected answers come from a unit of the cell's own; any other refuses in one line."""
+    serve = matrix.load("serve")
+    trained_cell = serve.cells[0]
+    cell = next(cell for cell in serve.cells if cell.trained == trained_cell)
+    cell = dataclasses.replace(cell, framework=platform.name)
+    refusal = platform.serve_refusal(cluster)
+    if refusal is not None:
+        assert refusal.startswith("serve: ") and "\n" not in refusal
+        return
+    launch, trained = platform.build(cluster, cell, 1, 600), platforms.get(trained_cell.framework).build(
+        cluster, trained_cell, 1, 600)
+    served, own = (trainer_config.TrainConfig(**launch.trainer_config),
+                   trainer_config.TrainConfig(**trained.trainer_config))
+    assert trainer_config.config_hash(served) == trainer_config.config_hash(own)
+    assert launch.trainer_config["checkpoint_dir"] == trained.paths.checkpoint_dir
+    assert launch.trainer_config["output_dir"] == launch.paths.output_dir != trained.paths.output_dir
+    addresses = {node.address for node in cluster.nodes}
+    assert launch.serving.urls and all(url.split("/")[2].split(":")[0] in addresses and
+                                       url.endswith(launching.PREDICT_PATH) for url in launch.serving.urls)
+    node, expected = launch.serving.expected
+    assert "trainer.launchers.expected" in expected.argv and node in cluster.workers
+    assert expected.unit.startswith(remote.unit_name(cell.key, ""))  # bench's stop_cell stops it too
+    assert launch.serving.load.concurrency == (1, 8, 32)
+
+
+@each_platform
 def test_a_cells_strategy_reaches_the_trainer_config_it_launches_with(platform: Platform, cluster):
     fsdp = Cell(platform.name, gpus=2, epochs=2, seed=0, profile="p", strategy="fsdp")
     assert platform.build(cluster, fsdp, 1, 600).trainer_config["strategy"] == "fsdp"

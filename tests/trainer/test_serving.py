@@ -59,6 +59,18 @@ def reviews(cfg: TrainConfig) -> list[str]:
                                    cfg.generated_median_words)["test"]["text"])
 
 
+def test_the_expected_launcher_writes_the_trainers_answers_for_the_first_reviews(trained, tmp_path):
+    """What bench's serve step fetches from a node (trainer.launchers.expected): the same labels and the
+    same raw reviews the controller would compute here."""
+    cfg, config, expected = trained
+    out = tmp_path / "expected.json"
+    run([sys.executable, "-m", "trainer.launchers.expected", "--config", str(config), "--reviews", "50",
+         "--out", str(out)])
+    written = json.loads(out.read_text())
+    assert written["texts"] == reviews(cfg)[:50] and written["labels"] == expected["labels"][:50]
+    assert (written["accuracy"], written["epoch"]) == (expected["accuracy"], expected["epoch"])
+
+
 def assert_every_answer_is_the_trainers(levels: list[dict]) -> None:
     assert [level["concurrency"] for level in levels] == list(PLAN.concurrency)
     for level in levels:

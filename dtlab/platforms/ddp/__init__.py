@@ -11,7 +11,18 @@ from collections.abc import Sequence
 from dtlab.cell import Cell
 from dtlab.checks import CheckRow, NodeStates
 from dtlab.inventory import Cluster, Node
-from dtlab.launch import CellPaths, Launch, Slot, place, trainer_config, trainer_env, unit
+from dtlab.launch import (
+    CellPaths,
+    Launch,
+    Slot,
+    place,
+    serve_config,
+    serve_url,
+    serving,
+    trainer_config,
+    trainer_env,
+    unit,
+)
 from dtlab.platforms.base import DTLAB_RETRY, Platform, ResetSteps, Upstream, register
 from dtlab.remote import UnitSpec
 
@@ -23,6 +34,9 @@ TRAINER_MODULE = "trainer.launchers.torchrun"
 SWEEP_MODULE = "trainer.launchers.sweep"
 SWEEP_LABEL = "sweep (torchrun, one trial at a time)"
 AGENT_MODULE = "trainer.launchers.agent"  # torch.distributed.run, unchanged
+# A serve cell (scenario C): the plain baseline, one FastAPI app in one uvicorn process on each worker.
+SERVE_MODULE = "trainer.launchers.serve"
+SERVE_LABEL = "plain (FastAPI + uvicorn, one process a worker)"
 
 
 def rendezvous_port(cluster: Cluster) -> int:
@@ -167,6 +181,28 @@ def build(
     )
 
 
+def serve_build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
+    """A serve cell: one plain server on each placed worker, at that worker's cluster address."""
+    placement, paths = place(cluster, cell), CellPaths(cluster, cell, attempt)
+    port = int(cell.task_plan["port"])
+    jobs = [(slot.node, UnitSpec(
+        unit=unit(cell, slot.node),
+        argv=[cluster.python, "-m", SERVE_MODULE, "--config", paths.config_path, "--host", slot.node.address,
+              "--port", str(port)],
+        log_path=paths.log_path(slot.node),
+        user=cluster.user,
+        workdir=cluster.code_dir,
+        env=trainer_env(cluster, slot.node, slot),
+        environment_files=(cluster.socket_env_file,),
+        runtime_max_s=timeout_s,
+    )) for slot in placement.slots]
+    urls = [serve_url(slot.node, port) for slot in placement.slots]
+    return Launch(cell=cell, placement=placement, paths=paths, jobs=jobs, prepare_nodes=placement.nodes,
+                  result_node=placement.slots[0].node, label=SERVE_LABEL,
+                  trainer_config=serve_config(cluster, placement, paths, SERVE_LABEL),
+                  serving=serving(cluster, placement, paths, timeout_s, urls, len(jobs)))
+
+
 def rendezvous_listeners_command(port: int) -> str:
     """Prints the processes listening on the rendezvous port ("pid=..,name" pairs; nothing when free)."""
     return (f"ss -Hltnp 'sport = :{port}' 2>/dev/null | grep -o 'users:.*' | tr '\\n' ' '")
@@ -194,10 +230,15 @@ class Ddp(Platform):
     def build(self, cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
         if cell.search:
             return build(cluster, cell, attempt, timeout_s, module=SWEEP_MODULE, label=SWEEP_LABEL)
+        if cell.trained:
+            return serve_build(cluster, cell, attempt, timeout_s)
         return build(cluster, cell, attempt, timeout_s)
 
     def search_refusal(self, cluster: Cluster, early_stopping: str) -> str | None:
         return None  # the sweep runs the plan with dtlab's ASHA rule or without early stopping
+
+    def serve_refusal(self, cluster: Cluster) -> str | None:
+        return None  # the plain server, one a worker
 
     def probe_lines(self, cluster: Cluster, node: Node) -> list[str]:
         if node not in cluster.workers:

@@ -18,7 +18,16 @@ from dtlab.cell import Cell
 from dtlab.checks import CheckRow, NodeStates, service_state
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
-from dtlab.launch import CellPaths, Launch, driver_on_master, place, trainer_env
+from dtlab.launch import (
+    CellPaths,
+    Launch,
+    driver_on_master,
+    place,
+    serve_config,
+    serve_url,
+    serving,
+    trainer_env,
+)
 from dtlab.platforms.base import (
     DTLAB_RETRY,
     Platform,
@@ -41,6 +50,9 @@ TRAINER_MODULE = "trainer.launchers.ray"
 # A search cell (scenario C): the plan's trials as Ray Tune trials, as many at once as the cell has workers.
 TUNE_MODULE = "trainer.launchers.ray_tune"
 TUNE_LABEL = "ray-tune (Ray Tune, ASHAScheduler)"
+# A serve cell (scenario C): Ray Serve's deployment, a replica a worker, a proxy on every node with one.
+SERVE_MODULE = "trainer.launchers.ray_serve"
+SERVE_LABEL = "ray-serve (Ray Serve, a replica a worker)"
 
 
 def head_address(cluster: Cluster) -> str:
@@ -73,6 +85,15 @@ def build(cluster: Cluster, cell: Cell, attempt: int, timeout_s: int) -> Launch:
     master = cluster.require_master("ray cells")
     env = {**trainer_env(cluster, master), **auth_env(cluster), "RAY_COLOR_PREFIX": "0"}
     common = ["--config", paths.config_path, "--address", head_address(cluster)]
+    port = str(cell.task_plan.get("port", ""))  # a serve cell's
+    if cell.trained:  # the driver deploys the replicas and serves until bench stops it
+        argv = [cluster.python, "-m", SERVE_MODULE, *common, "--host", "0.0.0.0", "--port", port,
+                "--replicas", str(cell.gpus)]
+        launch = driver_on_master(cluster, placement, paths, argv, env, timeout_s, SERVE_LABEL)
+        launch.trainer_config = serve_config(cluster, placement, paths, SERVE_LABEL)
+        urls = [serve_url(node, port) for node in placement.nodes]
+        launch.serving = serving(cluster, placement, paths, timeout_s, urls, cell.gpus)
+        return launch
     if cell.search:  # Tune's trials, one worker each, at most the cell's workers at once
         argv = [cluster.python, "-m", TUNE_MODULE, *common, "--search", paths.search_plan_path,
                 "--max-concurrent", str(cell.gpus)]
@@ -201,6 +222,9 @@ class Ray(Platform):
 
     def search_refusal(self, cluster: Cluster, early_stopping: str) -> str | None:
         return None  # Tune's ASHAScheduler, or its FIFOScheduler for no early stopping
+
+    def serve_refusal(self, cluster: Cluster) -> str | None:
+        return None  # Ray Serve on the lab's Ray cluster
 
     def preflight(self, cluster: Cluster, planned: Launch, sessions: remote.Sessions | None) -> None:
         needed = len(planned.placement.slots)  # the workers placement would use; Ray picks which
