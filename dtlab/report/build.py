@@ -35,6 +35,7 @@ from dtlab.report.numbers import ROUNDING_RULE, STUDY_34_00_NOTE, Value, text
 from dtlab.report.own_tables import resumed_costs
 from dtlab.report.search import search_measures, search_table
 from dtlab.report.search import stand_ins as search_stand_ins
+from dtlab.report.serving import serving_measures, serving_table
 from dtlab.report.step_profile import is_profiled, step_profile_table
 from dtlab.report.strategies import SizePoint, any_other_strategy, size_lines, strategies_table
 from dtlab.report.study import (
@@ -108,7 +109,7 @@ def choose_profile(ok_runs: list[Run], profile: str | None, searched: Iterable[s
                    ) -> tuple[str | None, list[str]]:
     """The profile to report: the one asked for, else that of the newest ok run (profiles never mix);
     an undisturbed run's, when there is one: faulted runs have their own section, from every profile, and
-    so have search runs (`searched`: their profiles, which may be asked for: bench.all --profile tune)."""
+    so have search and serve runs (`searched`: their profiles, which may be asked for: --profile tune)."""
     present = sorted({run.cell.profile for run in ok_runs})
     if profile is not None:
         recorded = sorted(set(present) | set(searched))
@@ -346,18 +347,20 @@ def build_report(
             f"bench.report: no recorded runs in {store.root}; "
             "run `invoke bench.all` (or bench.run) first, then `invoke bench.report`"
         )
-    # Search cells (scenario C) are measured in their own table, from every profile, never in a training
-    # table: their result is a search's, not a run's.
+    # Search and serve cells (scenario C) are measured in their own tables, from every profile, never in a
+    # training table: their result is a search's or a server's, not a run's.
     search_runs = newest_per_cell(run for run in recorded if run.cell.search)
-    searches = search_table(search_runs)
-    recorded = [run for run in recorded if not run.cell.search]
+    serve_runs = newest_per_cell(run for run in recorded if run.cell.trained)
+    task_tables = [table for table in (search_table(search_runs), serving_table(serve_runs)) if table]
+    recorded = [run for run in recorded if not (run.cell.search or run.cell.trained)]
     # A stored result that lacks a field (an older or damaged row) is named in the header and left out;
     # it never stops the report. Its raw files stay in runs/ as recorded.
     unreadable = [(run, reason) for run in recorded if (reason := unreadable_reason(run))]
     left_out = {run.id for run, _ in unreadable}
     all_runs = [run for run in recorded if run.id not in left_out]
     readable_ok = [run for run in all_runs if run.status == "ok"]
-    chosen, others = choose_profile(readable_ok, profile, {run.cell.profile for run in search_runs})
+    chosen, others = choose_profile(readable_ok, profile,
+                                    {run.cell.profile for run in (*search_runs, *serve_runs)})
     # A faulted cell's runs (its injected failures too) are measured in their own section, never in the
     # study's tables, B.2 or B.4: their time is the fault's. Their undisturbed twins are ordinary cells.
     faults = fault_section(all_runs)
@@ -406,8 +409,7 @@ def build_report(
     if profiled:
         extra.append(step_profile_table([(run.cell.framework, run.cell.gpus, run.result)
                                          for run in profiled]))
-    if searches is not None:
-        extra.append(searches)
+    extra += task_tables
     if failed:
         extra.append(failures_table(failed, ok_runs))
     if resumed:
@@ -442,8 +444,9 @@ def build_report(
             "not comparable across the two (per-epoch times and ratios are)."
         )
     etl = etl_summaries(samples)
+    tasks = {"search": search_measures(search_runs), "serving": serving_measures(serve_runs)}
     comparison = with_recommendation(build_comparison(groups, study_samples, faults, short, store.root, etl,
-                                                      search_measures(search_runs)), priorities)
+                                                      tasks), priorities)
     return Report(
         title=f"dtlab report: {_join(run.inventory for run in all_runs)}",
         size_lines=size_lines(samples),

@@ -29,6 +29,7 @@ from dtlab.report.comparison_measures import (
     PLATFORMS,
     PORT_RANGES,
     RUN_FIGURES,
+    TASK_CRITERIA,
     VARIABLE_PREFIXES,
     Comparison,
     Measure,
@@ -187,11 +188,12 @@ def build_comparison(
     short: int | None,
     root: Path | None = None,
     etl: Mapping[str, str] | None = None,
-    searches: Mapping[str, Measure] | None = None,
+    tasks: Mapping[str, Mapping[str, Measure]] | None = None,
 ) -> Comparison:
     """Table B.10 from this cluster's runs, and from the provisioning and idle records under `root` (its
     results folder); `etl`: each platform's own ETL as Table B.13 measured it (data_paths.etl_summaries);
-    `searches`: each platform's search as Table B.16 measured it (search.search_measures)."""
+    `tasks`: scenario C's criteria, {"search": each platform's search as Table B.16 measured it
+    (search.search_measures), "serving": its serving as Table B.17 did (serving.serving_measures)}."""
     samples = list(samples)
     count = comparison_count(groups, short)
     measures: dict[str, dict[str, Measure]] = {c: {} for c in CRITERIA}
@@ -211,7 +213,9 @@ def build_comparison(
         measures["pipelines"][p] = Measure(None, f"{measured}; study: {study_pipelines.shown}")
         measures["whole_run"][p] = _whole_run(groups, key) if count is not None else Measure(None, "no run")
         measures["unattended"][p] = _unattended(faults, p)
-        measures["search"][p] = (searches or {}).get(p) or Measure(None, "no search run")
+        for criterion, what in TASK_CRITERIA.items():
+            found = (tasks or {}).get(criterion, {}).get(p)
+            measures[criterion][p] = found or Measure(None, f"no {what} run")
         for criterion in RUN_FIGURES:
             measures[criterion][p] = per_run(samples, key, criterion) if count is not None else Measure(
                 None, "no run")
@@ -221,7 +225,8 @@ def build_comparison(
     title = f"The study's qualitative comparison, measured on this cluster (at {at}; beyond the study)"
     provisioning, idle, notes = cluster_measures(root)
     table = _table(list(PLATFORMS), measures, parts, title, [COMPARISON_NOTE, *notes], provisioning, idle)
-    ran = [p for p in PLATFORMS if any(f == p for f, _g, _e in groups) or p in (searches or {})]
+    ran = [p for p in PLATFORMS if any(f == p for f, _g, _e in groups)
+           or any(p in found for found in (tasks or {}).values())]
     return Comparison(list(PLATFORMS), measures, table, ran=ran)
 
 
@@ -243,7 +248,7 @@ def build_study_comparison(pub: Published) -> Comparison:
         measures["adoption"][p] = Measure(None, "not published")
         measures["footprint"][p] = Measure(None, "not published")
         measures["checklist"][p], measures["pipelines"][p] = _qualitative(p, ranked=True)
-        for criterion in ("whole_run", "unattended", "idle", "provisioning", "search"):
+        for criterion in ("whole_run", "unattended", "idle", "provisioning", *TASK_CRITERIA):
             measures[criterion][p] = Measure(None, "not published")
     title = (
         "The study's qualitative comparison, from its published figures (Table 5.9 at 2 GPUs, "

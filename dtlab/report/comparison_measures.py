@@ -48,6 +48,9 @@ PORT_RANGES = {p.name: p.port_ranges[0] for p in platforms.ALL if p.port_ranges}
 # name -> (what it ranks on, which way is better). Every one is measured on this cluster (its runs, its
 # records, or the repository dtlab deploys) but checklist and pipelines, the study's words: shown beside
 # the measured, ranked only in the study's own report (bench.report --study).
+# Scenario C's criteria, each from its own cells (search.search_measures, serving.serving_measures):
+# {criterion: what a platform with none has no run of}.
+TASK_CRITERIA = {"search": "search", "serving": "serve"}
 CRITERIA = {
     "speed": "steady-state per-epoch time (Table 5.9), faster first",
     "whole_run": "the whole run, submit to result recorded, start-up included (Table B.3), faster first",
@@ -64,6 +67,8 @@ CRITERIA = {
     "cost": "cost per run, node_cost_per_hour x the whole run (Table B.14), less first",
     "search": "scenario C's search: one plan of trials with ASHA's early stopping, start to end "
               "(Table B.16), faster first",
+    "serving": "scenario C's serving: p99 latency of one trained checkpoint's server at the highest load "
+               "(Table B.17), lower first",
     "checklist": "centralised management features (the study's Table 5.11; not measured here), more first",
     "pipelines": "training inside a data pipeline (the study's section 5.6.4; not measured here) first",
 }

@@ -35,6 +35,7 @@ PLACES = {
     "latency_ms": 2,  # beyond the study: the health gate's all-reduce (Table B.6)
     "bandwidth_mb_s": 0,
     "step_ms": 1,  # beyond the study: a strategy's steady-state step time (Table B.12)
+    "requests_per_s": 1,  # beyond the study: a server's throughput (Table B.17)
 }
 
 ROUNDING_RULE = (

@@ -76,6 +76,7 @@ LOWER_FIRST = {
     "energy": True,
     "cost": True,
     "search": True,
+    "serving": True,
     "checklist": False,
     "pipelines": False,
 }
@@ -100,6 +101,7 @@ MEASURED_BY = {
     "energy": ("invoke bench.all --profile spread, on nodes with an NVIDIA GPU or RAPL", "spread"),
     "cost": ("node_cost_per_hour in the inventory, then invoke bench.all --profile spread", "spread"),
     "search": ("invoke bench.all --profile tune", "tune"),
+    "serving": ("invoke bench.all --profile serve", "serve"),
 }
 STUDY_WORD = "the study's word, never measured by dtlab"
 

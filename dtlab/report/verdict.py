@@ -43,7 +43,7 @@ LABELS = {"whole_run": "whole run", "speed": "steady-state speed", "startup": "s
           "unattended": "recovery without a person", "adoption": "lines a user writes",
           "footprint": "services and ports", "idle": "idle memory", "provisioning": "provisioning time",
           "mfu": "model FLOPs utilization", "energy": "energy per run", "cost": "cost per run",
-          "search": "a search with ASHA"}
+          "search": "a search with ASHA", "serving": "serving latency (p99)"}
 SPEED_MODES = {"whole_run": "the whole run, start-up included", "steady_state": "the steady-state epoch"}
 SCENARIO_KEYS = {"id", "name", "source", "claim", "speed", "priorities", "weights", "candidates", "because"}
 REQUIRED_KEYS = ("id", "name", "source", "claim", "speed")
@@ -215,6 +215,7 @@ def _short(criterion: str, m: Measure) -> str:
         "energy": lambda: f"{value:.0f} J a run",
         "cost": lambda: f"{value:.4f} a run",
         "search": lambda: f"{value:.1f} s a search",
+        "serving": lambda: f"p99 {value:.1f} ms",
     }.get(criterion, lambda: m.shown)()
     n = m.n
     return f"{shown} (n={n})" if n else f"{shown} (counted)"
