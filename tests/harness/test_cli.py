@@ -182,7 +182,7 @@ def _other_schema(db):
 
     with sqlite3.connect(db) as conn:
         conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY)")
-        conn.execute("PRAGMA user_version=7")
+        conn.execute("PRAGMA user_version=99")
 
 
 def _read_only(db):
@@ -209,7 +209,7 @@ def tree(directory: Path) -> dict[str, bytes | None]:
     ("make", "read_only_mount", "expected"),
     [
         (_not_a_database, False, "not a usable dtlab results database (not a SQLite database); move it"),
-        (_other_schema, False, "schema version 7, this dtlab reads versions 1 to 5; use the dtlab revision"),
+        (_other_schema, False, "schema version 99, this dtlab reads versions 1 to 6; use the dtlab revision"),
         (_read_only, True, "cannot be written ("),
     ],
     ids=["corrupt", "other-schema", "read-only"],
