@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import io
+import statistics
 import tokenize
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -181,6 +182,13 @@ class Measure:
     def n(self) -> int | None:
         """The runs (or probes, or converges) behind it; None for a count from the repository."""
         return len(self.values) if self.values else self.runs
+
+    @classmethod
+    def of_runs(cls, values: Sequence[float], quantity: str, unit: str, shown: str) -> Measure:
+        """The runs' mean, shown as `shown` (its {mean} the rounded mean), then their min-max and n."""
+        mean = statistics.fmean(values)
+        spread = _interval_text(values, quantity, f" {unit}")
+        return cls(mean, f"{shown.format(mean=fmt(mean, quantity))}; {spread}", tuple(values))
 
 
 def _interval_text(values: Sequence[float], quantity: str, suffix: str = "") -> str:

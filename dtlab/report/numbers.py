@@ -8,6 +8,7 @@ for that quantity. Binary noise is removed first by rounding to 12 significant d
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, ROUND_HALF_UP, Decimal, localcontext
 
@@ -90,6 +91,15 @@ def num(value: float | None, quantity: str, **format_options) -> Value:
 
 def text(value: str) -> Value:
     return Value(value, value)
+
+
+def mean_range(values, quantity: str) -> Value:
+    """The mean of the runs' values, with (min–max) after it where there are two or more; missing for none."""
+    if not values:
+        return missing()
+    shown = fmt(statistics.fmean(values), quantity)
+    return text(f"{shown} ({fmt(min(values), quantity)}–{fmt(max(values), quantity)})" if len(values) > 1
+                else shown)
 
 
 def missing() -> Value:

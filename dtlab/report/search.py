@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 
 from dtlab import platforms
 from dtlab.report.comparison_measures import Measure
-from dtlab.report.numbers import Value, fmt, missing, num, text
+from dtlab.report.numbers import mean_range, missing, num, text
 from dtlab.report.strategies import ratio_cells
 from dtlab.report.table_base import Table
 from dtlab.results import Run
@@ -41,14 +41,6 @@ def by_way(runs: Iterable[Run]) -> dict[SearchKey, list[Run]]:
         return gpus, (framework, stopping) != baseline(), framework, stopping
 
     return {key: sorted(groups[key], key=lambda run: run.cell.seed) for key in sorted(groups, key=order)}
-
-
-def _mean_range(values: Sequence[float], quantity: str) -> Value:
-    if not values:
-        return missing()
-    shown = fmt(statistics.fmean(values), quantity)
-    return text(f"{shown} ({fmt(min(values), quantity)}–{fmt(max(values), quantity)})" if len(values) > 1
-                else shown)
 
 
 def _best(run: Run) -> int | None:
@@ -88,10 +80,10 @@ def search_table(runs: Iterable[Run]) -> Table | None:
             text(str(gpus)),
             text(stopping),
             text(str(len(members))),
-            _mean_range(walls, "time_s"),
+            mean_range(walls, "time_s"),
             *ratio,
-            _mean_range([float(b["reached_s"]) for b in best], "time_s"),
-            _mean_range([float(b["val_accuracy"]) for b in best], "accuracy"),
+            mean_range([float(b["reached_s"]) for b in best], "time_s"),
+            mean_range([float(b["val_accuracy"]) for b in best], "accuracy"),
             text(_best_trials(members, plain)),
             text(f"{sum(c['started'] for c in counts)} / {sum(c['stopped_early'] for c in counts)} / "
                  f"{sum(c['failed'] for c in counts)}"),
@@ -136,12 +128,9 @@ def search_measures(runs: Iterable[Run]) -> dict[str, Measure]:
     found = {}
     for (framework, gpus, _), members in groups.items():
         if gpus == workers:
-            values = tuple(float(run.result["wall_s"]) for run in members)
-            mean = statistics.fmean(values)
-            spread = (f"{fmt(min(values), 'time_s')}–{fmt(max(values), 'time_s')} s (n={len(values)})"
-                      if len(values) > 1 else "1 run, no spread (n=1)")
-            found[framework] = Measure(mean, f"{fmt(mean, 'time_s')} s to the end of the plan, {workers} "
-                                             f"workers; {spread} (B.16)", values)
+            found[framework] = Measure.of_runs(
+                [float(run.result["wall_s"]) for run in members], "time_s", "s",
+                f"{{mean}} s to the end of the plan, {workers} workers (B.16)")
     return found
 
 

@@ -10,13 +10,12 @@ noise" where they overlap. An answer that is not the trainer's own is counted, n
 
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 from dtlab import platforms
 from dtlab.report.comparison_measures import Measure
-from dtlab.report.numbers import Value, fmt, missing, text
+from dtlab.report.numbers import mean_range, missing, text
 from dtlab.report.strategies import ratio_cells
 from dtlab.report.table_base import Table
 from dtlab.results import Run
@@ -41,14 +40,6 @@ def _level(run: Run, concurrency: int) -> dict | None:
     return next((level for level in run.result["levels"] if level["concurrency"] == concurrency), None)
 
 
-def _mean_range(values: Sequence[float], quantity: str) -> Value:
-    if not values:
-        return missing()
-    shown = fmt(statistics.fmean(values), quantity)
-    return text(f"{shown} ({fmt(min(values), quantity)}–{fmt(max(values), quantity)})" if len(values) > 1
-                else shown)
-
-
 def serving_table(runs: Iterable[Run]) -> Table | None:
     """Table B.17: every recorded way of serving beside the plain server; None without one."""
     groups = by_way(runs)
@@ -70,13 +61,13 @@ def serving_table(runs: Iterable[Run]) -> Table | None:
                 text(str(replicas)),
                 text(str(concurrency)),
                 text(str(len(mine))),
-                _mean_range([float(lv["p50_ms"]) for lv in mine], "latency_ms"),
-                _mean_range([float(lv["p99_ms"]) for lv in mine], "latency_ms"),
-                _mean_range(throughput, "requests_per_s"),
+                mean_range([float(lv["p50_ms"]) for lv in mine], "latency_ms"),
+                mean_range([float(lv["p99_ms"]) for lv in mine], "latency_ms"),
+                mean_range(throughput, "requests_per_s"),
                 *ratio,
                 text(f"{sum(lv['errors'] for lv in mine)} / {sum(lv['mismatches'] for lv in mine)} of "
                      f"{answered}"),
-                _mean_range([float(run.result["ready_s"]) for run in members], "time_s"),
+                mean_range([float(run.result["ready_s"]) for run in members], "time_s"),
             ])
     served = sorted({run.result["serves"] for members in groups.values() for run in members})
     return Table(
@@ -120,12 +111,8 @@ def serving_measures(runs: Iterable[Run]) -> dict[str, Measure]:
         if any(lv["mismatches"] or lv["errors"] for lv in levels):
             found[framework] = Measure(None, f"wrong answers or errors at {concurrency} at once (B.17)")
             continue
-        values = tuple(float(lv["p99_ms"]) for lv in levels)
-        mean = statistics.fmean(values)
-        spread = (f"{fmt(min(values), 'latency_ms')}–{fmt(max(values), 'latency_ms')} ms (n={len(values)})"
-                  if len(values) > 1 else "1 run, no spread (n=1)")
-        found[framework] = Measure(mean, f"p99 {fmt(mean, 'latency_ms')} ms at {concurrency} requests at "
-                                         f"once; {spread} (B.17)", values)
+        found[framework] = Measure.of_runs([float(lv["p99_ms"]) for lv in levels], "latency_ms", "ms",
+                                           f"p99 {{mean}} ms at {concurrency} requests at once (B.17)")
     return found
 
 

@@ -187,18 +187,24 @@ def test_spark_and_ray_train_through_their_own_etl_to_the_dataloaders_numbers(ha
                                       row[3].text)
 
 
+def _first_seed_of(harness_lab, profile: str) -> tuple:
+    """bench.all --profile PROFILE --only s1 on the lab: (the cluster, its store, {cell key: ok result})."""
+    cluster, env = harness_lab
+    done = invoke("bench.all", "-i", str(cluster.inventory_path), "--profile", profile, "--only", "s1",
+                  env=env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    store = ResultStore.for_cluster(cluster.name)
+    return cluster, store, {run.cell_key: run.result for run in store.runs(status="ok")
+                            if run.cell.profile == profile}
+
+
 def test_the_tune_profile_searches_four_ways_and_the_sweeps_agree_epoch_for_epoch(harness_lab):
     """The tune profile's first seed (#54): the plain sweep, dtlab's ASHA sweep, Ray Tune on the lab's Ray
     cluster and Determined's searcher stand-in each run the one drawn plan to a search.json in the store;
     the sweeps train the same trials on the same workers, so ASHA's epochs are the plain sweep's, and the
     stand-in (the same rule) stops the very trials dtlab's ASHA sweep stops. Table B.16 sets them side by
     side."""
-    cluster, env = harness_lab
-    done = invoke("bench.all", "-i", str(cluster.inventory_path), "--profile", "tune", "--only", "s1",
-                  env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    store = ResultStore.for_cluster(cluster.name)
-    ok = {run.cell_key: run.result for run in store.runs(status="ok") if run.cell.profile == "tune"}
+    _, store, ok = _first_seed_of(harness_lab, "tune")
     plain, asha = ok["ddp-g2-e2-s1-search-none"], ok["ddp-g2-e2-s1-search-asha"]
     tune, stand_in = ok["ray-g2-e2-s1-search-asha"], ok["determined-g2-e2-s1-search-asha"]
     for result in (plain, asha, tune, stand_in):
@@ -225,12 +231,7 @@ def test_the_serve_profile_serves_one_checkpoint_two_ways_and_every_answer_is_th
     FastAPI server on each worker and by Ray Serve's replicas, each load-tested from the controller at
     1, 8 and 32 at once against the workers' addresses. Every answer is the trainer's own, whose
     accuracy is the one the run recorded; Table B.17 sets the ways side by side."""
-    cluster, env = harness_lab
-    done = invoke("bench.all", "-i", str(cluster.inventory_path), "--profile", "serve", "--only", "s1",
-                  env=env)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    store = ResultStore.for_cluster(cluster.name)
-    ok = {run.cell_key: run.result for run in store.runs(status="ok") if run.cell.profile == "serve"}
+    cluster, store, ok = _first_seed_of(harness_lab, "serve")
     trained, plain, ray = ok["ddp-g2-e2-s1"], ok["ddp-g2-e2-s1-serve"], ok["ray-g2-e2-s1-serve"]
     workers = {node.address for node in cluster.workers}
     for served in (plain, ray):
