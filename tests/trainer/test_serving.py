@@ -96,20 +96,24 @@ def test_the_plain_server_on_two_workers_answers_every_request_as_the_trainer_do
     assert_every_answer_is_the_trainers(levels)
 
 
-def test_ray_serve_puts_a_replica_on_each_worker_and_answers_as_the_trainer_does(trained, loopback_ray):
+def test_ray_serve_puts_a_replica_on_each_worker_and_answers_as_the_trainer_does(trained, loopback_ray,
+                                                                                tmp_path):
     cfg, config, expected = trained
     port = free_loopback_port()
     env = {**trainer_env(), **loopback_ray.env, "PYTHONPATH": str(REPO)}
     command = [sys.executable, "-m", "trainer.launchers.ray_serve", "--config", str(config),
                "--address", loopback_ray.address, "--host", LOOPBACK, "--port", str(port), "--replicas", "2",
                "--proxies", "head"]  # the loopback cluster's nodes share one address: one proxy
-    with running(command, env) as server:
+    # Its output to a file, not a pipe: Serve logs every request to the driver, and a pipe nobody reads
+    # fills and blocks the driver (its "replicas on" line among the writes that never happen).
+    log = tmp_path / "ray_serve.log"
+    with log.open("w") as sink, running(command, env, stdout=sink) as server:
         targets = cluster_targets([f"http://{LOOPBACK}:{port}{PREDICT_PATH}"], {LOOPBACK}, where="serve")
         texts = reviews(cfg)
         wait_ready(targets, texts[0], READY_TIMEOUT_S)
         levels = load_test(targets, texts, expected["labels"], PLAN)
         assert server.poll() is None
-    output = server.stdout.read()
+    output = log.read_text()
     assert "replicas on 2 workers" in output, output[-3000:]
     assert_every_answer_is_the_trainers(levels)
 
