@@ -51,6 +51,7 @@ MIXED_PRECISIONS = ("auto", "no", "bf16", "fp16")
 GRAD_COMPRESSIONS = ("none", "fp16", "bf16", "powersgd")
 DATA_PATHS = ("loader", "platform")  # the DataLoader's own tokens, or the platform's ETL's
 DEFAULT_DATA_PATH, PLATFORM_DATA_PATH = DATA_PATHS
+PREDICT_PATH = "/predict"  # the path both servers (trainer.serving) answer, and the harness calls
 PIPELINE_SCHEDULES = ("1f1b", "gpipe")  # strategy pipeline's; the first is the default
 # The platform a run trained on, as its launcher names it. The trainer keeps no list of platforms: each is
 # declared by its own package, dtlab/platforms/<name>/, and the harness checks the names it is given.

@@ -24,7 +24,6 @@ from trainer.data import load_tokenizer, text_source, tokenized_splits
 from trainer.distributed import resolve_device
 from trainer.model import build_model
 
-PREDICT_PATH = "/predict"
 MAX_TEXTS = 64  # reviews in one request: a load test's requests hold one; a client's batch is bounded
 
 

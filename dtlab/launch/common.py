@@ -21,6 +21,7 @@ from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
 from dtlab.matrix.tasks import LoadPlan
 from dtlab.remote import UnitSpec, unit_name
+from trainer.config import PREDICT_PATH
 from trainer.search import SEARCH_FILE_NAME
 
 
@@ -224,7 +225,6 @@ def trainer_config(cluster: Cluster, placement: Placement, paths: CellPaths, lab
 
 
 EXPECTED_MODULE = "trainer.launchers.expected"
-PREDICT_PATH = "/predict"  # trainer.serving.PREDICT_PATH, which both servers answer (that module loads torch)
 
 
 def serve_url(node: Node, port: int | str) -> str:

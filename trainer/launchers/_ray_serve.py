@@ -3,7 +3,8 @@ most one replica a node) and where Serve placed its replicas."""
 
 from ray import serve
 
-from trainer.serving import PREDICT_PATH, Predictor, PredictRequest, PredictResponse
+from trainer.config import PREDICT_PATH
+from trainer.serving import Predictor, PredictRequest, PredictResponse
 
 HEAD_RESOURCE = "node:__internal_head__"  # the resource Ray gives its head node alone
 

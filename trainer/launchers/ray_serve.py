@@ -13,12 +13,11 @@ import threading
 import ray
 from ray import serve
 
-from trainer.config import ConfigError
+from trainer.config import PREDICT_PATH, ConfigError
 from trainer.distributed import scheduler_gives_gpus
 from trainer.launchers import _cli
 from trainer.launchers._ray_serve import deployment, replica_nodes
 from trainer.launchers.ray import FORWARDED, PLAIN_PRINT
-from trainer.serving import PREDICT_PATH
 
 PROG, APP = "python -m trainer.launchers.ray_serve", "dtlab"
 PROXIES = {"every-node": "EveryNode", "head": "HeadOnly"}  # a loopback cluster's nodes share one address

@@ -6,8 +6,9 @@ with the run's newest checkpoint (trainer/serving.py); Ray Serve's deployment (r
 
 import time
 
+from trainer.config import PREDICT_PATH
 from trainer.launchers import _cli
-from trainer.serving import PREDICT_PATH, Predictor, PredictRequest, PredictResponse
+from trainer.serving import Predictor, PredictRequest, PredictResponse
 
 PROG = "python -m trainer.launchers.serve"
 
