@@ -35,13 +35,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _trainer_common import OUT_DIR, free_loopback_port, machine  # noqa: E402
 
 from dtlab import paths  # noqa: E402
-from dtlab.loadtest import LoadPlan, cluster_targets, load_test, wait_ready  # noqa: E402
+from dtlab.loadtest import cluster_targets, load_test, wait_ready  # noqa: E402
+from dtlab.matrix.tasks import LoadPlan  # noqa: E402
 from tests.raycluster import RayCluster  # noqa: E402
 from tests.trainer.conftest import running  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
+from trainer.config import PREDICT_PATH, TrainConfig  # noqa: E402
 from trainer.core import train  # noqa: E402
 from trainer.data import generate_imdb_like  # noqa: E402
-from trainer.serving import PREDICT_PATH, Predictor, expected_predictions  # noqa: E402
+from trainer.serving import Predictor, expected_predictions  # noqa: E402
 
 LOOPBACK = "127.0.0.1"
 WAYS = ("plain FastAPI+uvicorn", "Ray Serve")  # the first is the baseline

@@ -6,7 +6,8 @@ connection per target; request k carries review k mod len(reviews) to target k m
 request is an error when it fails, times out or answers other than 200 with one label; a mismatch when its
 label differs from the trainer's own evaluation of that review (trainer/serving.expected_predictions).
 
-    plan = LoadPlan.from_dict({"concurrency": [1, 8, 32], "requests": 256}, where="serve")  # matrix.tasks
+    # LoadPlan is dtlab.matrix.tasks's
+    plan = LoadPlan.from_dict({"concurrency": [1, 8, 32], "requests": 256}, where="serve")
     targets = cluster_targets(["http://10.77.0.11:8100/predict"], cluster_hosts, where="serve")
     levels = load_test(targets, reviews, expected_labels, plan)
 """

@@ -5,7 +5,8 @@ tests/trainer/test_serving.py."""
 import pytest
 
 from dtlab.errors import DtlabError
-from dtlab.loadtest import LoadPlan, Target, cluster_targets, percentile
+from dtlab.loadtest import Target, cluster_targets, percentile
+from dtlab.matrix.tasks import LoadPlan
 
 
 def test_a_plan_reads_its_levels_and_bounds():

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dtlab.loadtest import LoadPlan, cluster_targets, load_test, wait_ready
+from dtlab.loadtest import cluster_targets, load_test, wait_ready
+from dtlab.matrix.tasks import LoadPlan
 from tests.trainer.conftest import (
     TINY,
     free_loopback_port,
@@ -20,9 +21,9 @@ from tests.trainer.conftest import (
     trainer_env,
     write_config,
 )
-from trainer.config import TrainConfig
+from trainer.config import PREDICT_PATH, TrainConfig
 from trainer.data import generate_imdb_like
-from trainer.serving import PREDICT_PATH, Predictor, expected_predictions
+from trainer.serving import Predictor, expected_predictions
 
 pytestmark = pytest.mark.slow  # a 2-rank training run, two servers, Ray Serve (~3 min on 2 cores)
 
