@@ -16,7 +16,7 @@ from trainer.search import EARLY_STOPPING
 
 # What a cell runs beyond one training run (scenario C, #54): "" trains once; "search-asha" and
 # "search-none" run a search plan's trials with or without ASHA's early stopping (trainer/search.py);
-# "serve" serves a trained cell's checkpoint (task_plan["serves"]) and load-tests it (dtlab.loadtest).
+# "serve" serves a trained cell's checkpoint (Cell.trained) and load-tests it (dtlab.loadtest).
 SEARCH_TASKS = tuple(f"search-{mode}" for mode in EARLY_STOPPING)
 SERVE_TASK = "serve"
 TASKS = ("", *SEARCH_TASKS, SERVE_TASK)
@@ -122,8 +122,9 @@ class Cell:
 
     @property
     def trained(self) -> Cell | None:
-        """A serve cell's trained cell, whose checkpoint it serves (task_plan["serves"]); None for any other
-        cell. Its options are the serve cell's: the checkpoint's config hash is the served config's."""
+        """A serve cell's trained cell, whose checkpoint it serves (task_plan["serves_framework"]); None for
+        any other cell. Its options are the serve cell's: the checkpoint's config hash is the served
+        config's."""
         if self.task != SERVE_TASK:
             return None
         return Cell(self.task_plan["serves_framework"], self.gpus, self.epochs, self.seed, self.profile,

@@ -99,7 +99,7 @@ def made_up_serve(cell, p99_ms: float = 20.0, throughput_rps: float = 100.0, mis
                "mismatches": mismatches, "p50_ms": p99_ms / 2, "p99_ms": p99_ms,
                "throughput_rps": throughput_rps, "wall_s": 2.5, "first_error": None}
               for n in cell.task_plan["load"]["concurrency"]]
-    return {"way": cell.framework, "label": f"{cell.framework} server", "serves": cell.task_plan["serves"],
+    return {"way": cell.framework, "label": f"{cell.framework} server", "serves": cell.trained.key,
             "checkpoint": "/srv/dtlab-shared/x/checkpoints/epoch-2.pt", "epoch": cell.epochs,
             "accuracy": 0.95, "replicas": cell.gpus, "urls": ["http://10.0.0.11:8100/predict"],
             "levels": levels, "ready_s": 12.0, "wall_s": 30.0, **changes}

@@ -78,8 +78,9 @@ class ServeSpec:
     port: int = DEFAULT_SERVE_PORT
 
     def plan(self, trained: Cell) -> dict[str, Any]:
-        """A serve cell's task_plan: the trained cell it serves, the load test, the port."""
-        return {"serves": trained.key, "serves_framework": trained.framework, "port": self.port,
+        """A serve cell's task_plan: the framework of the trained cell it serves (Cell.trained has the rest),
+        the load test, the port."""
+        return {"serves_framework": trained.framework, "port": self.port,
                 "load": {"concurrency": list(self.load.concurrency), "requests": self.load.requests,
                          "timeout_s": self.load.timeout_s}}
 

@@ -132,9 +132,9 @@ def validate_serve_result(result: Mapping[str, Any], cell: Cell, where: str) -> 
         check(level, LEVEL_KEYS, f"levels[{index}].")
     planned = list(cell.task_plan["load"]["concurrency"])
     found = [level["concurrency"] for level in result["levels"]]
-    if result["serves"] != cell.task_plan["serves"] or found != planned:
+    if result["serves"] != cell.trained.key or found != planned:
         raise DtlabError(f"{where}: it serves {result['serves']} at concurrency {found}, but the cell serves "
-                         f"{cell.task_plan['serves']} at {planned}; record it under its own cell")
+                         f"{cell.trained.key} at {planned}; record it under its own cell")
 
 
 def newest_per_cell(runs: Iterable[Run], profile: str | None = None) -> list[Run]:

@@ -12,7 +12,7 @@ RAY_SERVE = "ray-serve (Ray Serve, a replica a worker)"
 
 
 def serve_cell(framework: str, seed: int) -> Cell:
-    plan = {"serves": f"ddp-g2-e2-s{seed}", "serves_framework": "ddp", "port": 8100,
+    plan = {"serves_framework": "ddp", "port": 8100,
             "load": {"concurrency": [1, 8], "requests": 64, "timeout_s": 30.0}}
     return Cell(framework, 2, 2, seed, "serve", {"max_length": 64}, task=SERVE_TASK, task_plan=plan)
 
