@@ -12,6 +12,7 @@ import pytest
 
 from dtlab.loadtest import cluster_targets, load_test, wait_ready
 from dtlab.matrix.tasks import LoadPlan
+from tests.raycluster import RayCluster
 from tests.trainer.conftest import (
     TINY,
     free_loopback_port,
@@ -108,7 +109,9 @@ def test_ray_serve_puts_a_replica_on_each_worker_and_answers_as_the_trainer_does
     # Its output to a file, not a pipe: Serve logs every request to the driver, and a pipe nobody reads
     # fills and blocks the driver (its "replicas on" line among the writes that never happen).
     log = tmp_path / "ray_serve.log"
-    with log.open("w") as sink, running(command, env, stdout=sink) as server:
+    # A second Ray on the machine, as a lab node's head is in the full tier: the launcher asks its own
+    # cluster, where Ray's State API left to itself finds two and gives up.
+    with RayCluster(workers=0), log.open("w") as sink, running(command, env, stdout=sink) as server:
         targets = cluster_targets([f"http://{LOOPBACK}:{port}{PREDICT_PATH}"], {LOOPBACK}, where="serve")
         texts = reviews(cfg)
         wait_ready(targets, texts[0], READY_TIMEOUT_S)

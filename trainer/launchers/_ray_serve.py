@@ -27,12 +27,14 @@ def deployment(name: str):
     return Classifier
 
 
-def replica_nodes(app: str) -> tuple[int, int]:
-    """(nodes holding one of the application's live replicas, how many of them are the head)."""
+def replica_nodes(app: str, address: str) -> tuple[int, int]:
+    """(nodes holding one of the application's live replicas, how many of them are the head), asked of the
+    cluster at `address`: without one, Ray's State API looks for a cluster among the host's processes, and
+    where it finds two (a lab node's head beside a loopback one, both in one process table) it gives up."""
     import ray
     from ray.util.state import list_actors
 
-    replicas = list_actors(filters=[("state", "=", "ALIVE")], limit=10_000)
+    replicas = list_actors(address=address, filters=[("state", "=", "ALIVE")], limit=10_000)
     nodes = {actor.node_id for actor in replicas if actor.class_name.startswith(f"ServeReplica:{app}:")}
     heads = {node["NodeID"] for node in ray.nodes() if node["Alive"] and HEAD_RESOURCE in node["Resources"]}
     return len(nodes), len(nodes & heads)

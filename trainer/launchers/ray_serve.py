@@ -55,7 +55,7 @@ def launch(cfg, args) -> None:
             serve.run(classifier.bind(cfg), name=APP, route_prefix="/")
         except RuntimeError as error:  # Serve gave up on the replicas (a missing checkpoint, say)
             raise ConfigError(f"Ray Serve could not start {APP}: {_last_line(error)}") from None
-        nodes, heads = replica_nodes(APP)
+        nodes, heads = replica_nodes(APP, args.address)
         print(f"serving {cfg.checkpoint_dir} at http://{args.host}:{args.port}{PREDICT_PATH}: "
               f"{args.replicas} replicas on {nodes - heads} workers" + (" and the head" * bool(heads)),
               flush=True)
