@@ -128,6 +128,9 @@ class Platform:
     # DataLoader; a platform with an ETL of its own (trainer/platform_data.py) adds "platform".
     data_paths: ClassVar[tuple[str, ...]] = (DEFAULT_DATA_PATH,)
     etl_label: ClassVar[str] = ""  # what its own ETL is, as the report's Table B.13 names it
+    # What serves its checkpoints in a serve cell (scenario C). Empty: no server of its own, so its users
+    # deploy with a plain server, the baseline's way, and the report's serving criterion judges it by that.
+    server: ClassVar[str] = ""
 
     # --- one cell ---
 
@@ -147,7 +150,9 @@ class Platform:
 
     def serve_refusal(self, cluster: Cluster) -> str | None:
         """Why it cannot serve a serve cell's checkpoint here (dtlab/matrix/tasks.py), or None when its build
-        starts servers for one. bench asks before any cell starts."""
+        starts servers for one (it names its `server`). bench asks before any cell starts."""
+        if self.server:
+            return None
         return (f"serve: dtlab serves no checkpoint on {self.label} (ddp's plain FastAPI server, one a "
                 "worker; Ray Serve on ray)")
 

@@ -226,7 +226,7 @@ def build_comparison(
     provisioning, idle, notes = cluster_measures(root)
     table = _table(list(PLATFORMS), measures, parts, title, [COMPARISON_NOTE, *notes], provisioning, idle)
     ran = [p for p in PLATFORMS if any(f == p for f, _g, _e in groups)
-           or any(p in found for found in (tasks or {}).values())]
+           or any(p in found and not found[p].borrowed_from for found in (tasks or {}).values())]
     return Comparison(list(PLATFORMS), measures, table, ran=ran)
 
 

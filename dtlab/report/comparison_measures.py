@@ -173,6 +173,9 @@ class Measure:
     exact: bool = False  # a count or a yes/no: any difference orders
     published: bool = False  # the study's printed mean: spread not published
     runs: int | None = None  # the runs an exact yes/no rests on (same-seed runs, fault runs); None: none
+    # Another platform whose runs stand for this one's (the plain server's, for a platform with no server of
+    # its own): the figure is the platform's, the runs are not, so it does not put it among those that ran.
+    borrowed_from: str | None = None
 
     @property
     def measured(self) -> bool:

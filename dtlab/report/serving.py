@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import replace
 
 from dtlab import platforms
 from dtlab.report.comparison_measures import Measure
@@ -96,7 +97,9 @@ def serving_table(runs: Iterable[Run]) -> Table | None:
 
 def serving_measures(runs: Iterable[Run]) -> dict[str, Measure]:
     """The verdict's serving criterion per platform: p99 latency at the highest concurrency every way was
-    loaded at (one value per seed), the mean with its min-max; a way with a wrong answer has none."""
+    loaded at (one value per seed), the mean with its min-max; a way with a wrong answer has none. A
+    platform with no server of its own (no `server`: Determined, say) is deployed as its users deploy it,
+    with the plain server, the baseline's way: it has the baseline's figure, and its text says so."""
     groups = by_way(runs)
     if not groups:
         return {}
@@ -113,6 +116,13 @@ def serving_measures(runs: Iterable[Run]) -> dict[str, Measure]:
             continue
         found[framework] = Measure.of_runs([float(lv["p99_ms"]) for lv in levels], "latency_ms", "ms",
                                            f"p99 {{mean}} ms at {concurrency} requests at once (B.17)")
+    plain = found.get(platforms.BASELINE)
+    if plain is not None and plain.measured:
+        for platform in platforms.ALL:
+            if not platform.server and platform.name not in found:
+                found[platform.name] = replace(plain, borrowed_from=platforms.BASELINE,
+                                               shown=f"{plain.shown}, by the plain server: {platform.label} "
+                                                     "has no server of its own")
     return found
 
 

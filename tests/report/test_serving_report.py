@@ -49,11 +49,30 @@ def test_each_way_stands_beside_the_plain_server_level_by_level_with_its_spread(
     assert ray[9].text == "0 / 0 of 192"
     serving = report.comparison.measures["serving"]
     assert serving["ddp"].values == (11.0, 12.0, 13.0) and serving["ray"].value == 32.0
-    assert not serving["spark"].measured
+    # Spark serves no checkpoint of its own: deployed with the plain server, it has that one's figure.
+    assert serving["spark"].values == serving["ddp"].values
+    assert serving["spark"].shown.endswith("by the plain server: Apache Spark has no server of its own")
     [answer] = [answer for who, answer in report.verdict.lines if who.startswith("Scenario C")]
     assert answer.startswith("favours PyTorch DDP") and "p99 12.0 ms (n=3)" in answer, answer
     assert "Scenario C: one trained checkpoint served" in generate_report(
         store, tmp_path / "report").markdown.read_text()
+
+
+def test_a_platform_with_no_server_is_judged_by_the_plain_servers_figure_and_one_with_a_server_by_its_own(
+        tmp_path):
+    store = ResultStore(tmp_path / "results")
+    for seed in (1, 2, 3):  # scenario C's three candidates searched, within noise of each other
+        for framework, wall_s in (("ddp", 70.0), ("determined", 70.5), ("ray", 70.2)):
+            record_search(store, framework, seed, wall_s + seed)
+        record_serve(store, "ddp", seed, p99_ms=10.0 + seed)
+    report = build_report(store)
+    serving = report.comparison.measures["serving"]
+    assert serving["determined"].values == serving["ddp"].values == (11.0, 12.0, 13.0)
+    assert "Determined AI has no server of its own" in serving["determined"].shown
+    assert not serving["ray"].measured  # Ray's own way, Ray Serve, did not run: the plain figure is not Ray's
+    [answer] = [answer for who, answer in report.verdict.lines if who.startswith("Scenario C")]
+    assert answer.startswith("not decidable yet: serving latency (p99) is not measured for Ray Train"), answer
+    assert "Determined" not in answer.split(". Decide")[0], answer
 
 
 def test_a_way_that_gave_a_wrong_answer_has_no_serving_figure(tmp_path):

@@ -222,6 +222,7 @@ class Ddp(Platform):
     colour = "#1f77b4"
     description = "torchrun on each placed worker, static rendezvous on the first (the study's baseline)"
     launcher_files = ("trainer/launchers/torchrun.py",)
+    server = "the plain server: FastAPI + uvicorn, one process a worker (trainer/launchers/serve.py)"
     roles = ()  # torchrun comes with torch: the trainer venv (and image) every platform shares
     variable_prefixes = ("dtlab_rendezvous_",)
     check_names = ("ddp rendezvous port",)
@@ -236,9 +237,6 @@ class Ddp(Platform):
 
     def search_refusal(self, cluster: Cluster, early_stopping: str) -> str | None:
         return None  # the sweep runs the plan with dtlab's ASHA rule or without early stopping
-
-    def serve_refusal(self, cluster: Cluster) -> str | None:
-        return None  # the plain server, one a worker
 
     def probe_lines(self, cluster: Cluster, node: Node) -> list[str]:
         if node not in cluster.workers:

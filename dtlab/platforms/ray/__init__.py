@@ -210,6 +210,7 @@ class Ray(Platform):
     launcher_files = ("trainer/launchers/ray.py",)
     data_paths = DATA_PATHS  # the DataLoader's, and its own ETL (trainer/platform_data.py)
     etl_label = "Ray Data: read_parquet, map_batches, the object store"
+    server = "Ray Serve, a replica a worker (trainer/launchers/ray_serve.py)"
     roles = ("ray",)
     variable_prefixes = ("ray_",)
     port_ranges = (("ray_min_worker_port", "ray_max_worker_port"),)
@@ -222,9 +223,6 @@ class Ray(Platform):
 
     def search_refusal(self, cluster: Cluster, early_stopping: str) -> str | None:
         return None  # Tune's ASHAScheduler, or its FIFOScheduler for no early stopping
-
-    def serve_refusal(self, cluster: Cluster) -> str | None:
-        return None  # Ray Serve on the lab's Ray cluster
 
     def preflight(self, cluster: Cluster, planned: Launch, sessions: remote.Sessions | None) -> None:
         needed = len(planned.placement.slots)  # the workers placement would use; Ray picks which
