@@ -20,7 +20,8 @@ def serve_cell(framework: str, seed: int) -> Cell:
 def record_serve(store, framework, seed, **figures):
     cell = serve_cell(framework, seed)
     result = made_up_serve(cell, label=PLAIN if framework == "ddp" else RAY_SERVE, **figures)
-    store.record_ok(cell, result, Provenance(config_hash=config_hash(cell), git_rev=None, inventory="lab"))
+    store.record_ok(cell, result, Provenance(config_hash=config_hash(cell), git_rev=None, inventory="lab",
+                                             harness_time_s=20.0))
 
 
 def record_search(store, framework, seed, wall_s):
@@ -73,6 +74,7 @@ def test_a_platform_with_no_server_is_judged_by_the_plain_servers_figure_and_one
     [answer] = [answer for who, answer in report.verdict.lines if who.startswith("Scenario C")]
     assert answer.startswith("not decidable yet: serving latency (p99) is not measured for Ray Train"), answer
     assert "Determined" not in answer.split(". Decide")[0], answer
+    assert "`invoke bench.all --profile serve` (its 3 cells took 1.0 min of cell time here" in answer, answer
 
 
 def test_a_way_that_gave_a_wrong_answer_has_no_serving_figure(tmp_path):
