@@ -173,6 +173,8 @@ def test_spark_and_ray_train_through_their_own_etl_to_the_dataloaders_numbers(ha
         loader, etl = ok[f"{name}-g2-e1-s1"], ok[f"{name}-g2-e1-s1-etl"]
         assert etl.result["config"]["data_path"] == "platform" and etl.cell.data_path == "platform"
         assert etl.result["framework_label"].endswith(" + platform ETL")
+        if name == "spark":  # the lab runs Spark cells as Connect sessions: the ETL ran on the server
+            assert etl.result["framework_label"].startswith(CONNECT_LABEL), etl.result["framework_label"]
         assert etl.result["data_fingerprint"] == loader.result["data_fingerprint"], name  # the same tokens
         assert _trajectory(etl) == _trajectory(loader), name
         marks = etl.result["timeline_unix"]
@@ -298,6 +300,9 @@ def test_bench_faults_kills_a_worker_of_every_platform_and_reports_what_recoveri
     assert not any(cell_units(cluster).values()) and trainer_processes(cluster) == {}
     for framework in FRAMEWORKS:
         assert_recovered_to_the_undisturbed_numbers(store, cluster, framework)
+    # Spark's retry ran as a session on the lab's Connect server, as its undisturbed twin did.
+    spark = max(store.runs(status="ok", cell_key="spark-g2-e2-s0-kill-after1"), key=lambda run: run.id)
+    assert spark.result["framework_label"].startswith(CONNECT_LABEL), spark.result["framework_label"]
     # The checkpoints are on the shared mount (the lab's bind, as NFS on a cluster): every worker sees them.
     shared = cluster.shared_checkpoint_dir
     seen = remote.run_all(cluster.workers, f"ls {shared}/spark-g2-e2-s0-kill-after1/checkpoints")
@@ -524,11 +529,10 @@ def test_ray_and_spark_cells_are_refused_in_preflight_at_once_when_a_worker_daem
 
 def test_spark_cells_run_on_the_connect_server_and_as_their_own_application_where_asked(harness_lab):
     """Issues #29 and #50, Spark at its best: the lab runs each spark cell as a session on the master's
-    Spark Connect server (group_vars/lab.yml). cluster.check sees it hold the largest cell's cores, a killed
-    training process is recovered by dtlab's retry on the same server, a worker's loss is survived, and
-    cluster.reset restarts it. Converged to spark_session: application (the study's setup) the server is
-    removed and a cell runs as its own application, to the same numbers; converged back, the server holds
-    its cores again."""
+    Spark Connect server (group_vars/lab.yml). cluster.check sees it hold the largest cell's cores, a
+    worker's loss is survived, and cluster.reset restarts it. Converged to spark_session: application (the
+    study's setup) the server is removed and a cell runs as its own application, to the same numbers;
+    converged back, the server holds its cores again."""
     cluster, env = harness_lab
     assert platforms.spark.connect_session(cluster)  # the lab's own setting, not a variant's
     unit = str(cluster.require("spark_connect_service"))
@@ -539,13 +543,11 @@ def test_spark_cells_run_on_the_connect_server_and_as_their_own_application_wher
     checked = invoke("cluster.check", "-i", inventory, env=env, timeout=300)
     assert checked.returncode == 0 and needs in " ".join(checked.stdout.replace("│", " ").split()), (
         checked.stdout[-3000:])
-    ran = invoke("bench.all", "-i", inventory, "--only", "spark-g2", "--force", "--no-report", "--skip-gate",
+    # The smoke test's spark cell ran on the server: then nothing runs here. (A killed training process,
+    # recovered by dtlab's retry on the same server: the faults test, test_bench_faults_kills_...)
+    ran = invoke("bench.all", "-i", inventory, "--only", "spark-g2", "--no-report", "--skip-gate",
                  env=env, timeout=600)
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-2000:]
-    # The faults profile's kill of a training process: the session's job fails, dtlab's retry resumes.
-    faulted = invoke("bench.faults", "-i", inventory, "--only", "spark-g2-e2-s0-kill", "--force",
-                     "--no-report", "--skip-gate", env=env, timeout=900)
-    assert faulted.returncode == 0, faulted.stdout[-3000:] + faulted.stderr[-2000:]
     # A worker lost for a while (powered off and on): the server's executor there is lost and replaced.
     # The replacement must wait for a free core on that worker, never take one beside the survivor.
     import dtlab.lab
@@ -581,12 +583,6 @@ def test_spark_cells_run_on_the_connect_server_and_as_their_own_application_wher
     spark, after_loss_run, own_application = spark_runs[-3:]
     setups = [run.result["framework_label"].split(" + ")[0] for run in spark_runs[-3:]]
     assert setups == [CONNECT_LABEL, CONNECT_LABEL, STANDALONE_LABEL], setups
-    recovered = max(store.runs(status=None, cell_key="spark-g2-e2-s0-kill-after1"), key=lambda run: run.id)
-    record = recovered.fault_record
-    assert recovered.status == "ok" and record["outcome"] == "recovered", (recovered.reason, record)
-    assert record["attempts"] == 2 and recovered.result["resumed_from_epoch"] == 1, record
-    assert recovered.result["framework_label"].startswith("spark (TorchDistributor, Spark Connect)")
-    assert _trajectory(recovered) == _trajectory(spark)
     assert spark.result["world_size"] == 2 and spark.result["nodes"] == 2
     # After the worker's loss still one rank per worker: each worker offers one process's cores. With a
     # second core to spare, the survivor took the replacement executor and both ranks ran there.
@@ -751,9 +747,10 @@ def test_a_worker_restarted_by_a_fault_plan_is_waited_for_and_the_retry_complete
 
 
 def test_a_netdrop_is_said_live_and_never_recorded_as_a_timing(harness_lab, tmp_path):
-    seen = _fault_plan_cell(harness_lab, tmp_path, 23, "{kind: netdrop, after_epoch: 1, seconds: 90}")
+    # Down longer than a silence takes to be noticed (at most 50 s: dtlab/bench/watch.py), with 15 s to spare.
+    seen = _fault_plan_cell(harness_lab, tmp_path, 23, "{kind: netdrop, after_epoch: 1, seconds: 65}")
     record = seen["run"].fault_record
-    assert "down for 90 s" in record["injection"], record
+    assert "down for 65 s" in record["injection"], record
     said = [line for line in seen["lines"] if "has not answered" in line]
     noticed = record["failure_noticed_unix"] - record["injected_unix"]
     assert said and noticed < DETECTED_WITHIN_S, seen["lines"]

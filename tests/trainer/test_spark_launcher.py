@@ -217,29 +217,21 @@ def loader_reference(tmp_path_factory, token_cache) -> dict:
     return json.loads((directory / "out" / "result.json").read_text())
 
 
-@pytest.mark.parametrize("mode", ["standalone", "connect"])
 def test_spark_etl_then_torch_distributor_train_as_the_loader_path(loopback_spark, make_config, tmp_path,
-                                                                   loader_reference, mode):
-    """One application (standalone) or one Connect session reads the staged reviews, tokenizes them on
-    its executors and writes the rows; its 2 training processes train on them to torchrun's numbers on
-    the loader path. The ETL's rows are removed afterwards, the staged reviews kept."""
+                                                                   loader_reference):
+    """One application reads the staged reviews, tokenizes them on its executors and writes the rows; its
+    2 training processes train on them to torchrun's numbers on the loader path. The ETL's rows are
+    removed afterwards, the staged reviews kept. (The same in a Connect session: the lab's pipeline
+    test, tests/harness/test_bench_lab.py.)"""
     shared = tmp_path / "shared"
     cfg = make_config(epochs=1, data_path="platform", platform_data_dir=str(shared), **PLATFORM_SMALL)
-    args = ["--config", str(write_config(cfg, tmp_path / "run.yml")), "--num-processes", "2"]
-    if mode == "connect":
-        token = secrets.token_hex(16)
-        remote = loopback_spark.start_connect_server(token, connect_server_conf(2, cfg.threads), slots=2)
-        try:
-            launched = spark_launch(loopback_spark, *args, remote=remote, token=token)
-        finally:
-            loopback_spark.stop_connect_server()
-    else:
-        launched = spark_launch(loopback_spark, *args)
+    launched = spark_launch(loopback_spark, "--config", str(write_config(cfg, tmp_path / "run.yml")),
+                            "--num-processes", "2")
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
 
     result = json.loads((tmp_path / "out" / "result.json").read_text())
     validate_result(result)
-    assert result["framework_label"].startswith(CONNECT_LABEL if mode == "connect" else STANDALONE_LABEL)
+    assert result["framework_label"].startswith(STANDALONE_LABEL)
     assert result["framework_label"].endswith(" + platform ETL")
     assert result["world_size"] == 2 and result["data_fingerprint"] == loader_reference["data_fingerprint"]
     for key in ("train_loss", "val_loss", "val_accuracy", "train_samples"):  # tolerance 0

@@ -4,7 +4,6 @@ import json
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,6 @@ import torch
 from tests.trainer.conftest import (
     SUBPROCESS_TIMEOUT_S,
     final_weights,
-    free_loopback_port,
     kill_after_first_checkpoint,
     max_weight_difference,
     run,
@@ -224,7 +222,6 @@ def test_a_rank_whose_node_holds_the_newest_checkpoint_is_the_one_every_rank_res
 def test_the_harness_agent_is_torchrun_with_its_output_and_exit_status(tmp_path, monkeypatch):
     """dtlab starts torchrun as trainer.launchers.agent (no collection at exit): same output and status, and
     no torchelastic_* directory left in the node's temporary directory."""
-    import sys
 
     temporary = tmp_path / "tmp"
     temporary.mkdir()
@@ -250,45 +247,3 @@ def test_the_harness_agent_is_torchrun_with_its_output_and_exit_status(tmp_path,
                                "print('done', end='')\nleave(3)"],
         env=trainer_env(), capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT_S)
     assert (exited.returncode, exited.stdout) == (3, "done")
-
-
-@pytest.mark.slow  # two torchrun agents, a lost one, a new rendezvous: about a minute on 2 cores
-def test_elastic_torchrun_goes_on_with_the_survivor_when_a_node_is_lost(make_config, tmp_path):
-    """Two agents as two nodes, with the harness's elastic flags (dtlab.platforms.ddp.rendezvous_args): the
-    second agent and its worker are SIGKILLed once epoch 1 is checkpointed; the first re-rendezvous alone
-    and ends the run on 1 worker from that checkpoint. Without `elastic` the trainer refuses that resume."""
-    from dtlab.platforms.ddp import rendezvous_args
-
-    def agents(cfg):
-        port, path = free_loopback_port(), write_config(cfg, tmp_path / f"{cfg.elastic}.yml")
-        return [[sys.executable, "-m", "torch.distributed.run",
-                 *rendezvous_args(2, index, "127.0.0.1", port, elastic_id=f"test-{cfg.elastic}"),
-                 "--nproc_per_node=1", "-m", "trainer.launchers.torchrun", "--config", str(path)]
-                for index in range(2)]
-
-    def lose_the_second_node(cfg) -> subprocess.CompletedProcess:
-        first_command, second_command = agents(cfg)
-        first = subprocess.Popen(first_command, env=trainer_env(), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
-        try:
-            time.sleep(2)  # the first agent hosts the c10d store, as the first placed worker does
-            kill_after_first_checkpoint(second_command, Path(cfg.checkpoint_dir))
-            output, _ = first.communicate(timeout=SUBPROCESS_TIMEOUT_S)
-        finally:
-            first.kill()
-        return subprocess.CompletedProcess(first_command, first.returncode, output, "")
-
-    cfg = make_config(epochs=3, checkpoint_dir=str(tmp_path / "ckpt"), elastic=True)
-    survivor = lose_the_second_node(cfg)
-    assert survivor.returncode == 0, survivor.stdout[-3000:]
-    result = json.loads((Path(cfg.output_dir) / "result.json").read_text())
-    assert result["world_size"] == 1 and result["resumed_from_epoch"] == 1, survivor.stdout[-3000:]
-    assert [m["epoch"] for m in result["epoch_metrics"]] == [1, 2, 3]
-    assert "elastic: resuming 2 workers' checkpoint on 1" in survivor.stdout
-    validate_result(result)
-
-    refused = make_config(epochs=3, checkpoint_dir=str(tmp_path / "ckpt-static"),
-                          output_dir=str(tmp_path / "out-static"))
-    static = lose_the_second_node(refused)
-    assert static.returncode != 0
-    assert "the checkpoint was written by 2 workers, this run has 1" in static.stdout
