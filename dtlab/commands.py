@@ -309,18 +309,24 @@ ANSIBLE_LINT_CONFIG = paths.REPO_ROOT / ".ansible-lint"
 # `--all` runs it. tests/test_tiers.py checks that the default tier keeps what README's table promises.
 # The README's test command and CI's: every quick test, one lab converged once, and the core tests.
 DEFAULT_TIER_MARKERS = "not (lab or slow) or core"
+# Every tier starts with the quick tests (neither lab nor slow), on every core (pytest-xdist): 3m38s in one
+# process on 2 cores, about half that on two (2026-12-04). Then, for the default and full tiers, their lab
+# and slow tests in one pytest process of their own, in order: they share one lab and its converge.
+QUICK_TESTS = "not (lab or slow)"
 TIERS = {
-    # The inner loop: no lab, no Spark cluster, nothing marked slow, the tests on every core (pytest-xdist).
-    "fast": "-m 'not lab and not slow' -n auto",
-    "default": f"-m '{DEFAULT_TIER_MARKERS}'",
+    # The inner loop: no lab, no Spark cluster, nothing marked slow.
+    "fast": (f"-m '{QUICK_TESTS}' -n auto",),
+    "default": (f"-m '{QUICK_TESTS}' -n auto", "-m '(lab or slow) and core'"),
     # Everything: every fault on every platform, re-converges, check mode, a second lab, the clusters.
-    "all": "",
+    "all": (f"-m '{QUICK_TESTS}' -n auto", "-m 'lab or slow'"),
 }
-# Each tier is one pytest process: the lab's tests share one lab and its converge, in order. Tried on 2
-# cores (2026-11-26), the lab's tests as a second process beside the others were slower, not faster: both
-# are CPU-bound. pytest-xdist's --dist loadgroup, the other way to keep the lab's tests together, does not
-# group under pytest 9.2 (it writes the group into the node id, which pytest no longer reads).
-# (benchmarks/README.md, Tests.)
+# The lab's and slow tests run after the quick ones, not beside them: tried on 2 cores (2026-11-26), the
+# lab's tests as a second process beside the others were slower, not faster: both are CPU-bound. pytest-
+# xdist's --dist loadgroup, the way to keep the lab's tests together in one xdist run, does not group under
+# pytest 9.2 (it writes the group into the node id, which pytest no longer reads). (benchmarks/README.md,
+# Tests.)
+# pytest's exit status when a pass selects nothing (e.g. `--pytest-args` naming quick tests only).
+NO_TESTS_SELECTED = 5
 # The default and full tiers' temporary files (the lab's results, inventories) in a folder of their own:
 # pytest keeps the 3 newest session folders under /tmp and deletes older ones as each session starts, so a
 # quick `--fast` run beside a long one used to delete the long one's files mid-run.
@@ -358,8 +364,8 @@ def ansible_lint_inputs_digest() -> str | None:
 
 
 def run_tests(c, *, lint: bool, tier: str, pytest_args: str) -> bool:
-    """pytest on one of TIERS with the linters beside it; True when everything passed. `c` is the invoke
-    Context."""
+    """pytest on one of TIERS, pass by pass, with the linters beside it; True when everything passed. `c` is
+    the invoke Context."""
     fast = tier == "fast"
     linters = list(LINTERS)
     lint_inputs = ansible_lint_inputs_digest() if lint else None
@@ -369,8 +375,19 @@ def run_tests(c, *, lint: bool, tier: str, pytest_args: str) -> bool:
         print("ansible-lint: not run, it passed on these same files before (--fast keeps a pass; "
               "the whole suite always runs it)")
     linting = c.run(" && ".join(linters), asynchronous=True, hide=True, warn=True) if lint else None
-    selection = TIERS[tier] if fast else f"{TIERS[tier]} --basetemp={FULL_SUITE_BASETEMP}".strip()
-    passed = c.run(f"pytest {selection} {pytest_args}".strip(), echo=True, pty=False, warn=True).ok
+    passed, selected = True, False
+    if not fast:
+        FULL_SUITE_BASETEMP.mkdir(parents=True, exist_ok=True)  # pytest makes a --basetemp, not its parents
+    exit_first = {"-x", "--exitfirst"} & set(pytest_args.split())
+    for number, selection in enumerate(TIERS[tier]):  # each pass runs, so a failure shows the whole picture
+        if not fast:
+            selection += f" --basetemp={FULL_SUITE_BASETEMP / ('quick' if number == 0 else 'lab-and-slow')}"
+        ran = c.run(f"pytest {selection} {pytest_args}".strip(), echo=True, pty=False, warn=True)
+        selected = selected or ran.exited != NO_TESTS_SELECTED
+        passed = passed and (ran.ok or ran.exited == NO_TESTS_SELECTED)
+        if not passed and exit_first:
+            break
+    passed = passed and selected  # a selection that runs no test at all is a mistake, as pytest says
     if linting is not None:
         linted = linting.join()
         print(f"lint ({' && '.join(linters)}): {'passed' if linted.ok else 'FAILED'}")

@@ -43,9 +43,22 @@ def whole_suite(request):
     return items
 
 
-def test_invoke_test_selects_the_expression_checked_here():
-    assert TIERS["default"] == f"-m '{DEFAULT_TIER_MARKERS}'"
-    assert TIERS["all"] == ""  # --all deselects nothing
+def selected_by(selection: str, item) -> bool:
+    """Whether one pass of TIERS (its `-m '...'`) selects the collected `item`."""
+    expression = selection.split("-m '")[1].split("'")[0]
+    return Expression.compile(expression).evaluate(MarkMatcher.from_markers(item.iter_markers()))
+
+
+def test_each_tiers_passes_run_its_tests_each_once(whole_suite):
+    # The quick tests first on every core, then the lab's and slow ones in one process (commands.TIERS).
+    assert all(passes[0].endswith(" -n auto") for passes in TIERS.values())
+    assert all(" -n " not in selection for passes in TIERS.values() for selection in passes[1:])
+    for tier, passes in TIERS.items():
+        quick = lambda item: not (item.get_closest_marker("lab") or item.get_closest_marker("slow"))  # noqa: E731
+        wanted = {"fast": quick, "default": in_default_tier, "all": lambda item: True}[tier]
+        for item in whole_suite:
+            runs = sum(selected_by(selection, item) for selection in passes)
+            assert runs == (1 if wanted(item) else 0), (tier, item.nodeid, runs)
 
 
 def test_core_is_only_on_lab_or_slow_tests(whole_suite):
