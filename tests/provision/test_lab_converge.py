@@ -310,6 +310,12 @@ def test_ray_head_lists_both_workers_alive_offering_what_spark_offers(provisione
     # On the cpu lab exactly one cell process's threads (dtlab_worker_cores): no second rank fits on a worker.
     assert set(spark_cores.values()) == {cluster.threads_per_worker}, spark_cores
     assert all("GPU" not in resources for resources in workers.values())
+    # The role's object store: half of each node's /dev/shm, which nspawn makes smaller than Ray's default
+    # (30% of the host's memory), so the store stays in shared memory and not on disk.
+    for node in cluster.nodes:
+        shm = int(on(lab, node.name, "df --output=size --block-size=1 /dev/shm").stdout.split()[-1])
+        [store] = [n["resources_total"]["object_store_memory"] for n in nodes if n["node_ip"] == node.address]
+        assert abs(store - shm / 2) <= 0.01 * shm, (node.name, store, shm)
 
 
 def test_ray_gcs_admits_the_service_user_with_the_token_only(provisioned_lab, cluster):
