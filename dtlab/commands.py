@@ -309,22 +309,23 @@ ANSIBLE_LINT_CONFIG = paths.REPO_ROOT / ".ansible-lint"
 # `--all` runs it. tests/test_tiers.py checks that the default tier keeps what README's table promises.
 # The README's test command and CI's: every quick test, one lab converged once, and the core tests.
 DEFAULT_TIER_MARKERS = "not (lab or slow) or core"
-# Every tier starts with the quick tests (neither lab nor slow), on every core (pytest-xdist): 3m38s in one
-# process on 2 cores, about half that on two (2026-12-04). Then, for the default and full tiers, their lab
-# and slow tests in one pytest process of their own, in order: they share one lab and its converge.
+# The full tier runs its quick tests (neither lab nor slow) on every core first (pytest-xdist: 3m38s in one
+# process on 2 cores, 2026-12-04), then its lab and slow tests in one pytest process, in order: they share
+# one lab and its converge, which is prepared while the slow tests that need no lab run. The default tier
+# stays one process: there the quick tests are what runs while the lab is prepared (on a fresh machine the
+# image and Horovod's compile too), and its few slow tests would leave that preparation bare.
 QUICK_TESTS = "not (lab or slow)"
 TIERS = {
     # The inner loop: no lab, no Spark cluster, nothing marked slow.
     "fast": (f"-m '{QUICK_TESTS}' -n auto",),
-    "default": (f"-m '{QUICK_TESTS}' -n auto", "-m '(lab or slow) and core'"),
+    "default": (f"-m '{DEFAULT_TIER_MARKERS}'",),
     # Everything: every fault on every platform, re-converges, check mode, a second lab, the clusters.
     "all": (f"-m '{QUICK_TESTS}' -n auto", "-m 'lab or slow'"),
 }
-# The lab's and slow tests run after the quick ones, not beside them: tried on 2 cores (2026-11-26), the
-# lab's tests as a second process beside the others were slower, not faster: both are CPU-bound. pytest-
-# xdist's --dist loadgroup, the way to keep the lab's tests together in one xdist run, does not group under
-# pytest 9.2 (it writes the group into the node id, which pytest no longer reads). (benchmarks/README.md,
-# Tests.)
+# The lab's and slow tests never run beside the quick ones: tried on 2 cores (2026-11-26), the lab's tests
+# as a second process beside the others were slower, not faster: both are CPU-bound. pytest-xdist's --dist
+# loadgroup, the way to keep the lab's tests together in one xdist run, does not group under pytest 9.2 (it
+# writes the group into the node id, which pytest no longer reads). (benchmarks/README.md, Tests.)
 # pytest's exit status when a pass selects nothing (e.g. `--pytest-args` naming quick tests only).
 NO_TESTS_SELECTED = 5
 # The default and full tiers' temporary files (the lab's results, inventories) in a folder of their own:
@@ -381,7 +382,7 @@ def run_tests(c, *, lint: bool, tier: str, pytest_args: str) -> bool:
     exit_first = {"-x", "--exitfirst"} & set(pytest_args.split())
     for number, selection in enumerate(TIERS[tier]):  # each pass runs, so a failure shows the whole picture
         if not fast:
-            selection += f" --basetemp={FULL_SUITE_BASETEMP / ('quick' if number == 0 else 'lab-and-slow')}"
+            selection += f" --basetemp={FULL_SUITE_BASETEMP / f'pass-{number + 1}'}"
         ran = c.run(f"pytest {selection} {pytest_args}".strip(), echo=True, pty=False, warn=True)
         selected = selected or ran.exited != NO_TESTS_SELECTED
         passed = passed and (ran.ok or ran.exited == NO_TESTS_SELECTED)

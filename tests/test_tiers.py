@@ -50,9 +50,11 @@ def selected_by(selection: str, item) -> bool:
 
 
 def test_each_tiers_passes_run_its_tests_each_once(whole_suite):
-    # The quick tests first on every core, then the lab's and slow ones in one process (commands.TIERS).
-    assert all(passes[0].endswith(" -n auto") for passes in TIERS.values())
-    assert all(" -n " not in selection for passes in TIERS.values() for selection in passes[1:])
+    # The full tier: the quick tests first on every core, then the lab's and slow ones in one process; the
+    # default tier in one process, its quick tests beside the lab's preparation (commands.TIERS).
+    assert TIERS["default"] == (f"-m '{DEFAULT_TIER_MARKERS}'",)
+    assert TIERS["all"][0] == TIERS["fast"][0] and TIERS["all"][0].endswith(" -n auto")
+    assert " -n " not in TIERS["all"][1]
     for tier, passes in TIERS.items():
         quick = lambda item: not (item.get_closest_marker("lab") or item.get_closest_marker("slow"))  # noqa: E731
         wanted = {"fast": quick, "default": in_default_tier, "all": lambda item: True}[tier]

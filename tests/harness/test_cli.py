@@ -271,7 +271,7 @@ def test_the_whole_suite_keeps_its_temporary_files_where_a_quick_run_beside_it_c
         f"    open({str(tmp_path / 'where.txt')!r}, 'w').write(str(tmp_path))\n")
     full_suite_temp = tmp_path / "pytest-full"
     monkeypatch.setattr(commands, "FULL_SUITE_BASETEMP", full_suite_temp)
-    # tasks.py's PATH: this interpreter's pytest (with pytest-xdist, for the quick pass's -n) first.
+    # tasks.py's PATH, as `invoke test` runs: this interpreter's pytest first, not another on PATH.
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     quiet = Context(Config(overrides={"run": {"in_stream": False, "hide": True}}))
     passed = commands.run_tests(quiet, lint=False, tier="default",
