@@ -153,8 +153,11 @@ class Platform:
         starts servers for one (it names its `server`). bench asks before any cell starts."""
         if self.server:
             return None
-        return (f"serve: dtlab serves no checkpoint on {self.label} (ddp's plain FastAPI server, one a "
-                "worker; Ray Serve on ray)")
+        from dtlab import platforms  # the registry, which imports this module first
+
+        servers = "; ".join(f"{platform.server.split(' (')[0]} on {platform.name}"
+                            for platform in platforms.ALL if platform.server)
+        return f"serve: dtlab serves no checkpoint on {self.label} ({servers})"
 
     def strategy_refusal(self, strategy: str) -> str | None:
         """Why this platform cannot run the trainer's parallelism strategy `strategy` (one of

@@ -161,6 +161,8 @@ def test_a_serve_cell_serves_its_trained_cells_checkpoint_with_that_cells_config
     refusal = platform.serve_refusal(cluster)
     if refusal is not None:
         assert refusal.startswith("serve: ") and "\n" not in refusal
+        # It says where a checkpoint can be served instead: every platform that names its server.
+        assert all(f" on {other.name}" in refusal for other in platforms.ALL if other.server), refusal
         return
     launch, trained = platform.build(cluster, cell, 1, 600), platforms.get(trained_cell.framework).build(
         cluster, trained_cell, 1, 600)
