@@ -106,8 +106,8 @@ def test_ray_serve_puts_a_replica_on_each_worker_and_answers_as_the_trainer_does
     command = [sys.executable, "-m", "trainer.launchers.ray_serve", "--config", str(config),
                "--address", loopback_ray.address, "--host", LOOPBACK, "--port", str(port), "--replicas", "2",
                "--proxies", "head"]  # the loopback cluster's nodes share one address: one proxy
-    # Its output to a file, not a pipe: Serve logs every request to the driver, and a pipe nobody reads
-    # fills and blocks the driver (its "replicas on" line among the writes that never happen).
+    # Its output to a file: Serve logs every request to the driver, and a pipe that nobody reads while the
+    # load runs would fill and block it.
     log = tmp_path / "ray_serve.log"
     # A second Ray on the machine, as a lab node's head is in the full tier: the launcher asks its own
     # cluster, where Ray's State API left to itself finds two and gives up.
