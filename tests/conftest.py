@@ -2,8 +2,10 @@
 
 import fcntl
 import os
+import signal
 import subprocess
 import sys
+import threading
 
 import lab_session
 import pytest
@@ -15,6 +17,21 @@ import pytest
 import torch._dynamo  # noqa: E402,F401  isort: skip
 
 from dtlab.pins import pinned  # noqa: E402
+
+# --- a stopped run still tears down ---------------------------------------------------------------------
+# A run started in the background inherits SIGINT ignored (a shell's `&`), and SIGTERM ends a process without
+# its teardown: the session lab and the loopback clusters would outlive the run. Both now raise
+# KeyboardInterrupt, on which pytest stops and runs every fixture's teardown (the lab goes down).
+
+
+def _stop_the_run(signum, _frame):
+    raise KeyboardInterrupt(f"pytest stopped by {signal.Signals(signum).name}")
+
+
+def pytest_configure(config):
+    if threading.current_thread() is threading.main_thread():  # only there may Python set a handler
+        signal.signal(signal.SIGTERM, _stop_the_run)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # --- lab: one lab instance for the whole session (tests/lab/, provisioning, harness) ------------------
 
