@@ -44,8 +44,8 @@ def test_a_stopped_run_tears_its_session_fixtures_down(tmp_path, stop):
                str(tmp_path), str(test_file)]
     previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as `&` starts it; the child inherits it
     try:
-        run = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True)
+        run = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
     finally:
         signal.signal(signal.SIGINT, previous)
     try:

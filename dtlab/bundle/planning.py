@@ -8,13 +8,12 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import yaml
 from ansible.template import trust_as_template
 
 from dtlab import gpucompat, platforms, roles
 from dtlab.errors import DtlabError
 from dtlab.inventory import Cluster, Node
-from dtlab.pins import pinned
+from dtlab.pins import node_packages, pinned
 
 # The task files whose packages only a GPU node installs (the nvidia role; Docker's NVIDIA toolkit):
 # left out of a cpu inventory's bundle, as the roles skip them there.
@@ -104,10 +103,10 @@ def _torch_build(cluster: Cluster, where: str) -> tuple[str, str | None]:
 
 
 def _trainer_requirements(build_name: str) -> list[str]:
-    """The trainer role's package list (its defaults), torch labelled with the build, as the role does."""
-    defaults = yaml.safe_load((roles.ROLES_DIR / "trainer/defaults/main.yml").read_text())
+    """The trainer role's package list (pyproject's, as its defaults read it), torch labelled with the build,
+    as the role does."""
     torch = f"torch=={pinned('torch')}" + ("" if build_name == gpucompat.PYPI else f"+{build_name}")
-    return [torch if package == "torch" else str(package) for package in defaults["trainer_python_packages"]]
+    return [torch if package == "torch" else package for package in node_packages()]
 
 
 def _trainer_images(cluster: Cluster) -> list[dict[str, str]]:

@@ -12,7 +12,7 @@ import jinja2.nodes
 import pytest
 import yaml
 
-from dtlab import paths
+from dtlab import paths, pins
 
 # Every role: site.yml's stages, and those the others import (systemd_units, determined_common).
 ROLES = sorted(path.name for path in (paths.REPO_ROOT / "roles").iterdir() if path.is_dir())
@@ -231,16 +231,22 @@ def test_generated_secrets_stay_out_of_git():
     assert ignored.returncode == 0, "the secrets directory must be git-ignored"
 
 
-def test_the_nodes_get_the_trainers_dependencies_and_each_launchers_extra():
-    # The trainer role's package list is a second copy of pyproject's: a dependency added there and not
-    # here reaches the controller's tests but not the nodes (nvidia-ml-py did, once).
+def test_the_nodes_get_the_trainers_dependencies_and_each_platforms_extra():
+    # pyproject.toml is the one list: the trainer role's default and the offline bundle read it through
+    # dtlab.pins.node_packages (a second copy in the role once missed nvidia-ml-py on the nodes).
     import tomllib
 
-    project = tomllib.loads((paths.REPO_ROOT / "pyproject.toml").read_text())["project"]
+    from plugins.filter.dtlab_python import dtlab_node_packages
+
+    pyproject = paths.REPO_ROOT / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text())["project"]
     extras = project["optional-dependencies"]
     wanted = project["dependencies"] + extras["spark"] + extras["determined"] + extras["ray"]
     # A requirement's name with its extras, without the version range: "ray[default,train]>=2.60" -> ray[...].
     name = re.compile(r"[A-Za-z0-9_.\-]+(\[[^\]]*\])?")
-    names = {name.match(requirement).group(0).lower() for requirement in wanted}
+    names = [name.match(requirement).group(0).lower() for requirement in wanted]
+    assert pins.node_packages() == names == dtlab_node_packages(str(pyproject))
+    assert "pyspark[connect]" in names and not {"ansible", "pytest", "accelerate"} & set(names)
     defaults = yaml.safe_load((paths.REPO_ROOT / "roles/trainer/defaults/main.yml").read_text())
-    assert set(defaults["trainer_python_packages"]) == names
+    read = "{{ (dtlab_repo_dir ~ '/pyproject.toml') | dtlab_node_packages }}"
+    assert defaults["trainer_python_packages"] == read
