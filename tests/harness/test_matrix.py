@@ -291,6 +291,21 @@ def test_config_hash_changes_with_the_generated_tokenizer(monkeypatch):
     assert config_hash(study_ddp) == before[1]  # IMDB and the hub's bert-tiny: named by their ids
 
 
+def test_the_pipeline_25k_profile_is_the_pipeline_profiles_cells_at_imdbs_size():
+    """Issue #53's whole run at IMDB's size: the same cells (platforms, data paths, seeds), more data."""
+    small, imdb = matrix.load("pipeline"), matrix.load("pipeline_25k")
+    assert [cell.key for cell in imdb.cells] == [cell.key for cell in small.cells]
+    assert len(imdb.cells) == 12 and {cell.data_path for cell in imdb.cells} == {"loader", "platform"}
+    for cell, twin in zip(imdb.cells, small.cells, strict=True):
+        options, twin_options = trainer_options(cell), trainer_options(twin)
+        assert (options["generated_train_size"], options["generated_test_size"]) == (25000, 2500)
+        assert options["generated_median_words"] == 230 and options["token_cache"] is False
+        differs = {key for key in options.keys() | twin_options.keys()
+                   if options.get(key) != twin_options.get(key)}
+        assert differs == {"generated_train_size", "generated_test_size", "generated_median_words"}, differs
+        assert config_hash(cell) != config_hash(twin)
+
+
 def test_the_faults_profile_runs_each_platform_undisturbed_then_with_its_fault():
     faults = matrix.load("faults")
     keys = [cell.key for cell in faults]
