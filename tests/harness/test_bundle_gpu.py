@@ -160,10 +160,15 @@ def vendor_repositories(tmp_path):
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), QuietHandler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
-    yield {"docker_repo_base_url": f"{base}/docker",
-           "docker_nvidia_toolkit_repo_url": f"{base}/nvidia/stable/deb/$(ARCH)",
-           "docker_nvidia_toolkit_key_url": f"{base}/nvidia/gpgkey"}
-    server.shutdown()
+    try:
+        yield {"docker_repo_base_url": f"{base}/docker",
+               "docker_nvidia_toolkit_repo_url": f"{base}/nvidia/stable/deb/$(ARCH)",
+               "docker_nvidia_toolkit_key_url": f"{base}/nvidia/gpgkey"}
+    finally:
+        server.shutdown()
+        # gpg started an agent for this home directory; it would outlive the test as a daemon.
+        subprocess.run(["gpgconf", "--homedir", str(gnupg), "--kill", "gpg-agent"], capture_output=True,
+                       timeout=60)
 
 
 def debian_kernel(scratch: Path) -> str:
