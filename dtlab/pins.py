@@ -1,12 +1,22 @@
 """The exact Python package versions: constraints.txt is their one home; everything else reads them here
-(pyproject.toml keeps compatible ranges, group_vars/all.yml reads the same file with Ansible's lookup)."""
+(pyproject.toml and each platform's `python_client` keep compatible ranges; group_vars/all.yml reads the
+same file with Ansible's lookup).
+
+Only the standard library and dtlab.paths: scripts/setup.sh runs `python3 -m dtlab.pins clients` before
+the venv holds anything, to install the platforms' clients in the same pip run as dtlab.
+"""
 
 from __future__ import annotations
 
+import ast
 import re
+import sys
 from pathlib import Path
 
 from dtlab import paths
+
+# What a platform's class declares of the Python it needs (dtlab.platforms.base.Platform says what each is).
+DECLARED = ("python_client", "node_imports")
 
 
 def pinned(package: str, constraints: Path | None = None) -> str | None:
@@ -17,18 +27,61 @@ def pinned(package: str, constraints: Path | None = None) -> str | None:
     return match.group(1) if match else None
 
 
-def node_packages(pyproject: Path | None = None) -> list[str]:
+def platform_declarations(repo: Path | None = None) -> dict[str, dict[str, tuple[str, ...]]]:
+    """Each platform package's `python_client` and `node_imports`, read from its __init__.py without importing
+    it (its imports need the very packages it declares): {name: {"python_client": (...), ...}}, by name.
+    A platform's class states them as literal tuples; the contract test holds the registry's to these."""
+    platforms = (repo or paths.REPO_ROOT) / "dtlab" / "platforms"
+    declared: dict[str, dict[str, tuple[str, ...]]] = {}
+    for init in sorted(platforms.glob("*/__init__.py")):
+        if init.parent.name.startswith("_"):
+            continue
+        found = {field: () for field in DECLARED}
+        for node in ast.walk(ast.parse(init.read_text(), str(init))):
+            if isinstance(node, ast.ClassDef):
+                for statement in node.body:
+                    target, value = _assignment(statement)
+                    if target in DECLARED:
+                        found[target] = tuple(ast.literal_eval(value))
+        declared[init.parent.name] = found
+    return declared
+
+
+def _assignment(statement: ast.stmt) -> tuple[str | None, ast.expr | None]:
+    if isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name) and statement.value:
+        return statement.target.id, statement.value
+    if isinstance(statement, ast.Assign) and len(statement.targets) == 1 and isinstance(statement.targets[0],
+                                                                                         ast.Name):
+        return statement.targets[0].id, statement.value
+    return None, None
+
+
+def platform_clients(repo: Path | None = None) -> list[str]:
+    """Every platform's Python client as pip requirements (ranges), platforms by name, each in its order."""
+    return [requirement for declared in platform_declarations(repo).values()
+            for requirement in declared["python_client"]]
+
+
+def node_packages(repo: Path | None = None) -> list[str]:
     """What the trainer role installs into every node's venv, by name (constraints.txt pins each version):
-    pyproject.toml's dependencies, then each optional dependency group named after a platform package
-    (dtlab/platforms/<name>/: its Python client), in pyproject's order. The controller's own groups
-    (controller, test, bench, dev) stay off the nodes."""
+    pyproject.toml's dependencies, then each platform's `python_client`. The controller's own optional
+    groups (controller, test, bench, dev) stay off the nodes."""
     import tomllib
 
-    project = tomllib.loads((pyproject or paths.REPO_ROOT / "pyproject.toml").read_text())["project"]
-    platforms = set(paths.platform_names())
-    requirements = [*project["dependencies"],
-                    *(requirement for group, listed in project.get("optional-dependencies", {}).items()
-                      if group in platforms for requirement in listed)]
+    project = tomllib.loads(((repo or paths.REPO_ROOT) / "pyproject.toml").read_text())["project"]
+    requirements = [*project["dependencies"], *platform_clients(repo)]
     # A requirement's name with its extras, without the version range: "ray[default,train]>=2.60" -> ray[...].
     name = re.compile(r"\s*([A-Za-z0-9_.\-]+(\[[^\]]*\])?)")
     return [name.match(requirement).group(1).lower() for requirement in requirements]
+
+
+def node_imports(repo: Path | None = None) -> list[str]:
+    """Every platform's `node_imports`: the modules its launcher imports on a node, platforms by name."""
+    return [module for declared in platform_declarations(repo).values()
+            for module in declared["node_imports"]]
+
+
+if __name__ == "__main__":  # python3 -m dtlab.pins clients: one requirement a line, for setup.sh
+    if sys.argv[1:] != ["clients"]:
+        sys.exit("usage: python3 -m dtlab.pins clients")
+    print("\n".join(platform_clients()))

@@ -68,15 +68,20 @@ PYTHON=${PYTHON:-python3}
   || die "$PYTHON is $("$PYTHON" -V 2>&1); dtlab needs Python >= 3.11 (set PYTHON=/path/to/python3.11)"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 
-# One pin list for everything; the stamp skips pip when nothing changed since the last run.
+# One pin list for everything; the stamp skips pip when nothing changed since the last run. The platforms'
+# Python clients are each platform class's python_client, read without importing dtlab (dtlab/pins.py).
+clients_listed=$("$PYTHON" -m dtlab.pins clients) || die "cannot read the platforms' Python clients (above)"
+clients=()
+[ -z "$clients_listed" ] || mapfile -t clients <<< "$clients_listed"
 stamp=.venv/.dtlab-installed
-want=$(cat constraints.txt pyproject.toml | sha256sum | cut -c1-16)
+want=$( { cat constraints.txt pyproject.toml; printf '%s\n' "${clients[@]}"; } | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/pip install -q --upgrade pip
   # --no-compile: Python compiles what it imports on first use; compiling every module of torch, Ray and
   # Spark up front cost minutes on a fresh machine. PYTHONWARNINGS: setuptools' editable build prints a
   # 9-line banner on every install (a UserWarning that folders named like the package may shadow it).
-  PYTHONWARNINGS="ignore::UserWarning" .venv/bin/pip install -q --no-compile -c constraints.txt -e '.[test]'
+  PYTHONWARNINGS="ignore::UserWarning" .venv/bin/pip install -q --no-compile -c constraints.txt \
+    -e '.[test]' "${clients[@]}"
   echo "$want" > "$stamp"
 fi
 

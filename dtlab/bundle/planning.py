@@ -103,7 +103,7 @@ def _torch_build(cluster: Cluster, where: str) -> tuple[str, str | None]:
 
 
 def _trainer_requirements(build_name: str) -> list[str]:
-    """The trainer role's package list (pyproject's, as its defaults read it), torch labelled with the build,
+    """The trainer role's package list (dtlab.pins', as its defaults read it), torch labelled with the build,
     as the role does."""
     torch = f"torch=={pinned('torch')}" + ("" if build_name == gpucompat.PYPI else f"+{build_name}")
     return [torch if package == "torch" else package for package in node_packages()]

@@ -123,6 +123,12 @@ class Platform:
     upstream_health: ClassVar[Upstream]  # its upstream's health, stated with its source
     # Run labels (their start) that mark a stand-in, not the platform itself: the report says so.
     stand_in_labels: ClassVar[tuple[str, ...]] = ()
+    # Its Python client as pip requirements with compatible ranges (constraints.txt pins each version): in
+    # the controller's venv (scripts/setup.sh) and every node's (the trainer role, the offline bundle).
+    # Literal tuples: dtlab.pins reads both without importing the package, whose imports need them.
+    python_client: ClassVar[tuple[str, ...]] = ()
+    # The modules its launcher imports on a node, compiled to bytecode once at install (the trainer role).
+    node_imports: ClassVar[tuple[str, ...]] = ()
 
     # TrainConfig.data_path values its launcher trains on: every launcher reads through the trainer's
     # DataLoader; a platform with an ETL of its own (trainer/platform_data.py) adds "platform".

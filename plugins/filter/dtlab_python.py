@@ -1,8 +1,9 @@
-"""Filter dtlab_node_packages: the Python packages every node's venv gets, by name, read from a pyproject.toml
-by dtlab.pins.node_packages (its dependencies, then each platform's optional group), so that the trainer role
-and the offline bundle read the one list pyproject holds. In the trainer role's defaults:
+"""Filters that read a checkout's Python lists through dtlab.pins, so that the trainer role and the offline
+bundle read the one list each: in the trainer role's defaults,
 
-    trainer_python_packages: "{{ (dtlab_repo_dir ~ '/pyproject.toml') | dtlab_node_packages }}"
+    trainer_python_packages: "{{ dtlab_repo_dir | dtlab_node_packages }}"   # pyproject's dependencies,
+                                                                            # then each platform's client
+    trainer_bytecode_imports: "{{ trainer_core_imports + (dtlab_repo_dir | dtlab_node_imports) }}"
 """
 
 from __future__ import annotations
@@ -13,14 +14,22 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def dtlab_node_packages(pyproject):
+def _pins():
     if str(REPO_ROOT) not in sys.path:  # this checkout's dtlab, also where the venv has another
         sys.path.insert(0, str(REPO_ROOT))
     from dtlab import pins
 
-    return pins.node_packages(Path(str(pyproject)))
+    return pins
+
+
+def dtlab_node_packages(repo_dir):
+    return _pins().node_packages(Path(str(repo_dir)))
+
+
+def dtlab_node_imports(repo_dir):
+    return _pins().node_imports(Path(str(repo_dir)))
 
 
 class FilterModule:
     def filters(self):
-        return {"dtlab_node_packages": dtlab_node_packages}
+        return {"dtlab_node_packages": dtlab_node_packages, "dtlab_node_imports": dtlab_node_imports}

@@ -15,7 +15,7 @@ from harness_helpers import CPU_CLUSTER_3, CPU_SITE_VARS, write_inventory
 from result_factory import made_up_result
 
 from dtlab import launch as launching
-from dtlab import matrix, paths, platforms, remote
+from dtlab import matrix, paths, pins, platforms, remote
 from dtlab.cell import Cell
 from dtlab.checks import CheckRow
 from dtlab.errors import DtlabError
@@ -305,6 +305,25 @@ def test_each_platform_is_a_package_of_its_own_that_registers_itself():
     named &= set(platforms.NAMES)
     assert named == set(), "the registry names no platform (its docstring aside)"
     assert platforms.BASELINE == trainer_config.DEFAULT_FRAMEWORK in platforms.NAMES
+
+
+@pytest.mark.parametrize("platform", platforms.ALL, ids=lambda p: p.name)
+def test_its_python_client_is_what_setup_and_the_nodes_read_and_is_installed_here(platform: Platform):
+    """python_client and node_imports are read without importing the package (dtlab.pins, for setup.sh and
+    the trainer role): a value the reader cannot see as a literal would leave its client off every venv."""
+    from importlib.metadata import PackageNotFoundError, version
+    from importlib.util import find_spec
+
+    declared = pins.platform_declarations()[platform.name]
+    assert declared == {"python_client": platform.python_client, "node_imports": platform.node_imports}
+    for requirement in platform.python_client:
+        distribution = re.match(r"[A-Za-z0-9_.\-]+", requirement).group(0)
+        try:
+            version(distribution)
+        except PackageNotFoundError:
+            pytest.fail(f"{platform.name}'s client {requirement} is missing: setup.sh skipped it")
+    for module in platform.node_imports:
+        assert find_spec(module) is not None, f"{platform.name}'s node import {module} is not importable"
 
 
 def test_a_platform_registers_from_its_own_package_only():

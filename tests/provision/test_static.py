@@ -231,22 +231,28 @@ def test_generated_secrets_stay_out_of_git():
     assert ignored.returncode == 0, "the secrets directory must be git-ignored"
 
 
-def test_the_nodes_get_the_trainers_dependencies_and_each_platforms_extra():
-    # pyproject.toml is the one list: the trainer role's default and the offline bundle read it through
-    # dtlab.pins.node_packages (a second copy in the role once missed nvidia-ml-py on the nodes).
+def test_the_nodes_get_the_trainers_dependencies_and_each_platforms_client():
+    # One list each: pyproject.toml's dependencies and each platform class's python_client, which the
+    # trainer role's default and the offline bundle read through dtlab.pins (a second copy in the role once
+    # missed nvidia-ml-py on the nodes); the platforms' node_imports join its bytecode list so.
     import tomllib
 
-    from plugins.filter.dtlab_python import dtlab_node_packages
+    from plugins.filter.dtlab_python import dtlab_node_imports, dtlab_node_packages
 
-    pyproject = paths.REPO_ROOT / "pyproject.toml"
-    project = tomllib.loads(pyproject.read_text())["project"]
-    extras = project["optional-dependencies"]
-    wanted = project["dependencies"] + extras["spark"] + extras["determined"] + extras["ray"]
+    project = tomllib.loads((paths.REPO_ROOT / "pyproject.toml").read_text())["project"]
+    assert not set(project["optional-dependencies"]) & set(paths.platform_names()), "a client is a class's"
+    declared = pins.platform_declarations()
+    assert sorted(declared) == sorted(paths.platform_names())
+    clients = [requirement for name in sorted(declared) for requirement in declared[name]["python_client"]]
+    assert clients == pins.platform_clients() and "pyspark[connect]>=4.0,<5" in clients
     # A requirement's name with its extras, without the version range: "ray[default,train]>=2.60" -> ray[...].
     name = re.compile(r"[A-Za-z0-9_.\-]+(\[[^\]]*\])?")
-    names = [name.match(requirement).group(0).lower() for requirement in wanted]
-    assert pins.node_packages() == names == dtlab_node_packages(str(pyproject))
+    names = [name.match(requirement).group(0).lower() for requirement in project["dependencies"] + clients]
+    assert pins.node_packages() == names == dtlab_node_packages(str(paths.REPO_ROOT))
     assert "pyspark[connect]" in names and not {"ansible", "pytest", "accelerate"} & set(names)
+    assert "ray.train.torch" in pins.node_imports() == dtlab_node_imports(str(paths.REPO_ROOT))
     defaults = yaml.safe_load((paths.REPO_ROOT / "roles/trainer/defaults/main.yml").read_text())
-    read = "{{ (dtlab_repo_dir ~ '/pyproject.toml') | dtlab_node_packages }}"
-    assert defaults["trainer_python_packages"] == read
+    assert defaults["trainer_python_packages"] == "{{ dtlab_repo_dir | dtlab_node_packages }}"
+    read = "{{ trainer_core_imports + (dtlab_repo_dir | dtlab_node_imports) }}"
+    assert defaults["trainer_bytecode_imports"] == read
+    assert not set(defaults["trainer_core_imports"]) & set(pins.node_imports())

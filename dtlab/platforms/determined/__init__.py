@@ -366,6 +366,8 @@ class Determined(Platform):
     description = ("an experiment on the Determined master, its trial in determined_trial_image on the "
                    "agents (without a master: the Core API entry off-cluster under torchrun)")
     launcher_files = ("trainer/launchers/determined.py",)
+    python_client = ("determined>=0.38,<0.39",)  # the launcher's Core API
+    node_imports = ("determined",)
     # The lab's, with no Determined master: the Core API off-cluster, and the searcher's stand-in.
     stand_in_labels = (OFF_CLUSTER_LABEL, SEARCH_STAND_IN_LABEL)
     roles = ("determined_master", "determined_agent", "postgresql")  # docker: shared with ddp's image

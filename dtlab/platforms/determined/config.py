@@ -34,7 +34,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from dtlab import paths
+from dtlab import paths, pins
 from dtlab.errors import DtlabError
 from dtlab.search import Dimension, SearchSpec
 
@@ -170,7 +170,7 @@ def _one_line(message: str) -> str:
 
 def stage_context(destination: str | Path) -> Path:
     """Build a Determined context directory: startup-hook.sh at its top (Determined only runs it from
-    there), the trainer package, constraints.txt, and requirements.txt from pyproject.toml."""
+    there), the trainer package, constraints.txt, and requirements.txt (trial_requirements)."""
     destination = Path(destination)
     destination.mkdir(parents=True, exist_ok=True)
     shutil.copy2(STARTUP_HOOK, destination / STARTUP_HOOK.name)
@@ -182,13 +182,13 @@ def stage_context(destination: str | Path) -> Path:
 
 
 def trial_requirements() -> list[str]:
-    """What startup-hook.sh installs (requirements.txt): the trainer's dependencies and determined's."""
+    """What startup-hook.sh installs (requirements.txt): the trainer's dependencies and its client."""
     project = tomllib.loads((paths.REPO_ROOT / "pyproject.toml").read_text())["project"]
-    return [*project["dependencies"], *project["optional-dependencies"]["determined"]]
+    return [*project["dependencies"], *pins.platform_declarations()["determined"]["python_client"]]
 
 
 def _requirements_file() -> str:
-    return ("# Written by dtlab.platforms.determined.config from pyproject.toml; pinned by constraints.txt.\n"
+    return ("# Written by dtlab.platforms.determined.config (trial_requirements); constraints.txt pins.\n"
             + "\n".join(trial_requirements()) + "\n")
 
 

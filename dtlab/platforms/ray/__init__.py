@@ -208,6 +208,11 @@ class Ray(Platform):
     colour = "#9467bd"
     description = "Ray Train's TorchTrainer, the driver on the master, workers on the workers' raylets"
     launcher_files = ("trainer/launchers/ray.py",)
+    # Ray Train's TorchTrainer, and the Ray cluster the ray role runs: "default" brings the dashboard and Jobs
+    # API, which cluster.check and the token-auth tests talk to; "serve" brings Ray Serve and FastAPI with
+    # uvicorn, which the plain serving baseline (trainer.launchers.serve) runs on too.
+    python_client = ("ray[default,train,serve]>=2.60,<2.61",)
+    node_imports = ("ray.train.torch",)
     data_paths = DATA_PATHS  # the DataLoader's, and its own ETL (trainer/platform_data.py)
     etl_label = "Ray Data: read_parquet, map_batches, the object store"
     server = "Ray Serve, a replica a worker (trainer/launchers/ray_serve.py)"

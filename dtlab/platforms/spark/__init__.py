@@ -202,6 +202,10 @@ class Spark(Platform):
     colour = "#d62728"
     description = "TorchDistributor on a standalone Spark cluster: the driver on the master, barrier tasks"
     launcher_files = ("trainer/launchers/spark.py", "trainer/launchers/_spark.py")
+    # TorchDistributor needs pandas and pyarrow on the driver and executors; "connect" is the Spark Connect
+    # client (grpcio-status, zstandard), for a run on a Connect server's warm executors.
+    python_client = ("pyspark[connect]>=4.0,<5", "pandas>=2.0", "pyarrow>=14")
+    node_imports = ("pandas", "pyarrow", "pyspark.ml.torch.distributor", "pyspark.sql.connect.session")
     data_paths = DATA_PATHS  # the DataLoader's, and its own ETL (trainer/platform_data.py)
     etl_label = "Spark DataFrame: read Parquet, mapInPandas, Parquet on the shared disk"
     roles = ("spark",)
