@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import socket
 import time
 
 import numpy as np
@@ -22,7 +21,7 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from trainer import checkpoint, flops, progress, result, strategies
+from trainer import flops, progress, result, run_checkpoint, strategies
 from trainer.batches import LengthGroupedBatchSampler, PaddedBatches, padding_multiple, validation_batches
 from trainer.config import DDP_OPTIONS, ConfigError, TrainConfig, config_hash
 from trainer.distributed import all_reduce_sum, average_touched_rows, gather, process_group, resolve_device
@@ -92,6 +91,37 @@ def prepared(cfg: TrainConfig, hooks: TrainHooks | None = None):
 
 # --- one run ---------------------------------------------------------------------------------------
 
+def _refuse_what_a_syncing_optimizer_cannot_run(cfg: TrainConfig, hooks: TrainHooks, strategy) -> None:
+    """A launcher whose optimizer averages every gradient itself (Horovod's) runs no other strategy and
+    none of DDP's own options: each is refused in one line, before training."""
+    if not strategy.runs_under_gradient_syncing_launcher:
+        raise ConfigError(f"strategy: {cfg.strategy} cannot run under {hooks.framework_label}, whose "
+                          f"optimizer averages every gradient itself; use strategy {strategies.DEFAULT}")
+    if cfg.grad_compression not in hooks.gradient_compressions:
+        raise ConfigError(f"grad_compression: {cfg.grad_compression} is a DDP communication hook; "
+                          f"{hooks.framework_label} compresses with "
+                          f"{' or '.join(hooks.gradient_compressions)} only")
+    for key in DDP_OPTIONS:
+        if getattr(cfg, key):
+            raise ConfigError(f"{key}: a DDP optimisation; {hooks.framework_label} "
+                              "averages every gradient itself: set it to false")
+
+
+def _optimizer(cfg: TrainConfig, model: torch.nn.Module, strategy) -> torch.optim.Optimizer:
+    # As in Hugging Face's examples: no weight decay on biases and LayerNorm weights.
+    decay, no_decay = [], []
+    for name, parameter in model.named_parameters():
+        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(parameter)
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    build = strategy.build_optimizer  # a strategy may shard the optimizer's state (ZeRO)
+    if cfg.optimizer == "sgd":
+        return build(torch.optim.SGD, groups, lr=cfg.learning_rate)
+    try:  # the fused kernel: one pass over the weights instead of many (16x faster on one CPU core)
+        return build(torch.optim.AdamW, groups, lr=cfg.learning_rate, fused=True)
+    except (RuntimeError, ValueError):  # a device or dtype without a fused kernel
+        return build(torch.optim.AdamW, groups, lr=cfg.learning_rate)
+
+
 class _Run:
     def __init__(self, cfg: TrainConfig, hooks: TrainHooks, device: torch.device, process_started: float,
                  core_entered: float):
@@ -127,19 +157,9 @@ class _Run:
         self.model = model
         self.word_embeddings = None
         self.strategy = strategies.load(cfg.strategy, self.device, self.rank, self.world_size)
+        if self.hooks.syncs_gradients:
+            _refuse_what_a_syncing_optimizer_cannot_run(cfg, self.hooks, self.strategy)
         ddp = torch.nn.parallel.DistributedDataParallel
-        if self.hooks.syncs_gradients and not self.strategy.runs_under_gradient_syncing_launcher:
-            raise ConfigError(f"strategy: {cfg.strategy} cannot run under {self.hooks.framework_label}, "
-                              "whose optimizer averages every gradient itself; "
-                              f"use strategy {strategies.DEFAULT}")
-        if self.hooks.syncs_gradients and cfg.grad_compression not in self.hooks.gradient_compressions:
-            raise ConfigError(f"grad_compression: {cfg.grad_compression} is a DDP communication hook; "
-                              f"{self.hooks.framework_label} compresses with "
-                              f"{' or '.join(self.hooks.gradient_compressions)} only")
-        for key in DDP_OPTIONS:
-            if self.hooks.syncs_gradients and getattr(cfg, key):
-                raise ConfigError(f"{key}: a DDP optimisation; {self.hooks.framework_label} "
-                                  "averages every gradient itself: set it to false")
         if cfg.sparse_embedding_sync and self.world_size > 1:
             # dtlab's opt-in optimisation, not stock DDP: the word-embedding gradient (90% of bert-tiny's)
             # is zero outside the batch's tokens, so we average only those rows ourselves
@@ -196,7 +216,7 @@ class _Run:
         self.steps_per_epoch = -(-self.micro_batches_per_epoch // cfg.grad_accum_steps)
         self.micro_steps = 1  # of the optimizer step in progress: each micro-batch's loss counts 1/N
         self.profiler = StepProfiler(cfg.profile_steps, result.STEADY_STATE_SKIP_STEPS, self.is_cuda)
-        self.optimizer = self.hooks.wrap_optimizer(self._optimizer(), model)
+        self.optimizer = self.hooks.wrap_optimizer(_optimizer(cfg, model, self.strategy), model)
         from transformers import get_linear_schedule_with_warmup
 
         self.scheduler = get_linear_schedule_with_warmup(
@@ -207,21 +227,6 @@ class _Run:
         if self.scaler.is_enabled() and not self.strategy.supports_loss_scaling:
             raise ConfigError(f"mixed_precision: fp16 needs loss scaling, which strategy {cfg.strategy} "
                               "cannot do (its ranks would skip different steps); use bf16 or no")
-
-    def _optimizer(self) -> torch.optim.Optimizer:
-        # As in Hugging Face's examples: no weight decay on biases and LayerNorm weights.
-        decay, no_decay = [], []
-        for name, parameter in self.model.named_parameters():
-            (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(parameter)
-        groups = [{"params": decay, "weight_decay": self.cfg.weight_decay},
-                  {"params": no_decay, "weight_decay": 0.0}]
-        build = self.strategy.build_optimizer
-        if self.cfg.optimizer == "sgd":
-            return build(torch.optim.SGD, groups, lr=self.cfg.learning_rate)
-        try:  # the fused kernel: one pass over the weights instead of many (16x faster on one CPU core)
-            return build(torch.optim.AdamW, groups, lr=self.cfg.learning_rate, fused=True)
-        except (RuntimeError, ValueError):  # a device or dtype without a fused kernel
-            return build(torch.optim.AdamW, groups, lr=self.cfg.learning_rate)
 
     def _autocast_dtype(self) -> torch.dtype | None:
         if not self.is_cuda:
@@ -235,79 +240,6 @@ class _Run:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast("cuda", dtype=self.autocast_dtype)
-
-    # --- resume ---
-    def _resume(self) -> tuple[int, float, list[dict]]:
-        """(epochs done, elapsed training-span seconds, their metrics) from the latest checkpoint."""
-        state, source = None, 0
-        if self.rank == 0:
-            path = self.hooks.resume_path()
-            if path is not None:
-                self.log(f"resuming from {path}")
-                state = checkpoint.load(path)
-        if self.world_size > 1:
-            source = self._newest_checkpoint_holder(state["epoch"] if state else 0)
-            if source == self.rank != 0:
-                path = checkpoint.latest_checkpoint(self.cfg.checkpoint_dir)
-                print(f"{progress.LOG_PREFIX}resuming from {path} on {socket.gethostname()} (rank {source}: "
-                      "rank 0's node holds an older checkpoint or none)", flush=True)
-                state = checkpoint.load(path)
-        holder = [state]
-        if self.world_size > 1:  # one rank reads; the others receive it, so no shared disk is needed
-            dist.broadcast_object_list(holder, src=source, device=self.device if self.is_cuda else None)
-        state = holder[0]
-        if state is None:
-            return 0, 0.0, []
-        if state["config_hash"] != self.config_hash:
-            raise ConfigError(f"checkpoint_dir: the checkpoint was written by a different config "
-                              f"({state['config_hash']} != {self.config_hash}); use an empty checkpoint_dir")
-        if state.get("data_fingerprint", self.data_fingerprint) != self.data_fingerprint:
-            raise ConfigError(f"checkpoint_dir: the checkpoint was trained on other tokens (data and "
-                              f"tokenizer fingerprint {state['data_fingerprint']} != "
-                              f"{self.data_fingerprint}); use an empty checkpoint_dir")
-        if state["world_size"] != self.world_size and not self.cfg.elastic:
-            raise ConfigError(f"checkpoint_dir: the checkpoint was written by {state['world_size']} workers, "
-                              f"this run has {self.world_size}; resume with the same world size")
-        if state["world_size"] != self.world_size:  # elastic: the full state fits any world size
-            self.log(f"elastic: resuming {state['world_size']} workers' checkpoint on {self.world_size}")
-        self.strategy.load_full_state(state["model"], state["optimizer"], self.optimizer)
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.scaler.load_state_dict(state["scaler"])
-        # A rank beyond the writers' takes a writer's generators: a new world size is a new data order.
-        checkpoint.restore_rng_states(state["rng"][self.rank % len(state["rng"])])
-        return state["epoch"], state["elapsed_s"], state["epoch_metrics"]
-
-    def _newest_checkpoint_holder(self, rank0_epoch: int) -> int:
-        """The rank whose node holds the newest checkpoint in checkpoint_dir (rank 0 on a tie). Spark and
-        Ray restart a worker group on any nodes, so rank 0 may now run where the checkpoint is not."""
-        own = 0
-        if self.rank != 0 and (found := checkpoint.latest_checkpoint(self.cfg.checkpoint_dir)):
-            own = checkpoint.epoch_of(found)
-        epochs = gather(rank0_epoch if self.rank == 0 else own)
-        return max(range(len(epochs)), key=lambda rank: (epochs[rank], -rank))
-
-    def _save_checkpoint(self, epoch: int, elapsed: float, epoch_metrics: list[dict]) -> None:
-        rng = gather(checkpoint.rng_states())  # every rank's generators, for an exact resume
-        # Rank 0's hooks say where to write, or not at all; every rank learns whether, since a sharded
-        # strategy gathers the whole state on all of them (and should not when nothing is written).
-        writing = self.hooks.checkpoint_path(epoch) if self.rank == 0 else contextlib.nullcontext(None)
-        with writing as directory:
-            if all_reduce_sum([float(directory is not None)], self.device)[0] == 0:
-                return
-            full_state = self.strategy.full_state(self.optimizer)
-            if self.rank != 0:
-                return
-            model_state, optimizer_state = full_state
-            checkpoint.save({
-                "format": checkpoint.CHECKPOINT_FORMAT, "config_hash": self.config_hash,
-                "data_fingerprint": self.data_fingerprint,
-                "world_size": self.world_size, "epoch": epoch, "elapsed_s": elapsed,
-                "epoch_metrics": epoch_metrics, "rng": rng, "model": model_state,
-                "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict(),
-            }, directory)
-        if self.cfg.output_dir:
-            progress.mark_checkpointed(self.cfg.output_dir, epoch)
 
     # --- the loop ---
     def _to_device(self, batch: dict) -> dict:
@@ -411,7 +343,7 @@ class _Run:
 
     def run(self) -> dict | None:
         cfg = self.cfg
-        start_epoch, elapsed_before, epoch_metrics = self._resume()
+        start_epoch, elapsed_before, epoch_metrics = run_checkpoint.resume(self)
         resumed_from = start_epoch if start_epoch > 0 else None
         self.step_times, self.first_step_done_at, self.gpu_utilization = [], None, []
         self.training_ended_at = None
@@ -448,7 +380,7 @@ class _Run:
                      f"loss {metrics['val_loss']:.4f} accuracy {metrics['val_accuracy']:.4f}")
             if self.rank == 0:
                 self.hooks.on_epoch_end(epoch + 1, dict(metrics))
-            self._save_checkpoint(epoch + 1, elapsed, epoch_metrics)
+            run_checkpoint.save(self, epoch + 1, elapsed, epoch_metrics)
             stop = all_reduce_sum([float(self.hooks.should_stop())], self.device)[0] > 0
             if stop and epoch + 1 < cfg.epochs:
                 self.log(f"stopping after epoch {epoch + 1} as the launcher asked (a preemption, or a "
