@@ -22,12 +22,24 @@ def _pins():
     return pins
 
 
+def _checkout(repo_dir) -> Path:
+    """dtlab_repo_dir, which must be a dtlab checkout: its lists are read there, not guessed."""
+    from ansible.errors import AnsibleFilterError
+
+    repo = Path(str(repo_dir))
+    for part in ("pyproject.toml", "dtlab/platforms"):
+        if not (repo / part).exists():
+            raise AnsibleFilterError(f"dtlab_repo_dir {repo} has no {part}: it must be the dtlab checkout"
+                                     " the inventory belongs to (group_vars/all.yml: the inventory's parent)")
+    return repo
+
+
 def dtlab_node_packages(repo_dir):
-    return _pins().node_packages(Path(str(repo_dir)))
+    return _pins().node_packages(_checkout(repo_dir))
 
 
 def dtlab_node_imports(repo_dir):
-    return _pins().node_imports(Path(str(repo_dir)))
+    return _pins().node_imports(_checkout(repo_dir))
 
 
 class FilterModule:

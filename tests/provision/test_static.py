@@ -171,6 +171,18 @@ def test_role_declares_every_variable_it_reads(role):
     assert not unread, f"{role}: meta/main.yml's argument_specs declare {sorted(unread)}, never read"
 
 
+def test_the_trainer_roles_lists_refuse_a_repo_dir_that_is_no_checkout_in_one_line(tmp_path):
+    from ansible.errors import AnsibleFilterError
+
+    from plugins.filter.dtlab_python import dtlab_node_imports, dtlab_node_packages
+
+    for read in (dtlab_node_packages, dtlab_node_imports):
+        with pytest.raises(AnsibleFilterError) as refused:
+            read(str(tmp_path))
+        assert str(refused.value).startswith(f"dtlab_repo_dir {tmp_path} has no pyproject.toml: it must be")
+        assert "\n" not in str(refused.value)
+
+
 @pytest.mark.slow
 def test_a_tagged_run_validates_every_role_without_facts(tmp_path):
     """`--tags <stage>` still checks every role's arguments (the check is tagged always), in plays whose fact
@@ -179,7 +191,9 @@ def test_a_tagged_run_validates_every_role_without_facts(tmp_path):
     inventory_dir = tmp_path / "inventory"
     inventory_dir.mkdir()
     (inventory_dir / "group_vars").symlink_to(paths.INVENTORY_DIR / "group_vars")
-    (tmp_path / "constraints.txt").symlink_to(paths.CONSTRAINTS_FILE)  # group_vars read ../constraints.txt
+    # dtlab_repo_dir is the inventory's parent: the pins, and the lists the trainer role's filters read there
+    for name in ("constraints.txt", "pyproject.toml", "dtlab"):
+        (tmp_path / name).symlink_to(paths.REPO_ROOT / name)
     (inventory_dir / "hosts.yml").write_text(
         "all:\n  children:\n    master:\n      hosts:\n        controller:\n"
         "          ansible_host: 127.0.0.1\n          ansible_connection: local\n"
