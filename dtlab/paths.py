@@ -26,9 +26,9 @@ ANSIBLE_CFG = REPO_ROOT / "ansible.cfg"
 PLATFORMS_DIR = REPO_ROOT / "dtlab" / "platforms"
 
 
-def platform_names() -> tuple[str, ...]:
-    """The platforms' names, sorted: every package folder under dtlab/platforms/."""
-    return tuple(sorted(folder.name for folder in PLATFORMS_DIR.iterdir()
+def platform_names(platforms_dir: Path = PLATFORMS_DIR) -> tuple[str, ...]:
+    """The platforms' names, sorted: every package folder under dtlab/platforms/ (or another checkout's)."""
+    return tuple(sorted(folder.name for folder in platforms_dir.iterdir()
                         if (folder / "__init__.py").is_file() and not folder.name.startswith("_")))
 
 

@@ -33,9 +33,8 @@ def platform_declarations(repo: Path | None = None) -> dict[str, dict[str, tuple
     A platform's class states them as literal tuples; the contract test holds the registry's to these."""
     platforms = (repo or paths.REPO_ROOT) / "dtlab" / "platforms"
     declared: dict[str, dict[str, tuple[str, ...]]] = {}
-    for init in sorted(platforms.glob("*/__init__.py")):
-        if init.parent.name.startswith("_"):
-            continue
+    for name in paths.platform_names(platforms):
+        init = platforms / name / "__init__.py"
         found = {field: () for field in DECLARED}
         for node in ast.walk(ast.parse(init.read_text(), str(init))):
             if isinstance(node, ast.ClassDef):
@@ -43,7 +42,7 @@ def platform_declarations(repo: Path | None = None) -> dict[str, dict[str, tuple
                     target, value = _assignment(statement)
                     if target in DECLARED:
                         found[target] = tuple(ast.literal_eval(value))
-        declared[init.parent.name] = found
+        declared[name] = found
     return declared
 
 
@@ -62,14 +61,19 @@ def platform_clients(repo: Path | None = None) -> list[str]:
             for requirement in declared["python_client"]]
 
 
+def dependencies(repo: Path | None = None) -> list[str]:
+    """pyproject.toml's dependencies (ranges): the trainer's, on the controller and every node."""
+    import tomllib
+
+    pyproject = (repo or paths.REPO_ROOT) / "pyproject.toml"
+    return tomllib.loads(pyproject.read_text())["project"]["dependencies"]
+
+
 def node_packages(repo: Path | None = None) -> list[str]:
     """What the trainer role installs into every node's venv, by name (constraints.txt pins each version):
     pyproject.toml's dependencies, then each platform's `python_client`. The controller's own optional
     groups (controller, test, bench, dev) stay off the nodes."""
-    import tomllib
-
-    project = tomllib.loads(((repo or paths.REPO_ROOT) / "pyproject.toml").read_text())["project"]
-    requirements = [*project["dependencies"], *platform_clients(repo)]
+    requirements = [*dependencies(repo), *platform_clients(repo)]
     # A requirement's name with its extras, without the version range: "ray[default,train]>=2.60" -> ray[...].
     name = re.compile(r"\s*([A-Za-z0-9_.\-]+(\[[^\]]*\])?)")
     return [name.match(requirement).group(1).lower() for requirement in requirements]

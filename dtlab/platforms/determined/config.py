@@ -26,7 +26,6 @@ import math
 import re
 import shutil
 import tempfile
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -183,8 +182,7 @@ def stage_context(destination: str | Path) -> Path:
 
 def trial_requirements() -> list[str]:
     """What startup-hook.sh installs (requirements.txt): the trainer's dependencies and its client."""
-    project = tomllib.loads((paths.REPO_ROOT / "pyproject.toml").read_text())["project"]
-    return [*project["dependencies"], *pins.platform_declarations()["determined"]["python_client"]]
+    return [*pins.dependencies(), *pins.platform_declarations()["determined"]["python_client"]]
 
 
 def _requirements_file() -> str:
