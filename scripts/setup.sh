@@ -12,14 +12,14 @@ die() { echo "setup.sh: $*" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || die "must run as root (the local lab needs network namespaces and systemd-nspawn); try: sudo $0"
 command -v apt-get >/dev/null || die "needs apt-get (Debian or Ubuntu)"
 
-# System packages: the lab (debootstrap, nspawn, iproute2), SSH and rsync for the harness,
+# System packages: the lab (mmdebstrap, nspawn, iproute2), SSH and rsync for the harness,
 # Java 17 for Spark's driver on the controller, and a Python >= 3.11 with venv.
 # cmake and g++: scripts/build-horovod-wheel.sh compiles Horovod for its tests and the lab (roles/horovod).
 # openssh-server: only its sshd binary, for tests/provision/test_sshd_dropin.py (the ssh role's
 # drop-in checked by a real sshd); where setup.sh installs it, the controller's own sshd stays off.
 # nftables: only its nft binary, for tests/provision/test_firewall.py (the firewall role's rules loaded
 # by a real nft in a network namespace of the test's own; the host's own ruleset is never touched).
-APT_PACKAGES=(debootstrap systemd-container iproute2 openssh-client rsync ca-certificates cmake g++
+APT_PACKAGES=(mmdebstrap systemd-container iproute2 openssh-client rsync ca-certificates cmake g++
               openjdk-17-jre-headless python3 python3-venv python3-dev gcc openssh-server nftables
               python3-debian dpkg-dev gnupg)
 # python3-debian: deb822_repository in the GPU roles' check-mode tests; dpkg-dev: the offline bundle's
@@ -52,7 +52,7 @@ install_system_packages() {
   fi
 }
 # pip needs only Python's venv and headers from apt: where the machine has them, the other packages
-# (debootstrap, Java, Chromium, ...) install beside pip's minutes instead of before them.
+# (mmdebstrap, Java, Chromium, ...) install beside pip's minutes instead of before them.
 apt_log=$(mktemp)
 apt_pid=""
 venv_packages=$(dpkg-query -W -f='${Status}\n' python3-venv python3-dev 2>/dev/null | grep -c "ok installed" || true)

@@ -1,7 +1,7 @@
 """The test session's lab, prepared in the background while the tests that need no lab run.
 
 A fresh machine spends minutes before the session's lab is ready for its tests: the offline bundle (its
-wheels, Horovod's compile among them, and its apt packages), the lab's node image (debootstrap), then the
+wheels, Horovod's compile among them, and its apt packages), the lab's node image (mmdebstrap), then the
 lab's start and its first converge. tests/conftest.py starts the two builds as processes of their own once
 collection is done; when both have ended well it starts the third, which brings the lab up from the
 bundle and (when a selected test needs it) converges site.yml on it. The lab tests run last, and the

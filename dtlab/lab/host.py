@@ -14,7 +14,7 @@ from dtlab.errors import DtlabError
 
 # Tool -> Debian package that provides it (the setup script installs these).
 REQUIRED_TOOLS = {
-    "debootstrap": "debootstrap",
+    "mmdebstrap": "mmdebstrap",
     "systemd-nspawn": "systemd-container",
     "ip": "iproute2",
     "ssh": "openssh-client",
@@ -159,7 +159,7 @@ def _parse_deb822(text: str) -> list[AptSource]:
 
 
 def debian_mirror(suite: str) -> AptSource:
-    """The host's source for `suite` itself (not -updates/-security): what debootstrap uses."""
+    """The host's source for `suite` itself (not -updates/-security): what the image build checks first."""
     for source in host_apt_sources():
         if source.suite == suite and "main" in source.components and source.uri.startswith("http"):
             return source
