@@ -3,8 +3,8 @@
 mmdebstrap, not debootstrap: it resolves and downloads through apt (in parallel, debootstrap fetches
 one package after another), installs the base and the heavy packages in one pass, from the suite and its
 -updates and -security together, and keeps services from starting in the chroot itself. The same recipe
-took 48 s alone where debootstrap and a chroot apt-get took 72 s, with a third less CPU
-(benchmarks/README.md, "Lab")."""
+took 37-48 s alone where debootstrap and a chroot apt-get took 72 s, with a third less CPU
+(benchmarks/README.md, "Commands 1 and 2")."""
 
 from __future__ import annotations
 
@@ -64,7 +64,11 @@ def ensure_image(config: LabConfig) -> Path:
 
 
 def _build(config: LabConfig, key: str) -> Path:
-    _require_mirror(host.debian_mirror(config.image_suite))
+    mirror = host.debian_mirror(config.image_suite)
+    if not _node_sources(config):  # mmdebstrap would fall back to a default mirror of its own
+        raise DtlabError(f"lab: no plain-http `deb` source for {config.image_suite} in /etc/apt/sources*: the"
+                         " image and the nodes' apt proxy need one (http://, not https://)")
+    _require_mirror(mirror)
     for stale in IMAGE_CACHE_DIR.glob(f".build-{key}-*"):  # left by a killed build; we hold the lock
         mounts.remove_tree(stale)
     build_dir = IMAGE_CACHE_DIR / f".build-{key}-{os.getpid()}"
@@ -72,8 +76,7 @@ def _build(config: LabConfig, key: str) -> Path:
     build_dir.mkdir()
     log_path = build_dir / "build.log"
     started = time.monotonic()
-    print(f"lab: building the node image from {host.debian_mirror(config.image_suite).uri} (once; a minute or"
-          f" two), log {log_path}")
+    print(f"lab: building the node image from {mirror.uri} (once; a minute or two), log {log_path}")
     try:
         _bootstrap(config, rootfs, log_path)
         _write_apt_sources(config, rootfs)
@@ -118,8 +121,8 @@ def _bootstrap(config: LabConfig, rootfs: Path, log_path: Path) -> None:
     apt's package lists stay, as a node's first apt task expects them."""
     packages = [*config.image_base_packages, *config.image_extra_packages]
     _logged(["mmdebstrap", "--variant=minbase", f"--include={','.join(packages)}", "--skip=cleanup/apt/lists",
-             # unsafe-io: fewer fsyncs; a failed build is discarded whole anyway.
-             "--aptopt=Acquire::Languages \"none\"", "--dpkgopt=force-unsafe-io",
+             "--aptopt=Acquire::Languages \"none\"",
+             "--dpkgopt=force-unsafe-io",  # fewer fsyncs; a failed build is discarded whole anyway
              config.image_suite, str(rootfs), *_node_sources(config)],
             log_path, "mmdebstrap (Debian mirror unreachable or a package missing?)")
 

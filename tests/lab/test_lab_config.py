@@ -83,6 +83,22 @@ def test_apt_sources_are_read_from_both_formats():
                                                                   ("mirror.invalid", "bookworm-updates")]
 
 
+def test_an_image_build_without_a_plain_http_source_is_refused_before_it_starts(tmp_path, monkeypatch):
+    from dtlab.lab import image
+
+    sources_dir = tmp_path / "sources.list.d"
+    sources_dir.mkdir()
+    (tmp_path / "sources.list").write_text("deb https://mirror.invalid/debian bookworm main\n")
+    monkeypatch.setattr(host, "APT_SOURCES_LIST", tmp_path / "sources.list")
+    monkeypatch.setattr(host, "APT_SOURCES_DIR", sources_dir)
+    monkeypatch.setattr(image, "IMAGE_CACHE_DIR", tmp_path / "images")
+    with pytest.raises(DtlabError) as error:
+        image.ensure_image(config.load_config("dtlab"))
+    assert str(error.value) == ("lab: no plain-http `deb` source for bookworm in /etc/apt/sources*: the image"
+                                " and the nodes' apt proxy need one (http://, not https://)")
+    assert not list((tmp_path / "images").glob(".build-*"))
+
+
 def test_inventory_uses_the_reference_groups_and_portable_paths():
     lab = config.load_config("dtlab", node_count=4)
     rendered = yaml.safe_load(inventory.render(lab))["lab"]
