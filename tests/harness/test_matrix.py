@@ -291,14 +291,21 @@ def test_config_hash_changes_with_the_generated_tokenizer(monkeypatch):
     assert config_hash(study_ddp) == before[1]  # IMDB and the hub's bert-tiny: named by their ids
 
 
-def test_the_pipeline_25k_profile_is_the_pipeline_profiles_cells_at_imdbs_size():
-    """Issue #53's whole run at IMDB's size: the same cells (platforms, data paths, seeds), more data."""
-    small, imdb = matrix.load("pipeline"), matrix.load("pipeline_25k")
-    assert [cell.key for cell in imdb.cells] == [cell.key for cell in small.cells]
-    assert len(imdb.cells) == 12 and {cell.data_path for cell in imdb.cells} == {"loader", "platform"}
-    for cell, twin in zip(imdb.cells, small.cells, strict=True):
+@pytest.mark.parametrize(("profile", "sizes", "seeds"), [
+    ("pipeline_25k", (25000, 2500), [1, 2, 3]),
+    ("pipeline_250k", (250000, 25000), [1]),
+])
+def test_the_pipeline_size_profiles_are_the_pipeline_profiles_cells_at_more_data(profile, sizes, seeds):
+    """Issue #53's whole run at IMDB's size and ten times it: the same cells (platforms, data paths), more
+    data; 250k runs one seed of them (a cell takes about 20 minutes on the lab)."""
+    small, large = matrix.load("pipeline"), matrix.load(profile)
+    twins = {cell.key: cell for cell in small.cells}
+    assert [cell.key for cell in large.cells] == [cell.key for cell in small.cells if cell.seed in seeds]
+    assert len(large.cells) == 4 * len(seeds) and {cell.data_path for cell in large.cells} == {"loader", "platform"}
+    for cell in large.cells:
+        twin = twins[cell.key]
         options, twin_options = trainer_options(cell), trainer_options(twin)
-        assert (options["generated_train_size"], options["generated_test_size"]) == (25000, 2500)
+        assert (options["generated_train_size"], options["generated_test_size"]) == sizes
         assert options["generated_median_words"] == 230 and options["token_cache"] is False
         differs = {key for key in options.keys() | twin_options.keys()
                    if options.get(key) != twin_options.get(key)}
