@@ -22,6 +22,9 @@ from trainer.config import GENERATED_DATA_VERSION, GENERATED_DATASET, ConfigErro
 
 SPLITS = ("train", "test")
 TOKEN_CACHE_VERSION = 1
+# Reviews encoded per call: each Encoding keeps its tokens, offsets and truncated overflow until the call
+# returns, about 50 KB a review at IMDB's length (55,000 in one call: 2.7 GB; 4,096 at a time: 0.3 GB).
+ENCODE_CHUNK = 4096
 CACHE_LOCK_TIMEOUT_S = 1800  # tokenizing 2x25k reviews at 512 tokens takes about a minute
 
 # --- the generated IMDB-like dataset ------------------------------------------------
@@ -300,11 +303,14 @@ def _build_token_cache(source: TextSource, tokenizer, max_length: int, final: Pa
         loaded = source.load()
         for split in SPLITS:
             texts, labels = loaded[split]["text"], loaded[split]["label"]
-            encodings = tokenizer.encode_batch(texts)
-            lengths = np.fromiter((len(e.ids) for e in encodings), dtype=np.int64, count=len(encodings))
-            offsets = np.zeros(len(encodings) + 1, dtype=np.int64)
+            lengths, chunks = np.zeros(len(texts), dtype=np.int64), []
+            for start in range(0, len(texts), ENCODE_CHUNK):
+                encodings = tokenizer.encode_batch(texts[start:start + ENCODE_CHUNK])
+                lengths[start:start + len(encodings)] = [len(e.ids) for e in encodings]
+                chunks.append(np.fromiter((i for e in encodings for i in e.ids), dtype=dtype))
+            offsets = np.zeros(len(texts) + 1, dtype=np.int64)
             np.cumsum(lengths, out=offsets[1:])
-            flat = np.fromiter((i for e in encodings for i in e.ids), dtype=dtype, count=int(offsets[-1]))
+            flat = np.concatenate(chunks) if chunks else np.zeros(0, dtype=dtype)
             np.save(staging / f"{split}_ids.npy", flat)
             np.save(staging / f"{split}_offsets.npy", offsets)
             np.save(staging / f"{split}_labels.npy", np.asarray(labels, dtype=np.int64))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from trainer import data
 from trainer.batches import LengthGroupedBatchSampler, PaddedBatches, validation_batches
 from trainer.config import TrainConfig
 from trainer.data import generate_imdb_like, load_tokenizer, tokenized_splits
@@ -71,6 +72,21 @@ def test_token_cache_is_built_once_and_reused(make_config, tmp_path):
     tokenized_splits(make_config(cache_dir=str(tmp_path / "cache"), max_length=32), log=built.append)
     assert len(built) == 2  # max_length is part of the key
     assert len(list((tmp_path / "cache").glob("tokens-*"))) == 2
+
+
+def test_tokens_encoded_in_chunks_are_those_of_one_call(make_config, monkeypatch):
+    """The token cache encodes a few thousand reviews a call (memory: trainer/data.py's ENCODE_CHUNK): 7 at a
+    time, over a split that is no multiple of 7, gives the very arrays one call gives."""
+    cfg = make_config(token_cache=False, generated_train_size=150)
+    monkeypatch.setattr(data, "ENCODE_CHUNK", 10**9)
+    whole = tokenized_splits(cfg, log=lambda _: None)
+    monkeypatch.setattr(data, "ENCODE_CHUNK", 7)
+    chunked = tokenized_splits(cfg, log=lambda _: None)
+    for split in ("train", "test"):
+        assert len(chunked[split]) % 7 != 0 and len(chunked[split]) == len(whole[split])
+        for part in ("ids", "offsets", "labels"):
+            assert np.array_equal(getattr(chunked[split], part), getattr(whole[split], part)), (split, part)
+        assert chunked[split].ids.dtype == whole[split].ids.dtype
 
 
 def _tokenize_in_child(cfg_values: dict) -> tuple[int, int]:
