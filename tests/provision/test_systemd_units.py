@@ -1,8 +1,8 @@
 """roles/systemd_units at unit level, in check mode on the controller (nothing is written): an owner role
-imports it with a unit from the owner's own template, the owner's configuration task notifies
-"Restart <owner>" by name, the handlers run owner's first, then the reload, then the restart, and a unit
-systemd does not know yet is neither restarted nor started. The lab converges spark, ray and slurm
-through it for real (test_lab_converge)."""
+imports it with a unit from the owner's own template and one as data (the role's service.j2), the owner's
+configuration task notifies "Restart <owner>" by name, the handlers run owner's first, then the reload,
+then the restart, and a unit systemd does not know yet is neither restarted nor started. The lab
+converges spark, ray and slurm through it for real (test_lab_converge)."""
 
 import os
 import re
@@ -38,10 +38,19 @@ def owner_run(tmp_path):
   ansible.builtin.import_role: {{name: systemd_units}}
   vars:
     systemd_units_owner: demo
-    systemd_units_templates: [{{name: dtlab-demo-test, template: dtlab-demo.service.j2}}]
+    systemd_units_files:
+      - {{name: dtlab-demo-test, template: dtlab-demo.service.j2}}
+      - name: dtlab-demo-data
+        unit:
+          description: demo as data
+          environment: {{DEMO_PORT: 7, DEMO_HOME: /opt/demo}}
+          exec_start_pre: ["-/bin/sh -c 'echo before'"]
+          exec_start: /bin/true --data
+          success_exit_status: 143
     systemd_units_dir: "{tmp_path}/units"
 """)
-    write(tmp_path / "play.yml", "- hosts: localhost\n  gather_facts: false\n  roles: [demo]\n")
+    write(tmp_path / "play.yml", "- hosts: localhost\n  gather_facts: false\n  vars: {dtlab_user: nobody}\n"
+                                 "  roles: [demo]\n")
     env = {**os.environ, "ANSIBLE_ROLES_PATH": f"{tmp_path / 'roles'}:{paths.REPO_ROOT / 'roles'}",
            "ANSIBLE_CACHE_PLUGIN": "memory", "ANSIBLE_NOCOLOR": "1"}
     result = subprocess.run(
@@ -60,6 +69,20 @@ def test_the_unit_comes_from_the_owners_template(owner_run):
     assert "+ExecStart=/bin/true" in written, written
     assert "changed: [localhost] => (item=dtlab-demo-test)" in out, out[-3000:]
     assert not (tmp_path / "units").exists() and not (tmp_path / "demo.conf").exists()  # check mode
+
+
+def test_a_unit_as_data_is_rendered_by_the_roles_own_template(owner_run):
+    _, out = owner_run
+    task = out[out.index("TASK [systemd_units : Install the unit files]"):]
+    written = task[task.index("/roles/systemd_units/templates/service.j2"):].split("\n\n")[0]
+    assert re.search(r"^\+\+\+ after: \S+/roles/systemd_units/templates/service\.j2$", task, re.M), task
+    unit = [line[1:] for line in written.splitlines() if line.startswith("+") and not line.startswith("+++")]
+    service = unit[unit.index("[Service]"):]
+    assert "Description=demo as data" in unit and "User=nobody" in service, unit
+    assert service[3:8] == ["Environment=DEMO_PORT=7", "Environment=DEMO_HOME=/opt/demo",
+                            "ExecStartPre=-/bin/sh -c 'echo before'", "ExecStart=/bin/true --data",
+                            "Restart=on-failure"], service
+    assert "SuccessExitStatus=143" in service and not any(line.startswith("TimeoutStopSec") for line in unit)
 
 
 def test_handlers_run_owners_first_then_reload_then_restart(owner_run):
