@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Sets up a controller from nothing on Debian/Ubuntu, as root: system packages, then a
-# virtualenv (.venv) with dtlab and every Python dependency pinned by constraints.txt.
+# virtualenv (.venv) with dtlab and every Python dependency pinned by constraints.txt (which it writes
+# from the pins' parts: dtlab/pins.txt and each platform's dtlab/platforms/<name>/pins.txt, dtlab/pins.py).
 # Idempotent: a second run only checks. Used by both README commands and by .ci/run.
 #
 #   scripts/setup.sh            install what the demo and the tests need
-#   scripts/setup.sh --relock   also rewrite constraints.txt from the installed venv
+#   scripts/setup.sh --relock   also rewrite the pins' parts (and constraints.txt) from the installed venv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -71,6 +72,7 @@ PYTHON=${PYTHON:-python3}
 # One pin list for everything; the stamp skips pip when nothing changed since the last run. The platforms'
 # Python clients are each platform class's python_client, read without importing dtlab (dtlab/pins.py).
 clients_listed=$("$PYTHON" -m dtlab.pins clients) || die "cannot read the platforms' Python clients (above)"
+"$PYTHON" -m dtlab.pins lock || die "cannot write constraints.txt from the pins' parts (above)"
 clients=()
 [ -z "$clients_listed" ] || mapfile -t clients <<< "$clients_listed"
 stamp=.venv/.dtlab-installed
@@ -92,9 +94,9 @@ fi
 rm -f "$apt_log"
 
 if [ "${1:-}" = "--relock" ]; then
-  { sed -n '1,3p' constraints.txt
-    .venv/bin/pip freeze --exclude-editable | sed -E 's/^(torch==[0-9.]+)\+[a-z0-9]+$/\1/'
-  } > constraints.txt.new && mv constraints.txt.new constraints.txt
-  echo "setup.sh: constraints.txt rewritten"
+  .venv/bin/pip freeze --exclude-editable | sed -E 's/^(torch==[0-9.]+)\+[a-z0-9]+$/\1/' \
+    | .venv/bin/python -m dtlab.pins relock
+  .venv/bin/python -m dtlab.pins lock
+  echo "setup.sh: the pins' parts and constraints.txt rewritten"
 fi
 echo "setup.sh: ready (.venv/bin/invoke --list)"

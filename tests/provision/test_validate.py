@@ -222,7 +222,8 @@ BAD_INVENTORIES = {
     "spark_version off the pin": (
         three_nodes(), {"group_vars/workers.yml": "spark_version: 3.5.1\n"}, "hosts.yml",
         "host node1: spark_version 3.5.1 does not match pyspark=={pin} in constraints.txt (the nodes'"
-        " Spark driver); remove the spark_version override, or pin pyspark==3.5.1 in constraints.txt"),
+        " Spark driver); remove the spark_version override, or pin pyspark==3.5.1 in"
+        " dtlab/platforms/spark/pins.txt"),
     # The rest.
     "duplicate agent_id": (
         three_nodes(node1={"ansible_host": "10.20.0.11", "determined_agent_id": "agent"},

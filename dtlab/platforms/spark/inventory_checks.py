@@ -3,13 +3,17 @@ is read (Platform.check_inventory_host, through dtlab.platforms.load_cluster): b
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from dtlab import paths
 from dtlab.errors import DtlabError
 from dtlab.inventory import Node
-from dtlab.pins import pinned
+from dtlab.pins import PINS_FILE, pinned
 
 # How spark cells run (spark_session): each its own application, or a session on a Connect server.
 SESSIONS = ("application", "connect")
+# Where the pyspark pin lives (Spark's part of constraints.txt: dtlab/pins.py).
+SPARK_PINS = (Path(__file__).parent / PINS_FILE).relative_to(paths.REPO_ROOT)
 
 
 def check_host(where: str, node: Node) -> None:
@@ -27,9 +31,9 @@ def check_version(where: str, version: object) -> None:
     version = str(version).strip()
     pin = pinned("pyspark")
     if pin is None:
-        raise DtlabError(f"{paths.CONSTRAINTS_FILE}: no pyspark==<version> pin; spark_version follows it")
+        raise DtlabError(f"{SPARK_PINS}: no pyspark==<version> pin; spark_version follows it")
     if version.split(".")[:2] != pin.split(".")[:2]:
         raise DtlabError(
             f"{where}: spark_version {version} does not match pyspark=={pin} in constraints.txt (the nodes'"
-            f" Spark driver); remove the spark_version override, or pin pyspark=={version} in constraints.txt"
+            f" Spark driver); remove the spark_version override, or pin pyspark=={version} in {SPARK_PINS}"
         )
