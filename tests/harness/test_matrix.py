@@ -301,7 +301,8 @@ def test_the_pipeline_size_profiles_are_the_pipeline_profiles_cells_at_more_data
     small, large = matrix.load("pipeline"), matrix.load(profile)
     twins = {cell.key: cell for cell in small.cells}
     assert [cell.key for cell in large.cells] == [cell.key for cell in small.cells if cell.seed in seeds]
-    assert len(large.cells) == 4 * len(seeds) and {cell.data_path for cell in large.cells} == {"loader", "platform"}
+    assert len(large.cells) == 4 * len(seeds)
+    assert {cell.data_path for cell in large.cells} == {"loader", "platform"}
     for cell in large.cells:
         twin = twins[cell.key]
         options, twin_options = trainer_options(cell), trainer_options(twin)
