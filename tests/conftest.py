@@ -123,6 +123,14 @@ class LabPreparation:
 
 
 def pytest_collection_finish(session):
+    _run_lab_tests_last(session)
+    # Where each loopback cluster's last test is, in the order the tests run: it stops there.
+    session.config.dtlab_last_users = {
+        name: users[-1] for name in LOOPBACK_CLUSTERS
+        if (users := [item.nodeid for item in session.items if name in getattr(item, "fixturenames", ())])}
+
+
+def _run_lab_tests_last(session):
     """With lab tests selected (and root): claim the session's lab name, start its builds, and run the lab
     tests last, so that the tests that need no lab run while the lab is prepared."""
     lab_items = [item for item in session.items if item.get_closest_marker("lab")]
@@ -138,10 +146,14 @@ def pytest_collection_finish(session):
 
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_teardown(item, nextitem):
-    """Between tests: start the lab step as soon as the builds allow."""
+    """Between tests: start the lab step as soon as the builds allow; stop a loopback cluster after its last
+    test."""
     claimed = getattr(item.config, "dtlab_lab", None)
     if claimed:
         claimed[2].advance()
+    for name, last_user in getattr(item.config, "dtlab_last_users", {}).items():
+        if item.nodeid == last_user and name in _LOOPBACK_STOPS:
+            _LOOPBACK_STOPS.pop(name)()
 
 
 def pytest_unconfigure(config):
@@ -236,8 +248,23 @@ def provisioned_lab(lab):
 
 # --- loopback clusters: one real Spark and one real Ray on 127.0.0.1, started once a session ----------
 # The Spark launcher's tests and the Connect unit's wait share the Spark cluster, the Ray launcher's and the
-# Ray probe's tests the Ray one (issue #50: each was started once per module). Each stops by PID at the end
-# of the session, and the teardown fails if anything of it is left running.
+# Ray probe's tests the Ray one (issue #50: each was started once per module). Each stops by PID after the
+# last test that uses it (pytest_runtest_teardown): left up, an idle Ray used about 7 CPU-minutes during
+# the lab's tests, which run last. The stop fails if anything of the cluster is left running.
+LOOPBACK_CLUSTERS = ("loopback_spark", "loopback_ray")
+_LOOPBACK_STOPS = {}  # fixture name -> its stop, until it ran
+
+
+def _stop_after_last_user(name, stop):
+    """`stop`, run once: after the last test that uses fixture `name`, or at the session's end."""
+    done = []
+
+    def once():
+        if not done:
+            done.append(True)
+            stop()
+    _LOOPBACK_STOPS[name] = once
+    return once
 
 
 def _stop_and_confirm_none_left(cluster, tree) -> None:
@@ -259,10 +286,13 @@ def loopback_spark():
     from tests.sparkcluster import SparkStandaloneCluster
 
     with SparkStandaloneCluster(workers=2, cores_per_worker=1, auth_secret=secrets.token_hex(16)) as cluster:
+        def stop():
+            tree = [psutil.Process(pid) for pid in cluster.pids()]
+            tree += [child for process in tree for child in process.children(recursive=True)]
+            _stop_and_confirm_none_left(cluster, tree)
+        stop_once = _stop_after_last_user("loopback_spark", stop)
         yield cluster
-        tree = [psutil.Process(pid) for pid in cluster.pids()]
-        tree += [child for process in tree for child in process.children(recursive=True)]
-        _stop_and_confirm_none_left(cluster, tree)
+        stop_once()
 
 
 @pytest.fixture(scope="session")
@@ -273,7 +303,10 @@ def loopback_ray():
     from tests.raycluster import RayCluster
 
     with RayCluster(workers=2, cpus_per_worker=1) as cluster:
+        def stop():
+            tree = [*cluster.descendants(), *(psutil.Process(p.pid) for p in cluster.processes)]
+            _stop_and_confirm_none_left(cluster, tree)
+            assert not cluster.scratch.exists(), cluster.scratch
+        stop_once = _stop_after_last_user("loopback_ray", stop)
         yield cluster
-        tree = [*cluster.descendants(), *(psutil.Process(p.pid) for p in cluster.processes)]
-        _stop_and_confirm_none_left(cluster, tree)
-        assert not cluster.scratch.exists(), cluster.scratch
+        stop_once()
