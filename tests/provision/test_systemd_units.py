@@ -74,7 +74,8 @@ def test_the_unit_comes_from_the_owners_template(owner_run):
 def test_a_unit_as_data_is_rendered_by_the_roles_own_template(owner_run):
     _, out = owner_run
     task = out[out.index("TASK [systemd_units : Install the unit files]"):]
-    assert re.search(r"^\+\+\+ after: \S+/service\.j2$", task, re.M), task  # systemd_units' own (a copy's path)
+    # systemd_units' own template: Ansible shows the path of its temporary copy, named as the template
+    assert re.search(r"^\+\+\+ after: \S+/service\.j2$", task, re.M), task
     written = task[task.index("/service.j2\n"):].split("\n\n")[0]
     unit = [line[1:] for line in written.splitlines() if line.startswith("+") and not line.startswith("+++")]
     service = unit[unit.index("[Service]"):]
