@@ -135,6 +135,7 @@ keep_in_cache() {  # best effort: a cache that cannot be written costs the next 
 }
 # One build per output directory at a time: a second caller (parallel test workers, the converge beside
 # a test) waits for the first and then finds its wheel, instead of compiling the same minutes again.
+# The horovod role waits on the same lock before it looks for a wheel (roles/horovod, horovod_build_lock).
 exec 9>"$out_dir/.horovod-build.lock" || die "cannot open the lock $out_dir/.horovod-build.lock"
 flock --timeout "$timeout_s" 9 || die "another build held $out_dir/.horovod-build.lock for ${timeout_s}s"
 shopt -s nullglob

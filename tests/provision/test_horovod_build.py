@@ -240,6 +240,35 @@ def test_a_second_build_into_the_same_directory_waits_for_the_first(tmp_path):
     assert not list(out_dir.glob("*.whl"))
 
 
+@pytest.mark.slow  # two ansible-playbook runs: not in `invoke test --fast`
+def test_the_role_waits_for_a_build_under_way_and_names_a_stuck_one_in_one_line(tmp_path):
+    """Before it looks for a wheel, the horovod role waits on the script's lock (its tasks/wait.yml): the
+    demo's early build holds it, and its wheel then needs no build venv of the role's own."""
+    import fcntl
+    import threading
+
+    lock = tmp_path / ".horovod-build.lock"
+
+    def wait(timeout_s):
+        settings = {"trainer_controller_wheelhouse_dir": str(tmp_path), "horovod_build_timeout_s": timeout_s}
+        return run([paths.REPO_ROOT / ".venv/bin/ansible-playbook", "-i", "localhost,", "-c", "local",
+                    "tests/provision/playbooks/horovod_build_wait.yml", "-e", json.dumps(settings)],
+                   timeout=120, cwd=paths.REPO_ROOT, env={**os.environ, "ANSIBLE_NOCOLOR": "1"})
+
+    with open(lock, "w") as build:
+        fcntl.flock(build, fcntl.LOCK_EX)  # a build under way, done 8 s from now
+        threading.Timer(8, fcntl.flock, (build, fcntl.LOCK_UN)).start()
+        started = time.monotonic()
+        waited = wait(60)
+        assert waited.returncode == 0, waited.stdout[-3000:]
+        assert time.monotonic() - started >= 8
+    with open(lock, "w") as stuck:
+        fcntl.flock(stuck, fcntl.LOCK_EX)
+        refused = wait(1)
+    assert refused.returncode == 2, refused.stdout[-3000:]
+    assert f"horovod: another build held {lock} for 1 s; is it stuck?" in refused.stdout
+
+
 @pytest.mark.slow
 def test_another_wheelhouse_copies_the_wheel_from_the_machines_cache(build_python, wheel, tmp_path):
     # A second clone (or a wiped .dtlab) on the same machine: its empty wheelhouse gets the wheel this

@@ -17,7 +17,7 @@ from dtlab import paths, pins
 # Every role: site.yml's stages, and those the others import (systemd_units, determined_common).
 ROLES = sorted(path.name for path in (paths.REPO_ROOT / "roles").iterdir() if path.is_dir())
 STAGE_TAGS = ["common", "ssh", "firewall", "nvidia", "docker", "trainer", "postgresql", "spark", "ray",
-              "slurm", "determined"]
+              "slurm", "determined", "horovod"]
 VENV_BIN = paths.REPO_ROOT / ".venv" / "bin"
 EXAMPLE_INVENTORY = paths.INVENTORY_DIR / "cluster.example.yml"
 
@@ -56,6 +56,8 @@ def test_site_lists_one_tag_per_component_in_install_order():
                for stage in ("trainer", "postgresql", "spark", "ray", "slurm", "determined"))
     # Slurm, the fifth platform, comes after Ray and before Determined (issue #16).
     assert order["ray"] < order["slurm"] < order["determined"]
+    # Horovod goes into the trainer venv, last: its wheel's compile has every other play's time (issue #50).
+    assert order["horovod"] == len(stages) - 1 and order["trainer"] < order["horovod"]
     assert not (paths.REPO_ROOT / "ansible").exists()  # the stage playbooks are site.yml's plays (#56)
 
 
