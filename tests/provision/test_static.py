@@ -56,7 +56,7 @@ def test_site_lists_one_tag_per_component_in_install_order():
                for stage in ("trainer", "postgresql", "spark", "ray", "slurm", "determined"))
     # Slurm, the fifth platform, comes after Ray and before Determined (issue #16).
     assert order["ray"] < order["slurm"] < order["determined"]
-    # Horovod goes into the trainer venv, last: its wheel's compile has every other play's time (issue #50).
+    # Horovod goes into the trainer venv, last: a compile under way gets every other play's time (issue #50).
     assert order["horovod"] == len(stages) - 1 and order["trainer"] < order["horovod"]
     assert not (paths.REPO_ROOT / "ansible").exists()  # the stage playbooks are site.yml's plays (#56)
 
