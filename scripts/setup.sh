@@ -68,6 +68,13 @@ PYTHON=${PYTHON:-python3}
 "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
   || die "$PYTHON is $("$PYTHON" -V 2>&1); dtlab needs Python >= 3.11 (set PYTHON=/path/to/python3.11)"
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# This venv's Python always writes its bytecode cache. The install below skips compiling (--no-compile) on
+# the promise that Python compiles a module once, at its first import; where PYTHONDONTWRITEBYTECODE=1 is
+# set (container images often set it; the development machines here do), every process compiled every
+# module it imported again: 7 s of CPU for the trainer's imports alone, in each of the hundreds of Python
+# processes the tests start (benchmarks/README.md, Tests). A .pth line runs at every start of this venv.
+site_packages=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+echo 'import sys; sys.dont_write_bytecode = False' > "$site_packages/dtlab-write-bytecode.pth"
 
 # One pin list for everything; the stamp skips pip when nothing changed since the last run. The platforms'
 # Python clients are each platform class's python_client, read without importing dtlab (dtlab/pins.py).
