@@ -3,10 +3,8 @@ harness, print what a user needs. Bad input raises DtlabError, which tasks.py pr
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
-import shlex
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -311,23 +309,23 @@ ANSIBLE_LINT_CONFIG = paths.REPO_ROOT / ".ansible-lint"
 # `--all` runs it. tests/test_tiers.py checks that the default tier keeps what README's table promises.
 # The README's test command and CI's: every quick test, one lab converged once, and the core tests.
 DEFAULT_TIER_MARKERS = "not (lab or slow) or core"
-# Each tier is stages run one after another, and each stage is pytest passes run at once (the first one's
-# output live, the others' in a log file, printed as the stage ends). The full tier: its quick tests
-# (neither lab nor slow) on every core first (pytest-xdist), then its lab tests beside its slow tests that
-# need no lab. The lab's tests share one lab, prepared in their pass's first test's setup while the other pass
-# runs; they wait on their nodes a third of the time (benchmarks/README.md, Tests), which the slow tests'
-# trainer launches fill. The default tier stays one process: there the quick tests are what runs while the
-# lab is prepared (on a fresh machine the image and Horovod's compile too). pytest-xdist's --dist
-# loadgroup, the way to keep the lab's tests together in one xdist run, does not group under pytest 9.2 (it
-# writes the group into the node id, which pytest no longer reads).
+# The full tier runs its quick tests (neither lab nor slow) on every core first (pytest-xdist: 3m38s in one
+# process on 2 cores, 2026-12-04), then its lab and slow tests in one pytest process, in order: they share
+# one lab and its converge, which is prepared while the slow tests that need no lab run. The default tier
+# stays one process: there the quick tests are what runs while the lab is prepared (on a fresh machine the
+# image and Horovod's compile too), and its few slow tests would leave that preparation bare.
 QUICK_TESTS = "not (lab or slow)"
 TIERS = {
     # The inner loop: no lab, no Spark cluster, nothing marked slow.
-    "fast": ((f"-m '{QUICK_TESTS}' -n auto",),),
-    "default": ((f"-m '{DEFAULT_TIER_MARKERS}'",),),
+    "fast": (f"-m '{QUICK_TESTS}' -n auto",),
+    "default": (f"-m '{DEFAULT_TIER_MARKERS}'",),
     # Everything: every fault on every platform, re-converges, check mode, a second lab, the clusters.
-    "all": ((f"-m '{QUICK_TESTS}' -n auto",), ("-m 'lab'", "-m 'slow and not lab'")),
+    "all": (f"-m '{QUICK_TESTS}' -n auto", "-m 'lab or slow'"),
 }
+# The lab's and slow tests never run beside the quick ones: tried on 2 cores (2026-11-26), the lab's tests
+# as a second process beside the others were slower, not faster: both are CPU-bound. pytest-xdist's --dist
+# loadgroup, the way to keep the lab's tests together in one xdist run, does not group under pytest 9.2 (it
+# writes the group into the node id, which pytest no longer reads). (benchmarks/README.md, Tests.)
 # pytest's exit status when a pass selects nothing (e.g. `--pytest-args` naming quick tests only).
 NO_TESTS_SELECTED = 5
 # The default and full tiers' temporary files (the lab's results, inventories) in a folder of their own:
@@ -366,16 +364,8 @@ def ansible_lint_inputs_digest() -> str | None:
     return digest.hexdigest()
 
 
-def _pytest_pass(selection: str, number: int, fast: bool, pytest_args: str) -> tuple[str, Path | None]:
-    """(the pytest command of the tier's `number`th pass, its log file when it runs beside another)."""
-    if fast:
-        return f"pytest {selection} {pytest_args}".strip(), None
-    basetemp = FULL_SUITE_BASETEMP / f"pass-{number}"
-    return f"pytest {selection} --basetemp={basetemp} {pytest_args}".strip(), basetemp.with_suffix(".log")
-
-
 def run_tests(c, *, lint: bool, tier: str, pytest_args: str) -> bool:
-    """pytest on one of TIERS, stage by stage, with the linters beside it; True when everything passed. `c` is
+    """pytest on one of TIERS, pass by pass, with the linters beside it; True when everything passed. `c` is
     the invoke Context."""
     fast = tier == "fast"
     linters = list(LINTERS)
@@ -390,22 +380,12 @@ def run_tests(c, *, lint: bool, tier: str, pytest_args: str) -> bool:
     if not fast:
         FULL_SUITE_BASETEMP.mkdir(parents=True, exist_ok=True)  # pytest makes a --basetemp, not its parents
     exit_first = {"-x", "--exitfirst"} & set(pytest_args.split())
-    numbers = itertools.count(1)
-    for stage in TIERS[tier]:  # each stage runs, so a failure shows the whole picture
-        (live, _), *beside = [_pytest_pass(selection, next(numbers), fast, pytest_args)
-                              for selection in stage]
-        running = []
-        for command, log in beside:
-            print(f"beside the next pass: {command}\n  (its output goes to {log}, printed when it ends)")
-            running.append((c.run(f"{command} >{shlex.quote(str(log))} 2>&1", asynchronous=True, hide=True,
-                                  warn=True), log))
-        results = [c.run(live, echo=True, pty=False, warn=True)]
-        for promise, log in running:
-            results.append(promise.join())
-            print(f"--- {log} ---\n{log.read_text()}", end="")
-        for ran in results:
-            selected = selected or ran.exited != NO_TESTS_SELECTED
-            passed = passed and (ran.ok or ran.exited == NO_TESTS_SELECTED)
+    for number, selection in enumerate(TIERS[tier]):  # each pass runs, so a failure shows the whole picture
+        if not fast:
+            selection += f" --basetemp={FULL_SUITE_BASETEMP / f'pass-{number + 1}'}"
+        ran = c.run(f"pytest {selection} {pytest_args}".strip(), echo=True, pty=False, warn=True)
+        selected = selected or ran.exited != NO_TESTS_SELECTED
+        passed = passed and (ran.ok or ran.exited == NO_TESTS_SELECTED)
         if not passed and exit_first:
             break
     passed = passed and selected  # a selection that runs no test at all is a mistake, as pytest says

@@ -50,22 +50,17 @@ def selected_by(selection: str, item) -> bool:
 
 
 def test_each_tiers_passes_run_its_tests_each_once(whole_suite):
-    # The full tier: the quick tests first on every core, then the lab's tests in one process beside the other
-    # slow ones in another; the default tier in one process, its quick tests beside the lab's preparation
-    # (commands.TIERS).
-    assert TIERS["default"] == ((f"-m '{DEFAULT_TIER_MARKERS}'",),)
-    assert TIERS["all"][0] == TIERS["fast"][0] and TIERS["all"][0][0].endswith(" -n auto")
-    lab_pass, beside = TIERS["all"][1]
-    assert " -n " not in lab_pass + beside
-    for tier, stages in TIERS.items():
-        passes = [selection for stage in stages for selection in stage]
+    # The full tier: the quick tests first on every core, then the lab's and slow ones in one process; the
+    # default tier in one process, its quick tests beside the lab's preparation (commands.TIERS).
+    assert TIERS["default"] == (f"-m '{DEFAULT_TIER_MARKERS}'",)
+    assert TIERS["all"][0] == TIERS["fast"][0] and TIERS["all"][0].endswith(" -n auto")
+    assert " -n " not in TIERS["all"][1]
+    for tier, passes in TIERS.items():
         quick = lambda item: not (item.get_closest_marker("lab") or item.get_closest_marker("slow"))  # noqa: E731
         wanted = {"fast": quick, "default": in_default_tier, "all": lambda item: True}[tier]
         for item in whole_suite:
             runs = sum(selected_by(selection, item) for selection in passes)
             assert runs == (1 if wanted(item) else 0), (tier, item.nodeid, runs)
-            if tier == "all" and item.get_closest_marker("lab"):  # every lab test in the lab's one process
-                assert selected_by(lab_pass, item), item.nodeid
 
 
 def test_core_is_only_on_lab_or_slow_tests(whole_suite):

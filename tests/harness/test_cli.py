@@ -280,50 +280,6 @@ def test_the_whole_suite_keeps_its_temporary_files_where_a_quick_run_beside_it_c
     assert Path((tmp_path / "where.txt").read_text()).is_relative_to(full_suite_temp)
 
 
-def test_the_full_tiers_lab_tests_run_beside_its_other_slow_tests_and_either_failing_fails_it(
-    tmp_path, monkeypatch, capsys
-):
-    from invoke import Config, Context
-
-    from dtlab import commands
-
-    # Two tests stand in for the two passes: each says it started, then waits (bounded) for the other, so
-    # both pass only when the passes run at once.
-    (tmp_path / "test_both.py").write_text(
-        "import pathlib, time, pytest\n"
-        f"here = pathlib.Path({str(tmp_path)!r})\n"
-        "def meet(mine, theirs):\n"
-        "    (here / mine).touch()\n"
-        "    deadline = time.monotonic() + 60\n"
-        "    while not (here / theirs).exists():\n"
-        "        assert time.monotonic() < deadline, f'{theirs} never started beside {mine}'\n"
-        "        time.sleep(0.1)\n"
-        "@pytest.mark.lab\n"
-        "def test_on_the_lab():\n"
-        "    meet('lab', 'slow')\n"
-        "@pytest.mark.slow\n"
-        "def test_slow_without_a_lab():\n"
-        "    meet('slow', 'lab')\n"
-        "    assert not (here / 'fail-slow').exists()\n")
-    full_suite_temp = tmp_path / "pytest-full"
-    monkeypatch.setattr(commands, "FULL_SUITE_BASETEMP", full_suite_temp)
-    monkeypatch.setattr(commands, "TIERS", {"all": commands.TIERS["all"][1:]})  # its lab and slow stage
-    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    quiet = Context(Config(overrides={"run": {"in_stream": False, "hide": True}}))
-    suite = f"-q -p no:cacheprovider {tmp_path / 'test_both.py'}"
-
-    assert commands.run_tests(quiet, lint=False, tier="all", pytest_args=suite)
-    printed = capsys.readouterr().out
-    assert "beside the next pass: pytest -m 'slow and not lab'" in printed
-    beside_log = (full_suite_temp / "pass-2.log").read_text()
-    assert "1 passed" in beside_log and beside_log in printed  # its output, printed as the stage ended
-    for started in ("lab", "slow"):
-        (tmp_path / started).unlink()
-    (tmp_path / "fail-slow").touch()
-    assert not commands.run_tests(quiet, lint=False, tier="all", pytest_args=suite)
-    assert "1 failed" in capsys.readouterr().out
-
-
 def test_fast_skips_ansible_lint_only_while_the_files_it_passed_on_are_unchanged(tmp_path, monkeypatch):
     from invoke import Config, Context
 
