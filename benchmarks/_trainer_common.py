@@ -1,10 +1,12 @@
-"""Shared bits of the trainer benchmarks: the machine's description and the benchmark data config."""
+"""Shared bits of the benchmarks: the machine's description, how a figure over rounds is printed, and
+the trainer benchmarks' data config."""
 
 from __future__ import annotations
 
 import os
 import platform
 import socket
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +19,21 @@ def machine() -> str:
                   if line.startswith("model name")), platform.processor())
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     return f"{os.cpu_count()} CPUs ({model}), load average {load}"
+
+
+def spread(values: list[float], spec: str = ".2f", unit: str = "", scale: float = 1.0, count: bool = False,
+           width: int = 0) -> str:
+    """The median, then [min-max], of one figure over rounds: how every benchmark prints a measurement.
+
+    spec formats all three (".1f", ".0f", ".1%"), after scale multiplies them (1000: seconds as ms); unit
+    follows the median only: "5.54 s [5.10-6.00]". count appends " n=<rounds>"; width pads the median
+    on the left, so that the rows of a table line up. "-" when there is nothing to show.
+    """
+    if not values:
+        return "-"
+    low, middle, high = (value * scale for value in (min(values), statistics.median(values), max(values)))
+    text = f"{middle:{width or ''}{spec}}{unit} [{low:{spec}}-{high:{spec}}]"
+    return f"{text} n={len(values)}" if count else text
 
 
 def free_loopback_port() -> int:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._trainer_common import machine  # noqa: E402
+from benchmarks._trainer_common import machine, spread  # noqa: E402
 
 # What a trainer process imports before its first step (roles/trainer/defaults/main.yml's core imports).
 IMPORTS = ("torch, transformers, transformers.models.bert.modeling_bert, tokenizers, datasets, yaml, "
@@ -46,10 +45,6 @@ def measure(cache_dir: Path, write: bool) -> tuple[float, float]:
     if os.waitstatus_to_exitcode(status) != 0:
         raise SystemExit(f"the child ({' '.join(command[:2])}) failed")
     return wall, usage.ru_utime + usage.ru_stime
-
-
-def spread(values: list[float], unit: str) -> str:
-    return f"{statistics.median(values):6.2f} {unit} [{min(values):.2f}-{max(values):.2f}]"
 
 
 def main() -> int:
@@ -74,10 +69,10 @@ def main() -> int:
         if sum(1 for _ in stdlib_only.rglob("*.pyc")) != files:
             raise SystemExit("the uncached runs wrote a cache: they were not compiling each time")
     for name in runs:
-        print(f"{name:18s} wall {spread([r[0] for r in results[name]], 's')}, "
-              f"CPU {spread([r[1] for r in results[name]], 's')}")
+        print(f"{name:18s} wall {spread([r[0] for r in results[name]], unit=' s', width=6)}, "
+              f"CPU {spread([r[1] for r in results[name]], unit=' s', width=6)}")
     ratios = [c[1] / u[1] for c, u in zip(results["cached"], results["compiled each time"], strict=True)]
-    print(f"CPU cached / compiled each time: {spread(ratios, 'x')} over {args.rounds} rounds")
+    print(f"CPU cached / compiled each time: {spread(ratios, unit=' x', width=6)} over {args.rounds} rounds")
     return 0
 
 

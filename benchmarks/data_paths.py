@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 os.environ.update(TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1", PYSPARK_PYTHON=sys.executable,
                   PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
 
-from benchmarks._trainer_common import machine  # noqa: E402
+from benchmarks._trainer_common import machine, spread  # noqa: E402
 from trainer import platform_data  # noqa: E402
 from trainer.config import GENERATED_MAX_SPLIT_SIZE, PLATFORM_DATA_PATH, TrainConfig  # noqa: E402
 from trainer.data import SPLITS, TextSource, text_source, tokenized_splits, tokens_fingerprint  # noqa: E402
@@ -112,10 +112,6 @@ def same_tokens(splits: dict, reference: dict, path: str) -> None:
         if not (np.array_equal(mine.offsets, theirs.offsets) and np.array_equal(mine.ids, theirs.ids)
                 and np.array_equal(mine.labels, theirs.labels) and mine.fingerprint == theirs.fingerprint):
             raise SystemExit(f"{path}: its {split} tokens differ from the DataLoader path's")
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):7.2f} [{min(values):.2f}-{max(values):.2f}]"
 
 
 def ratio(values: list[float], reference: list[float]) -> str:

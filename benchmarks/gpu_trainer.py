@@ -42,7 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _gpu_ceiling import measure_ceiling, synchronize  # noqa: E402
-from _trainer_common import OUT_DIR, hf_dataset, hf_tokenizer, machine  # noqa: E402
+from _trainer_common import OUT_DIR, hf_dataset, hf_tokenizer, machine, spread  # noqa: E402
 
 STUDY_GTX_1060_S_PER_EPOCH = 33.86  # Table 5.4, DDP on 1 GPU, 20 epochs (real IMDB, fp32)
 PRECISIONS = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
@@ -282,13 +282,6 @@ def run_child(args, *extra: str) -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def spread(values: list[float], digits: int = 2) -> str:
-    if not values:
-        return "-"
-    low, middle, high = min(values), statistics.median(values), max(values)
-    return f"{middle:.{digits}f} [{low:.{digits}f}-{high:.{digits}f}]"
-
-
 def save(args, report: dict) -> None:
     """Written after every child process, so a run cut short keeps what it measured."""
     args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -346,7 +339,8 @@ def speed(args, contenders: list[str], report: dict) -> None:
                 + "x"
             )
         print(
-            f"{name:24s} {spread(rates, 0):>26s} {spread([m['epoch_s'] for m in runs[name]]):>24s}  {ratio}"
+            f"{name:24s} {spread(rates, '.0f'):>26s} {spread([m['epoch_s'] for m in runs[name]]):>24s}"
+            f"  {ratio}"
         )
     print(
         f"{'study: GTX 1060, DDP 1 GPU':24s} {'-':>26s} {STUDY_GTX_1060_S_PER_EPOCH:>24.2f}  "

@@ -21,10 +21,16 @@ import argparse
 import statistics
 import sys
 from collections import defaultdict
+from pathlib import Path
 
 from dtlab.bench import Bench, BenchOptions
 from dtlab.errors import DtlabError
 from dtlab.platforms import load_cluster
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks._trainer_common import spread  # noqa: E402
 
 DDP_TARGET_S = 10.0
 LEGEND = """
@@ -38,11 +44,6 @@ setup:      trainer process created -> training started (imports, data, tokenize
 after:      end of training -> every unit ended (result write, process and unit exit)
 harness:    wall minus the trainer process's lifetime = ssh+rec + launch (the target's measure)
 queued:     Slurm only: sbatch's job id -> the job leaving PENDING (inside launch)"""
-
-
-def spread(values: list[float], digits: int = 1, unit: str = "") -> str:
-    return (f"{statistics.median(values):.{digits}f}{unit} "
-            f"[{min(values):.{digits}f}{unit}-{max(values):.{digits}f}{unit}]")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(header))
     verdict = []
     for (framework, gpus), samples in sorted(rows.items()):
-        cells = [spread([sample[key] for sample in samples]) for key, _ in columns]
+        cells = [spread([sample[key] for sample in samples], '.1f') for key, _ in columns]
         print(f"{framework:<11}{gpus:>5}" + "".join(f"{cell:>{width}}" for cell in cells))
         if framework == "ddp":
             verdict.append(statistics.median(s["beyond_training"] for s in samples) <= DDP_TARGET_S)
@@ -149,9 +150,9 @@ def print_ratios_against_ddp(rows: dict) -> None:
         steady = [run["steady_step"] / base["steady_step"] for run, base in rounds
                   if run["steady_step"] and base["steady_step"]]
         queued = [run["queued"] for run in samples if run["queued"] is not None]
-        print(f"{framework:<11}{gpus:>5}{spread([s['first_step'] for s in samples]):>26}"
-              f"{spread(first, 2, 'x'):>24}{spread(steady, 3, 'x') if steady else '-':>26}"
-              f"{spread(queued, 2) if queued else '-':>22}")
+        print(f"{framework:<11}{gpus:>5}{spread([s['first_step'] for s in samples], '.1f'):>26}"
+              f"{spread(first, '.2f', 'x'):>24}{spread(steady, '.3f', 'x') if steady else '-':>26}"
+              f"{spread(queued, '.2f') if queued else '-':>22}")
 
 
 if __name__ == "__main__":

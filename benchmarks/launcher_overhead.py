@@ -65,7 +65,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script from anywhere
 from benchmarks._launch_watchers import CpuSampler, ExitWatcher  # noqa: E402
-from benchmarks._trainer_common import OUT_DIR, free_loopback_port, machine  # noqa: E402
+from benchmarks._trainer_common import OUT_DIR, free_loopback_port, machine, spread  # noqa: E402
 from tests.raycluster import RayCluster  # noqa: E402
 from tests.sparkcluster import SparkStandaloneCluster, connect_server_conf, role_defaults  # noqa: E402
 from trainer.launchers._spark import CONNECT_TOKEN_ENV  # noqa: E402
@@ -302,9 +302,6 @@ def place_spark_events(runs: list[dict], events: dict) -> None:
 def teardown_split(launchers: list[str], runs: list[dict]) -> None:
     """Each launch's teardown at the ends of its processes (to ExitWatcher.EXIT_WATCH_S) and, under Spark,
     its barrier job's events; and Spark's launch at those events (--split-teardown)."""
-    def spread(values: list[float]) -> str:
-        return f"{statistics.median(values):.2f} s [{min(values):.2f}-{max(values):.2f}]"
-
     gone = [("training ended -> the training processes gone (train()'s return, the process's exit)",
              "training_ended_at", "workers_gone_at"),
             ("-> torchrun's agents gone (its exit barrier and shutdown)",
@@ -331,12 +328,12 @@ def teardown_split(launchers: list[str], runs: list[dict]) -> None:
         job = "" if launcher == "torchrun" else " and its barrier job's events"
         print(f"{launcher}, split at its processes' ends{job}, median [min-max] over {len(mine)} rounds:")
         for what, start, end in (torchrun_parts if launcher == "torchrun" else spark_parts):
-            print(f"  {what}: {spread([run[end] - run[start] for run in mine])}")
+            print(f"  {what}: {spread([run[end] - run[start] for run in mine], unit=' s')}")
         print(f"  teardown, training ended -> the launcher exited: "
-              f"{spread([run['exited_at'] - run['training_ended_at'] for run in mine])}")
+              f"{spread([run['exited_at'] - run['training_ended_at'] for run in mine], unit=' s')}")
         if all(run.get("app_ended_at") for run in mine):
             after_job = [run["app_ended_at"] - run["job_ended_at"] for run in mine]
-            print(f"  (its own application ended {spread(after_job)} after the job)")
+            print(f"  (its own application ended {spread(after_job, unit=' s')} after the job)")
 
 
 def report(args, launchers: list[str], runs: list[dict], cluster_start_s: dict, machine_before: str,
@@ -351,11 +348,6 @@ def report(args, launchers: list[str], runs: list[dict], cluster_start_s: dict, 
         """Per round: this launcher's figure over torchrun's launch of the same round."""
         base = {run["round"]: run[key] for run in runs if run["launcher"] == "torchrun"}
         return [run[key] / base[run["round"]] for run in runs if run["launcher"] == launcher]
-
-    def spread(values: list[float], unit: str = "", scale: float = 1.0, digits: int = 2) -> str:
-        picked = (min(values), statistics.median(values), max(values))
-        low, mid, high = (f"{value * scale:.{digits}f}" for value in picked)
-        return f"{mid}{unit} [{low}-{high}]"
 
     rows = []
     print(f"\nmachine: {machine_before} (after: {machine_after.split('load average ')[1]})")
@@ -376,12 +368,12 @@ def report(args, launchers: list[str], runs: list[dict], cluster_start_s: dict, 
                 "cpu_ratio_range": [min(cpu), max(cpu)],
                 "first_step_ratio": statistics.median(ratios(launcher, "launch_to_first_step_s"))}
         rows.append(row)
-        print(f"{launcher:<20}{spread(of(launcher, 'launch_to_train_process_s'), ' s', digits=1):>22}"
-              f"{spread(of(launcher, 'launch_to_first_step_s'), ' s', digits=1):>24}"
-              f"{spread(of(launcher, 'steady_step_s'), ' ms', 1000, 1):>26}"
-              f"{spread(ratios(launcher, 'steady_step_s'), digits=3):>22}"
-              f"{spread(ratios(launcher, 'cpu_step_s'), digits=3):>22}"
-              f"{spread(of(launcher, 'training_end_to_exit_s'), ' s', digits=1):>24}")
+        print(f"{launcher:<20}{spread(of(launcher, 'launch_to_train_process_s'), '.1f', ' s'):>22}"
+              f"{spread(of(launcher, 'launch_to_first_step_s'), '.1f', ' s'):>24}"
+              f"{spread(of(launcher, 'steady_step_s'), '.1f', ' ms', 1000):>26}"
+              f"{spread(ratios(launcher, 'steady_step_s'), '.3f'):>22}"
+              f"{spread(ratios(launcher, 'cpu_step_s'), '.3f'):>22}"
+              f"{spread(of(launcher, 'training_end_to_exit_s'), '.1f', ' s'):>24}")
     print("CPU beside the training workers during training, in cores, median [min-max]: " + "; ".join(
         f"{launcher} {spread(values)}" if (values := [v for v in of(launcher, 'beside_workers_cores')
                                                        if v is not None]) else f"{launcher} n/a"
@@ -399,11 +391,11 @@ def report(args, launchers: list[str], runs: list[dict], cluster_start_s: dict, 
         print(f"  {launcher:<20}{process:6.1f} s {core - process:6.1f} s {first - core:6.1f} s")
     for ray in (launcher for launcher in launchers if launcher in RAY_SETTINGS):
         print(f"{ray} vs torchrun, launch -> first step: {spread(ratios(ray, 'launch_to_first_step_s'))}x; "
-              f"steady step: {spread(ratios(ray, 'steady_step_s'), digits=3)}x")
+              f"steady step: {spread(ratios(ray, 'steady_step_s'), '.3f')}x")
     if set(RAY_SETTINGS) <= set(launchers):
         on, off = of("ray", "steady_step_s"), of("ray-no-metrics", "steady_step_s")
         print("ray's steady step with metrics collection off over on, per round: "
-              f"{spread([b / a for a, b in zip(on, off, strict=True)], digits=3)}")
+              f"{spread([b / a for a, b in zip(on, off, strict=True)], '.3f')}")
     sparks = [row for row in rows if row["launcher"] in ("spark", "spark-connect")]
     for spark in sparks:
         name = spark["launcher"]
@@ -417,10 +409,10 @@ def report(args, launchers: list[str], runs: list[dict], cluster_start_s: dict, 
         if {"spark", other} <= set(launchers):
             base, beside = of("spark", "launch_to_first_step_s"), of(other, "launch_to_first_step_s")
             per_round = [b - o for o, b in zip(beside, base, strict=True)]
-            print(f"spark's launch -> first step: {spread(base, ' s', digits=1)} as its own application "
+            print(f"spark's launch -> first step: {spread(base, '.1f', ' s')} as its own application "
                   f"with the JVM options ({role_defaults()['spark_jvm_options']}), "
-                  f"{spread(beside, ' s', digits=1)} {what}; the application's minus this, per round: "
-                  f"{spread(per_round, ' s', digits=1)}")
+                  f"{spread(beside, '.1f', ' s')} {what}; the application's minus this, per round: "
+                  f"{spread(per_round, '.1f', ' s')}")
     for kind in ("steady", "cpu"):
         worst = max(row[f"{kind}_ratio"] for row in rows)
         print(f"\n{kind} step ratio, worst vs torchrun: {worst:.3f} (target <= {STEADY_TARGET}) -> "

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from benchmarks._trainer_common import machine  # noqa: E402
+from benchmarks._trainer_common import machine, spread  # noqa: E402
 from benchmarks.data_paths import train_config  # noqa: E402
 
 ONE_CALL = 0  # --chunk 0: the whole split in one tokenizer call
@@ -64,10 +63,6 @@ def measure(chunk: int, size: int) -> tuple[float, float, str]:
     return usage.ru_maxrss / 2**20, float(seconds), digest  # ru_maxrss is in KiB on Linux
 
 
-def spread(values: list[float], unit: str) -> str:
-    return f"{statistics.median(values):6.2f} {unit} [{min(values):.2f}-{max(values):.2f}]"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", type=int, default=50_000, help="train reviews (a tenth of it more: test)")
@@ -92,10 +87,10 @@ def main() -> int:
         raise SystemExit("the two ways gave different tokens")
     for name, chunk in runs.items():
         label = f"{name} ({chunk} a call)" if chunk else name
-        print(f"{label:22s} peak {spread([r[0] for r in results[name]], 'GiB')}, "
-              f"time {spread([r[1] for r in results[name]], 's')}")
+        print(f"{label:22s} peak {spread([r[0] for r in results[name]], unit=' GiB', width=6)}, "
+              f"time {spread([r[1] for r in results[name]], unit=' s', width=6)}")
     ratios = [c[0] / o[0] for c, o in zip(results["chunked"], results["one call"], strict=True)]
-    print(f"peak chunked / one call: {spread(ratios, 'x')} over {args.rounds} rounds")
+    print(f"peak chunked / one call: {spread(ratios, unit=' x', width=6)} over {args.rounds} rounds")
     return 0
 
 

@@ -18,9 +18,15 @@ import argparse
 import os
 import statistics
 import sys
+from pathlib import Path
 
 import dtlab.lab
 from dtlab import paths, provision
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks._trainer_common import spread  # noqa: E402
 
 RERUN_TARGET_S = 60.0
 STRATEGIES = ("linear", "mitogen_linear")  # stock Ansible (ansible.cfg); dtlab.provision.CONVERGE_STRATEGY
@@ -32,10 +38,6 @@ def rerun(inventory, strategy: str) -> provision.ConvergeResult:
         return provision.converge(inventory)
     finally:
         del os.environ["ANSIBLE_STRATEGY"]
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):7.1f} [{min(values):.1f}-{max(values):.1f}] n={len(values)}"
 
 
 def main() -> int:
@@ -85,7 +87,7 @@ def main() -> int:
               f"{sum(first.stats.get('changed', {}).values())} changed tasks")
     print(f"{'idempotent re-run':<28}{'median [min-max] n':>30}{'changed tasks':>16}")
     for strategy in STRATEGIES:
-        print(f"{strategy:<28}{spread(seconds[strategy]):>30}{changed[strategy]:>16}")
+        print(f"{strategy:<28}{spread(seconds[strategy], '.1f', count=True):>30}{changed[strategy]:>16}")
     stock, ours = (statistics.median(seconds[s]) for s in STRATEGIES)
     best = min(seconds["mitogen_linear"])
     verdict = "met" if ours <= RERUN_TARGET_S else "MISSED"

@@ -22,7 +22,6 @@ import contextlib
 import itertools
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -32,7 +31,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _trainer_common import OUT_DIR, free_loopback_port, machine  # noqa: E402
+from _trainer_common import OUT_DIR, free_loopback_port, machine, spread  # noqa: E402
 
 from dtlab import paths  # noqa: E402
 from dtlab.loadtest import cluster_targets, load_test, wait_ready  # noqa: E402
@@ -116,21 +115,17 @@ def _summary(runs: dict[str, list[dict]], plan: LoadPlan) -> None:
                  for ours, theirs in zip(levels, base, strict=True)]
         noise = "" if way == WAYS[0] else _noise([b["throughput_rps"] for b in base],
                                                   [o["throughput_rps"] for o in levels])
-        ready = _spread([one["ready_s"] for one in runs[way]], ".1f") if level_index == 0 else ""
+        ready = spread([one["ready_s"] for one in runs[way]], ".1f") if level_index == 0 else ""
         print(f"{way:22s} | {ready:16s} | {plan.concurrency[level_index]:5d} | "
-              f"{_spread([o['p50_ms'] for o in levels], '.1f')} | "
-              f"{_spread([o['p99_ms'] for o in levels], '.1f')} | "
-              f"{_spread([o['throughput_rps'] for o in levels], '.0f')} | {_spread(ratio)}{noise} | "
+              f"{spread([o['p50_ms'] for o in levels], '.1f')} | "
+              f"{spread([o['p99_ms'] for o in levels], '.1f')} | "
+              f"{spread([o['throughput_rps'] for o in levels], '.0f')} | {spread(ratio)}{noise} | "
               f"{sum(o['errors'] for o in levels)} | {sum(o['mismatches'] for o in levels)}")
 
 
 def _noise(left: list[float], right: list[float]) -> str:
     """' (within noise)' when the two ways' ranges overlap."""
     return " (within noise)" if min(left) <= max(right) and min(right) <= max(left) else ""
-
-
-def _spread(values: list[float], spec: str = ".2f") -> str:
-    return f"{statistics.median(values):{spec}} [{min(values):{spec}}-{max(values):{spec}}]"
 
 
 if __name__ == "__main__":

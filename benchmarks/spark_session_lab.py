@@ -28,6 +28,11 @@ from dtlab.platforms import load_cluster
 from dtlab.report.aggregate import WHOLE_RUN_PHASES, whole_run_phases
 from dtlab.results import ResultStore
 
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks._trainer_common import spread  # noqa: E402
+
 SETUPS = ("application", "connect")
 CELL = "spark-g2"
 INVOKE = str(Path(sys.executable).parent / "invoke")
@@ -47,10 +52,6 @@ def run_cell(inventory: Path, results: Path) -> None:
                          timeout=900, env={**os.environ, "DTLAB_RESULTS_DIR": str(results)})
     if ran.returncode != 0:
         raise SystemExit(f"bench.all {CELL} failed:\n{ran.stdout[-3000:]}\n{ran.stderr[-2000:]}")
-
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):6.1f} [{min(values):.1f}-{max(values):.1f}]"
 
 
 def main() -> int:
@@ -90,7 +91,8 @@ def main() -> int:
                         for phase, seconds in whole_run_phases(run.result):
                             phases[setup].setdefault(phase, []).append(seconds)
                     print(f"round {round_index + 1} {setup}: switch {switches[setup][-1]:.0f} s, "
-                          f"end to end so far {spread(phases[setup]['end to end'])}", flush=True)
+                          f"end to end so far {spread(phases[setup]['end to end'], '.1f', width=6)}",
+                          flush=True)
         finally:
             try:
                 switch(args.inventory, "application")  # the lab as it was: no Connect server
@@ -102,14 +104,14 @@ def main() -> int:
           f"load average before: {load_at_start:.2f}")
     for setup in SETUPS:
         print(f"  {setup}: {', '.join(sorted(labels[setup]))}; switching to it (spark role): "
-              f"{spread(switches[setup])} s")
+              f"{spread(switches[setup], '.1f', width=6)} s")
     header = f"phase (s), median [min-max], n={runs}"
     print(f"{header:<44}{'application':>18}{'connect':>18}{'connect/app':>12}")
     for phase, _, _ in WHOLE_RUN_PHASES:
         app, connect = phases["application"].get(phase, []), phases["connect"].get(phase, [])
         if app and connect:
             ratio = statistics.median(connect) / statistics.median(app)
-            print(f"{phase:<44}{spread(app):>18}{spread(connect):>18}{ratio:>12.2f}")
+            print(f"{phase:<44}{spread(app, '.1f'):>18}{spread(connect, '.1f'):>18}{ratio:>12.2f}")
     return 0
 
 

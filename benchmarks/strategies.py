@@ -34,7 +34,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _strategy_probe import PROFILE_AFTER_STEPS, PROFILED_STEPS  # noqa: E402
-from _trainer_common import OUT_DIR, free_loopback_port, machine  # noqa: E402
+from _trainer_common import OUT_DIR, free_loopback_port, machine, spread  # noqa: E402
 
 from trainer.config import GENERATED_MODEL_PREFIX, GENERATED_MODEL_SHAPES, ConfigError, TrainConfig  # noqa: E402
 from trainer.data import tokenized_splits  # noqa: E402
@@ -161,10 +161,6 @@ def _one_line(run: dict) -> str:
             f"sent {run['sent_mb_per_step']:7.2f} MB/step{idle}, accuracy {run['final_accuracy']:.3f}")
 
 
-def _spread(values: list[float], unit: str = "") -> str:
-    return f"{statistics.median(values):.2f}{unit} [{min(values):.2f}-{max(values):.2f}]"
-
-
 def _report(size: str, runs: dict[str, list[dict]], contenders: list[str], world_size: int) -> None:
     baseline = runs[BASELINE]
     print(f"\n{size}: median [min-max] over rounds; ratio = the contender's step / ddp's in the same round")
@@ -179,15 +175,15 @@ def _report(size: str, runs: dict[str, list[dict]], contenders: list[str], world
         verdict = ""
         if contender != BASELINE:
             verdict = " (within noise)" if min(ratios) <= 1 <= max(ratios) else ""
-            verdict = f", ratio {_spread(ratios, 'x')}{verdict}"
+            verdict = f", ratio {spread(ratios, unit='x')}{verdict}"
         idle = [r["idle_fraction"] for r in mine if r["idle_fraction"] is not None]
         bubble = ""
         if idle:
             microbatches = mine[0]["microbatches"]
-            bubble = (f", idle {_spread([100 * i for i in idle], '%')} (formula "
+            bubble = (f", idle {spread([100 * i for i in idle], unit='%')} (formula "
                       f"{100 * (world_size - 1) / (microbatches + world_size - 1):.0f}%)")
         unknown = sorted({op for r in mine for op in r["unknown_c10d_ops"]})
-        steps = _spread([r["step_ms"] for r in mine], " ms")
+        steps = spread([r["step_ms"] for r in mine], unit=" ms")
         print(f"  {contender:16s} n={len(mine)} step {steps}{verdict}, "
               f"peak {statistics.median(r['peak_mb'] for r in mine):.0f} MiB ({mine[0]['memory_kind']}), "
               f"sent {statistics.median(r['sent_mb_per_step'] for r in mine):.2f} MB/step{bubble}, "

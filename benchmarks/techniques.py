@@ -18,14 +18,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _trainer_common import OUT_DIR, machine, torchrun  # noqa: E402
+from _trainer_common import OUT_DIR, machine, spread, torchrun  # noqa: E402
 
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.data import tokenized_splits  # noqa: E402
@@ -80,9 +79,9 @@ def main() -> None:
                       for ratio, (_, ours) in zip(sent, pairs, strict=True)]
         accuracy = [ours["final_accuracy"] for ours in runs[name]]
         noise = "" if name == CONTENDERS[0][0] else _noise(plain, runs[name])
-        print(f"{name:22s} | {_spread(speed)}{noise} | {_spread(sent)} | {_spread(per_sample)} | "
-              f"{_spread(accuracy, '.4f')} "
-              f"({_spread([r['final_accuracy'] for r in plain], '.4f')})")
+        print(f"{name:22s} | {spread(speed)}{noise} | {spread(sent)} | {spread(per_sample)} | "
+              f"{spread(accuracy, '.4f')} "
+              f"({spread([r['final_accuracy'] for r in plain], '.4f')})")
     print(f"n = {args.rounds} rounds per contender; machine after: {machine()}")
 
 
@@ -92,10 +91,6 @@ def _noise(plain: list[dict], ours: list[dict]) -> str:
               for runs in (plain, ours)]
     overlap = ranges[0][0] <= ranges[1][1] and ranges[1][0] <= ranges[0][1]
     return " (within noise)" if overlap else ""
-
-
-def _spread(values: list[float], spec: str = ".2f") -> str:
-    return (f"{statistics.median(values):{spec}} [{min(values):{spec}}-{max(values):{spec}}]")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,10 @@ from pathlib import Path
 from dtlab.commands import ANSIBLE_LINT_PASSED
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks._trainer_common import spread  # noqa: E402
+
 TARGET_S = 150.0
 RUN_TIMEOUT_S = 2 * 3600  # the full tier's target is an hour; twice that means something hangs
 # Ignored paths the tests need that a worktree lacks: the venv, and the collections setup.sh installs.
@@ -130,10 +134,6 @@ def tiers_main(tiers: list[str], rounds: int, fresh: bool) -> int:
     return 1 if failed or missed else 0
 
 
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):6.1f} s [{min(values):.1f}-{max(values):.1f}] n={len(values)}"
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -183,7 +183,7 @@ def main() -> int:
                            timeout=120, check=False)
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f}")
     for name, values in times.items():
-        print(f"{name:27s} {spread(values)}")
+        print(f"{name:27s} {spread(values, '.1f', ' s', count=True, width=6)}")
     for name in contenders[1:]:
         ratios = [mine / base for mine, base in zip(times[name], times["baseline"], strict=True)]
         print(f"{name} / baseline per round: {' '.join(f'{r:.2f}' for r in ratios)}; "

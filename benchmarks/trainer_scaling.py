@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _trainer_common import OUT_DIR, machine, torchrun  # noqa: E402
+from _trainer_common import OUT_DIR, machine, spread, torchrun  # noqa: E402
 
 from trainer.config import TrainConfig  # noqa: E402
 from trainer.data import tokenized_splits  # noqa: E402
@@ -70,13 +70,14 @@ def main() -> None:
               f"{result['steady_step_time_s'] * 1000:4.0f} ms, rank-0 CPU {_cpu_s(result):5.1f} s, "
               f"peak RSS per worker {rss} MiB", flush=True)
     single = runs[CONTENDERS[0][0]]
+    print(f"efficiency against 1 worker, per round: median [min-max] over {args.rounds} rounds")
     for name, _, _ in CONTENDERS[1:]:
         pairs = list(zip(single, runs[name], strict=True))  # each round against its own 1-worker run
         wall = [two["samples_per_s"] / (2 * one["samples_per_s"]) for one, two in pairs]
         cpu = [_cpu_s(one) / (2 * _cpu_s(two)) for one, two in pairs]
         verdict = "met" if statistics.median(wall) >= EFFICIENCY_TARGET else "MISSED"
-        print(f"{name}: efficiency {_spread(wall)} (target >= {EFFICIENCY_TARGET:.0%} by the median: "
-              f"{verdict}); CPU-time efficiency {_spread(cpu)}")
+        print(f"{name}: efficiency {spread(wall, '.1%')} (target >= {EFFICIENCY_TARGET:.0%} by the median: "
+              f"{verdict}); CPU-time efficiency {spread(cpu, '.1%')}")
     peak_rss = max(max(r["peak_memory_mb"]["rss_per_rank"]) for results in runs.values() for r in results)
     print(f"peak RSS per worker: {peak_rss:.0f} MiB = {peak_rss / RSS_TARGET_MB:.2f} of the 2 GiB target "
           f"({'met' if peak_rss <= RSS_TARGET_MB else 'MISSED'})")
@@ -85,10 +86,6 @@ def main() -> None:
 
 def _cpu_s(result: dict) -> float:
     return sum(m["train_cpu_time_s"] for m in result["epoch_metrics"])
-
-
-def _spread(values: list[float]) -> str:
-    return f"median {statistics.median(values):.1%} [min {min(values):.1%}, max {max(values):.1%}]"
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _trainer_common import OUT_DIR, hf_dataset, hf_tokenizer, machine  # noqa: E402
+from _trainer_common import OUT_DIR, hf_dataset, hf_tokenizer, machine, spread  # noqa: E402
 
 CONTENDERS = ("dtlab", "hf-example", "hf-guide", "hf-best")
 TARGETS = {"hf-example": 1.5, "hf-best": 1.0}
@@ -151,22 +151,19 @@ def main() -> None:
             print(f"round {round_number} {contender:11s} wall {measured['wall_s']:7.1f} s "
                   f"({samples / measured['wall_s']:6.1f} samples/s)  cpu {measured['cpu_s']:7.1f} s "
                   f"({samples / measured['cpu_s']:6.1f} samples/cpu-s)", flush=True)
+    print(f"ratios HF contender / dtlab, per round: median [min-max] over {args.rounds} rounds")
     for contender in CONTENDERS[1:]:
         ratios = {clock: [theirs[clock] / ours[clock] for ours, theirs in zip(runs["dtlab"], runs[contender],
                                                                                strict=True)]
                   for clock in ("wall_s", "cpu_s")}
-        line = (f"dtlab vs {contender:10s} CPU time {_spread(ratios['cpu_s'])}   "
-                f"wall time {_spread(ratios['wall_s'])}")
+        line = (f"dtlab vs {contender:10s} CPU time {spread(ratios['cpu_s'], unit='x')}   "
+                f"wall time {spread(ratios['wall_s'], unit='x')}")
         if contender in TARGETS:
             met = statistics.median(ratios["cpu_s"]) >= TARGETS[contender]
             verdict = "met" if met else "MISSED"
             line += f"   (target >= {TARGETS[contender]:.1f}x by the median CPU ratio: {verdict})"
         print(line)
     print(f"machine after: {machine()}")
-
-
-def _spread(values: list[float]) -> str:
-    return f"median {statistics.median(values):.2f}x [min {min(values):.2f}, max {max(values):.2f}]"
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ import argparse
 import itertools
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +28,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _trainer_common import OUT_DIR, machine  # noqa: E402
+from _trainer_common import OUT_DIR, machine, spread  # noqa: E402
 
 from dtlab import paths  # noqa: E402
 from dtlab.search import parse_search  # noqa: E402
@@ -92,12 +91,12 @@ def main() -> None:
         ours = runs[name]
         ratio = [search["wall_s"] / base["wall_s"] for base, search in zip(plain, ours, strict=True)]
         noise = "" if name == WAYS[0][0] else _noise(plain, ours)
-        print(f"{name:18s} | {_spread([s['wall_s'] for s in ours], '.1f')} | {_spread(ratio)}{noise} | "
-              f"{_spread([s['best']['reached_s'] for s in ours], '.1f')} | "
-              f"{_spread([s['best']['val_accuracy'] for s in ours], '.4f')} | "
+        print(f"{name:18s} | {spread([s['wall_s'] for s in ours], '.1f')} | {spread(ratio)}{noise} | "
+              f"{spread([s['best']['reached_s'] for s in ours], '.1f')} | "
+              f"{spread([s['best']['val_accuracy'] for s in ours], '.4f')} | "
               f"{sorted({s['best']['number'] for s in ours})} | "
-              f"{_spread([s['counts']['stopped_early'] for s in ours], '.0f')} | "
-              f"{_spread([s['busy_fraction'] for s in ours])}")
+              f"{spread([s['counts']['stopped_early'] for s in ours], '.0f')} | "
+              f"{spread([s['busy_fraction'] for s in ours])}")
     print(f"n = {args.rounds} rounds per way, {args.trials} trials of up to {args.budget} epochs each; "
           f"machine after: {machine()}")
 
@@ -106,10 +105,6 @@ def _noise(plain: list[dict], ours: list[dict]) -> str:
     """' (within noise)' when the two ways' wall-time ranges overlap."""
     ranges = [(min(s["wall_s"] for s in runs), max(s["wall_s"] for s in runs)) for runs in (plain, ours)]
     return " (within noise)" if ranges[0][0] <= ranges[1][1] and ranges[1][0] <= ranges[0][1] else ""
-
-
-def _spread(values: list[float], spec: str = ".2f") -> str:
-    return f"{statistics.median(values):{spec}} [{min(values):{spec}}-{max(values):{spec}}]"
 
 
 if __name__ == "__main__":
