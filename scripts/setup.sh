@@ -72,7 +72,7 @@ PYTHON=${PYTHON:-python3}
 # the promise that Python compiles a module once, at its first import; where PYTHONDONTWRITEBYTECODE=1 is
 # set (container images often set it; the development machines here do), every process compiled every
 # module it imported again: 7 s of CPU for the trainer's imports alone, in each of the hundreds of Python
-# processes the tests start (benchmarks/README.md, Tests). A .pth line runs at every start of this venv.
+# processes the tests start (benchmarks/bytecode_cache.py). A .pth line runs at every start of this venv.
 site_packages=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 echo 'import sys; sys.dont_write_bytecode = False' > "$site_packages/dtlab-write-bytecode.pth"
 
@@ -85,12 +85,18 @@ clients=()
 stamp=.venv/.dtlab-installed
 want=$( { cat constraints.txt pyproject.toml; printf '%s\n' "${clients[@]}"; } | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  .venv/bin/pip install -q --upgrade pip
-  # --no-compile: Python compiles what it imports on first use; compiling every module of torch, Ray and
-  # Spark up front cost minutes on a fresh machine. PYTHONWARNINGS: setuptools' editable build prints a
-  # 9-line banner on every install (a UserWarning that folders named like the package may shadow it).
-  PYTHONWARNINGS="ignore::UserWarning" .venv/bin/pip install -q --no-compile -c constraints.txt \
-    -e '.[test]' "${clients[@]}"
+  # uv installs the same pins as pip in a third of its time on a fresh machine (benchmarks/README.md, "uv
+  # for the controller's venv"), from where pip is configured to look (dtlab/pipconfig.py). Like pip's
+  # --no-compile, it leaves the bytecode to each module's first import.
+  .venv/bin/pip install -q -c constraints.txt uv
+  pip_config=$(.venv/bin/pip config list) || die "pip config list failed (above)"
+  mapfile -t uv_args < <(printf '%s\n' "$pip_config" | "$PYTHON" -m dtlab.pipconfig args)
+  mapfile -t uv_env < <(printf '%s\n' "$pip_config" | "$PYTHON" -m dtlab.pipconfig env)
+  [ ${#uv_env[@]} -gt 0 ] || die "cannot read pip's configuration for uv (above)"
+  # PYTHONWARNINGS: setuptools' editable build prints a 9-line banner on every install (a UserWarning that
+  # folders named like the package may shadow it).
+  env "${uv_env[@]}" PYTHONWARNINGS="ignore::UserWarning" .venv/bin/uv pip install -q --python .venv/bin/python \
+    "${uv_args[@]}" -c constraints.txt --upgrade-package pip pip -e '.[test]' "${clients[@]}"
   echo "$want" > "$stamp"
 fi
 

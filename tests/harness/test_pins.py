@@ -1,10 +1,7 @@
 """The lock's parts (dtlab/pins.py): dtlab's own pins and each platform's in its folder, their union
 constraints.txt, and relock's split of a freeze back into them."""
 
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -78,13 +75,3 @@ def test_a_package_pinned_in_two_parts_is_refused_in_one_line(tmp_path):
         pins.lock_text(repo)
     message = str(refused.value)
     assert "\n" not in message and "torch is pinned in both" in message and str(ray_part) in message
-
-
-def test_setup_shs_venv_writes_bytecode_where_the_environment_says_not_to(tmp_path):
-    # setup.sh installs with --no-compile: a module is to be compiled once, at its first import, which needs
-    # its bytecode written even under PYTHONDONTWRITEBYTECODE=1 (benchmarks/bytecode_cache.py).
-    (tmp_path / "first_import.py").write_text("VALUE = 1\n")
-    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(tmp_path)}
-    subprocess.run([sys.executable, "-c", "import first_import"], env=env, check=True, timeout=60)
-    assert [path.name for path in (tmp_path / "__pycache__").glob("first_import.*.pyc")], (
-        "the venv's Python wrote no bytecode: run scripts/setup.sh")

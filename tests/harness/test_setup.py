@@ -1,0 +1,95 @@
+"""scripts/setup.sh's venv: it writes its bytecode, and uv installs it from where pip is configured to look
+(dtlab/pipconfig.py)."""
+
+import json
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from dtlab import pipconfig
+
+UV = Path(sys.executable).with_name("uv")
+
+
+def test_setup_shs_venv_writes_bytecode_where_the_environment_says_not_to(tmp_path):
+    # setup.sh installs without compiling: a module is to be compiled once, at its first import, which needs
+    # its bytecode written even under PYTHONDONTWRITEBYTECODE=1 (benchmarks/bytecode_cache.py).
+    (tmp_path / "first_import.py").write_text("VALUE = 1\n")
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPATH": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", "import first_import"], env=env, check=True, timeout=60)
+    assert [path.name for path in (tmp_path / "__pycache__").glob("first_import.*.pyc")], (
+        "the venv's Python wrote no bytecode: run scripts/setup.sh")
+
+
+def test_pip_applies_its_sections_in_order_and_uv_gets_the_result():
+    listed = "\n".join([
+        "global.find-links='/global/wheels'",
+        "install.find-links='/install/wheels /more/wheels'",
+        "global.index-url='https://mirror.example/simple'",
+        ":env:.index_url='https://env.example/simple'",
+        "global.no-index='true'",
+        "global.cert='/etc/ssl/proxy.pem'",
+        ":env:.default-timeout='180'",
+        "download.find-links='/not/for/install'",
+    ])
+    options = pipconfig.effective(listed)
+    assert pipconfig.uv_args(options) == [
+        "--index-url", "https://env.example/simple",
+        "--find-links", "/install/wheels", "--find-links", "/more/wheels", "--no-index"]
+    assert pipconfig.uv_environment(options) == [
+        "UV_INDEX_STRATEGY=unsafe-best-match", "SSL_CERT_FILE=/etc/ssl/proxy.pem", "UV_HTTP_TIMEOUT=180"]
+
+
+def test_a_line_that_is_not_pips_says_which():
+    with pytest.raises(pipconfig.PipConfigError, match=r"line 2: .*'global.find-links /x'"):
+        pipconfig.effective("global.cert='/a'\nglobal.find-links /x\n")
+
+
+def _wheel(directory: Path, version: str) -> None:
+    """A pure-Python wheel of the package `tiny`, as a build backend writes it."""
+    info = f"tiny-{version}.dist-info"
+    files = {
+        "tiny/__init__.py": f"VERSION = {version!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: tiny\nVersion: {version}\n",
+        f"{info}/WHEEL": ("Wheel-Version: 1.0\nGenerator: dtlab-test\nRoot-Is-Purelib: true\n"
+                          "Tag: py3-none-any\n"),
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    directory.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(directory / f"tiny-{version}-py3-none-any.whl", "w") as wheel:
+        for name, text in files.items():
+            wheel.writestr(name, text)
+
+
+def test_uv_installs_what_pip_would_from_pips_own_configuration(tmp_path):
+    # Two directories of wheels and a constraint, known to pip only through its config file and a PIP_*
+    # variable; no index. pip picks the best version across both directories under the constraint.
+    _wheel(tmp_path / "old", "1.0")
+    _wheel(tmp_path / "new", "2.0")
+    _wheel(tmp_path / "new", "3.0")
+    (tmp_path / "cap.txt").write_text("tiny<3\n")
+    (tmp_path / "pip.conf").write_text(f"[global]\nno-index = true\nfind-links = {tmp_path / 'old'}\n"
+                                       f"constraint = {tmp_path / 'cap.txt'}\n")
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PIP_", "UV_"))}
+    env |= {"PIP_CONFIG_FILE": str(tmp_path / "pip.conf"), "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
+            "PIP_FIND_LINKS": f"{tmp_path / 'old'} {tmp_path / 'new'}"}  # replaces the file's
+    pip = [sys.executable, "-m", "pip"]
+    report = subprocess.run([*pip, "install", "--dry-run", "--quiet", "--report", "-", "tiny"], env=env,
+                            capture_output=True, text=True, check=True, timeout=120)
+    pips_choice = json.loads(report.stdout)["install"][0]["metadata"]["version"]
+    listed = subprocess.run([*pip, "config", "list"], env=env, capture_output=True, text=True, check=True,
+                            timeout=60).stdout
+    options = pipconfig.effective(listed)
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    uv_env = dict(line.split("=", 1) for line in pipconfig.uv_environment(options)) | {"UV_OFFLINE": "1"}
+    subprocess.run([str(UV), "pip", "install", "--quiet", "--python", str(venv / "bin/python"),
+                    *pipconfig.uv_args(options), "tiny"], env=env | uv_env, check=True, timeout=120)
+    installed = subprocess.run([str(venv / "bin/python"), "-c", "import tiny; print(tiny.VERSION)"],
+                               capture_output=True, text=True, check=True, timeout=60).stdout.strip()
+    assert pips_choice == "2.0"
+    assert installed == pips_choice
