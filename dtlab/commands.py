@@ -250,8 +250,9 @@ def demo(name: str | None, faults: bool = False) -> list[CellOutcome]:
     from dtlab.deploy import deploy
     from dtlab.provision import converge
 
-    # The platforms' controller builds (Horovod's compile) start first and overlap the lab's image and
-    # the converge's first roles; the roles' own build steps wait for them. Any lab's group_vars will do.
+    # The controller's builds (the trainer role's wheelhouse, the platforms' builds: Horovod's compile)
+    # start first and overlap the lab's image and the converge's first roles; the roles' own steps wait
+    # for them. Any lab's group_vars will do.
     builds = _start_controller_builds(load_cluster(paths.INVENTORY_DIR / "lab.yml"))
     try:
         config = dtlab.lab.up(name)
@@ -275,8 +276,14 @@ def demo(name: str | None, faults: bool = False) -> list[CellOutcome]:
 
 def _start_controller_builds(cluster: Cluster) -> list:
     from dtlab import platforms
+    from dtlab.provision import start_wheelhouse_fill
 
     builds = []
+    log = paths.STATE_DIR / "logs" / "trainer-wheelhouse-fill.log"
+    fill = start_wheelhouse_fill(cluster, log)
+    if fill:
+        print(f"demo: the trainer's wheelhouse fill started beside the lab's start (log: {log})")
+        builds.append(fill)
     for platform in platforms.ALL:
         log = paths.STATE_DIR / "logs" / f"{platform.name}-controller-build.log"
         build = platform.start_controller_build(cluster, log)

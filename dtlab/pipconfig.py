@@ -6,6 +6,7 @@ and a machine's pip.conf files and PIP_* variables may be where its packages are
 certificate, a directory of wheels (the development and CI machines here keep torch's CPU wheel in one).
 Input: `pip config list` (pip's view of its files and variables, `section.option='value'` a line). Output:
 uv's options (`args`, one word a line) or the environment uv reads the rest from (`env`, NAME=value a line).
+The controller's other venvs (Horovod's build venv) are installed the same way: `uv_install`.
 
 Standard library only: setup.sh runs it with the system Python.
 """
@@ -13,7 +14,9 @@ Standard library only: setup.sh runs it with the system Python.
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
+from pathlib import Path
 
 # pip applies [global], then the command's own section, then its PIP_* variables (shown as ":env:").
 SECTIONS = ("global", "install", ":env:")
@@ -80,6 +83,18 @@ def uv_environment(options: dict[str, str]) -> list[str]:
         if options.get(option):
             assignments += [f"{name}={options[option]}" for name in names]
     return list(dict.fromkeys(assignments))  # timeout and default-timeout are one
+
+
+def uv_install(python: Path, *install_args: str) -> tuple[list[str], dict[str, str]]:
+    """`uv pip install` into `python`'s venv, looking where this venv's pip would, and the environment
+    variables it needs beside the caller's: the controller's uv, which setup.sh installed."""
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True,
+                            check=True, timeout=60).stdout
+    options = effective(listed)
+    uv = Path(sys.executable).with_name("uv")
+    environment = dict(assignment.split("=", 1) for assignment in uv_environment(options))
+    command = [str(uv), "pip", "install", "--quiet", "--python", str(python), *uv_args(options)]
+    return [*command, *install_args], environment
 
 
 if __name__ == "__main__":  # scripts/setup.sh: pip config list | python3 -m dtlab.pipconfig args|env

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,10 +27,10 @@ from pathlib import Path
 import ansible_runner
 import yaml
 
-from dtlab import paths
+from dtlab import paths, pins
 from dtlab.errors import DtlabError
 from dtlab.files import atomic_write_text
-from dtlab.inventory import default_inventory_path
+from dtlab.inventory import Cluster, default_inventory_path
 from dtlab.platforms import load_cluster
 
 STAT_KEYS = ("ok", "changed", "failures", "dark", "skipped")
@@ -340,3 +341,29 @@ def provision_command(inventory: str | None, *, check: bool = False, diff: bool 
 
 class ProvisionFailed(DtlabError):
     exit_code = 1
+
+
+# --- the trainer role's wheelhouse, filled early ---------------------------------------------------------
+
+# The lock a fill of the controller's wheelhouse holds; roles/trainer/tasks/wheelhouse.yml waits on it.
+WHEELHOUSE_FILL_LOCK = ".dtlab-fill.lock"
+
+
+def start_wheelhouse_fill(cluster: Cluster, log: Path) -> subprocess.Popen | None:
+    """The trainer role's wheelhouse fill (pip wheel of the nodes' packages into the controller's wheelhouse)
+    for a wheelhouse cluster (the lab), started before the lab is: its downloads overlap the image's build.
+    The role waits on the lock, then its own pip reads the wheelhouse first and downloads nothing more.
+    torch stays the role's: its build follows the nodes' GPUs (a pip dependency may still bring it in)."""
+    if cluster.var("trainer_install_source") != "wheelhouse" or cluster.var("dtlab_bundle"):
+        return None
+    paths.WHEELHOUSE_DIR.mkdir(parents=True, exist_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    requirements = log.with_suffix(".requirements.txt")
+    requirements.write_text("".join(f"{name}\n" for name in pins.node_packages() if name != "torch"))
+    wheelhouse = str(paths.WHEELHOUSE_DIR)
+    command = ["flock", f"{wheelhouse}/{WHEELHOUSE_FILL_LOCK}", sys.executable, "-m", "pip", "wheel",
+               "--quiet", "--find-links", wheelhouse, "--wheel-dir", wheelhouse, "-r", str(requirements),
+               "-c", str(paths.CONSTRAINTS_FILE)]
+    with log.open("w") as out:
+        return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)

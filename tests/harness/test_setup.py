@@ -65,30 +65,29 @@ def _wheel(directory: Path, version: str) -> None:
             wheel.writestr(name, text)
 
 
-def test_uv_installs_what_pip_would_from_pips_own_configuration(tmp_path):
-    # Two directories of wheels and a constraint, known to pip only through its config file and a PIP_*
-    # variable; no index. pip picks the best version across both directories under the constraint.
+def test_uv_installs_what_pip_would_from_pips_own_configuration(tmp_path, monkeypatch):
+    # Two folders of wheels and a constraint, known to pip only through its config file and a PIP_*
+    # variable; no index. pip picks the best version across both folders under the constraint; uv_install
+    # (setup.sh's way, and Horovod's build venv's) must pick the same, offline.
     _wheel(tmp_path / "old", "1.0")
     _wheel(tmp_path / "new", "2.0")
     _wheel(tmp_path / "new", "3.0")
     (tmp_path / "cap.txt").write_text("tiny<3\n")
     (tmp_path / "pip.conf").write_text(f"[global]\nno-index = true\nfind-links = {tmp_path / 'old'}\n"
                                        f"constraint = {tmp_path / 'cap.txt'}\n")
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PIP_", "UV_"))}
-    env |= {"PIP_CONFIG_FILE": str(tmp_path / "pip.conf"), "UV_CACHE_DIR": str(tmp_path / "uv-cache"),
-            "PIP_FIND_LINKS": f"{tmp_path / 'old'} {tmp_path / 'new'}"}  # replaces the file's
-    pip = [sys.executable, "-m", "pip"]
-    report = subprocess.run([*pip, "install", "--dry-run", "--quiet", "--report", "-", "tiny"], env=env,
-                            capture_output=True, text=True, check=True, timeout=120)
+    for name in [name for name in os.environ if name.startswith(("PIP_", "UV_"))]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(tmp_path / "pip.conf"))
+    monkeypatch.setenv("PIP_FIND_LINKS", f"{tmp_path / 'old'} {tmp_path / 'new'}")  # replaces the file's
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    report = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--quiet", "--report", "-",
+                             "tiny"], capture_output=True, text=True, check=True, timeout=120)
     pips_choice = json.loads(report.stdout)["install"][0]["metadata"]["version"]
-    listed = subprocess.run([*pip, "config", "list"], env=env, capture_output=True, text=True, check=True,
-                            timeout=60).stdout
-    options = pipconfig.effective(listed)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    uv_env = dict(line.split("=", 1) for line in pipconfig.uv_environment(options)) | {"UV_OFFLINE": "1"}
-    subprocess.run([str(UV), "pip", "install", "--quiet", "--python", str(venv / "bin/python"),
-                    *pipconfig.uv_args(options), "tiny"], env=env | uv_env, check=True, timeout=120)
+    command, uv_environment = pipconfig.uv_install(venv / "bin/python", "tiny")
+    assert command[0] == str(UV)
+    subprocess.run(command, env=os.environ | uv_environment | {"UV_OFFLINE": "1"}, check=True, timeout=120)
     installed = subprocess.run([str(venv / "bin/python"), "-c", "import tiny; print(tiny.VERSION)"],
                                capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     assert pips_choice == "2.0"
