@@ -351,8 +351,9 @@ WHEELHOUSE_FILL_LOCK = ".dtlab-fill.lock"
 
 def start_wheelhouse_fill(cluster: Cluster, log: Path) -> subprocess.Popen | None:
     """The trainer role's wheelhouse fill (pip wheel of the nodes' packages into the controller's wheelhouse)
-    for a wheelhouse cluster (the lab), started before the lab is: its downloads overlap the image's build.
-    The role waits on the lock, then its own pip reads the wheelhouse first and downloads nothing more.
+    for a wheelhouse cluster (the lab), started by the demo before its converge: its downloads overlap the
+    converge's first plays. The role waits on the lock, then its pip reads the wheelhouse first and
+    downloads nothing more.
     torch stays the role's: its build follows the nodes' GPUs (a pip dependency may still bring it in)."""
     if cluster.var("trainer_install_source") != "wheelhouse" or cluster.var("dtlab_bundle"):
         return None
