@@ -1,7 +1,7 @@
 """pip's configuration as uv's, so that `uv pip install` looks where pip would.
 
 scripts/setup.sh installs the controller's venv with uv: the same pins in about a third of pip's time on a
-fresh machine (benchmarks/README.md, "uv for the controller's venv"). uv reads none of pip's configuration,
+fresh machine (benchmarks/README.md, "uv for the venvs"). uv reads none of pip's configuration,
 and a machine's pip.conf files and PIP_* variables may be where its packages are: a mirror, a proxy and its
 certificate, a directory of wheels (the development and CI machines here keep torch's CPU wheel in one).
 Input: `pip config list` (pip's view of its files and variables, `section.option='value'` a line). Output:

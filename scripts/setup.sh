@@ -85,9 +85,9 @@ clients=()
 stamp=.venv/.dtlab-installed
 want=$( { cat constraints.txt pyproject.toml; printf '%s\n' "${clients[@]}"; } | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  # uv installs the same pins as pip in a third of its time on a fresh machine (benchmarks/README.md, "uv
-  # for the controller's venv"), from where pip is configured to look (dtlab/pipconfig.py). Like pip's
-  # --no-compile, it leaves the bytecode to each module's first import.
+  # uv installs the same pins as pip in a third of its time on a fresh machine (benchmarks/venv_install.py;
+  # benchmarks/README.md, "uv for the venvs"), from where pip is configured to look (dtlab/pipconfig.py).
+  # Like pip's --no-compile, it leaves the bytecode to each module's first import.
   .venv/bin/pip install -q -c constraints.txt uv
   pip_config=$(.venv/bin/pip config list) || die "pip config list failed (above)"
   mapfile -t uv_args < <(printf '%s\n' "$pip_config" | "$PYTHON" -m dtlab.pipconfig args)
