@@ -104,4 +104,5 @@ if __name__ == "__main__":  # scripts/setup.sh: pip config list | python3 -m dtl
         pip_options = effective(sys.stdin.read())
     except PipConfigError as error:
         sys.exit(f"dtlab.pipconfig: {error}")
-    print("\n".join(uv_args(pip_options) if sys.argv[1] == "args" else uv_environment(pip_options)))
+    for line in uv_args(pip_options) if sys.argv[1] == "args" else uv_environment(pip_options):
+        print(line)  # nothing at all where pip has no configuration: setup.sh reads each line as a word

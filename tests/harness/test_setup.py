@@ -92,3 +92,17 @@ def test_uv_installs_what_pip_would_from_pips_own_configuration(tmp_path, monkey
                                capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     assert pips_choice == "2.0"
     assert installed == pips_choice
+
+
+def test_setup_shs_reader_prints_no_word_where_pip_has_no_configuration_and_one_line_for_a_bad_one():
+    # setup.sh reads each output line as one of uv's words: an empty line would be an empty argument.
+    def read(what: str, listed: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "dtlab.pipconfig", what], input=listed, text=True,
+                              capture_output=True, timeout=60, cwd=Path(pipconfig.__file__).parents[1])
+
+    assert read("args", "\n").stdout == ""
+    assert read("env", "").stdout == "UV_INDEX_STRATEGY=unsafe-best-match\n"
+    refused = read("args", "global.find-links /x\n")
+    assert refused.returncode != 0 and refused.stdout == ""
+    assert refused.stderr.strip().startswith("dtlab.pipconfig: pip config list, line 1:")
+    assert "\n" not in refused.stderr.strip()
