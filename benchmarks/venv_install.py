@@ -45,15 +45,13 @@ def install(way: str, scratch: Path) -> tuple[float, float]:
            "PIP_CACHE_DIR": str(scratch / "pip-cache"), "UV_CACHE_DIR": str(scratch / "uv-cache")}
     python = venv / "bin/python"
     if way == "pip":
-        commands = [[str(python), "-m", "pip", "install", "-q", "--no-compile", *packages]]
+        command = [str(python), "-m", "pip", "install", "-q", "--no-compile", *packages]
     else:
         command, uv_environment = pipconfig.uv_install(python, *packages)
         env |= uv_environment
-        commands = [command]
     cpu_before, started = children_cpu_s(), time.perf_counter()
-    for command in commands:
-        subprocess.run(command, env=env, check=True, timeout=3600, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+    subprocess.run(command, env=env, check=True, timeout=3600, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
     return time.perf_counter() - started, children_cpu_s() - cpu_before
 
 
