@@ -89,10 +89,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # benchmarks/README.md, "uv for the venvs"), from where pip is configured to look (dtlab/pipconfig.py).
   # Like pip's --no-compile, it leaves the bytecode to each module's first import.
   .venv/bin/pip install -q -c constraints.txt uv
-  pip_config=$(.venv/bin/pip config list) || die "pip config list failed (above)"
-  mapfile -t uv_args < <(printf '%s\n' "$pip_config" | "$PYTHON" -m dtlab.pipconfig args)
-  mapfile -t uv_env < <(printf '%s\n' "$pip_config" | "$PYTHON" -m dtlab.pipconfig env)
-  [ ${#uv_env[@]} -gt 0 ] || die "cannot read pip's configuration for uv (above)"
+  uv_words=$(.venv/bin/python -m dtlab.pipconfig args) || die "cannot read pip's configuration for uv (above)"
+  uv_vars=$(.venv/bin/python -m dtlab.pipconfig env) || die "cannot read pip's configuration for uv (above)"
+  uv_args=()
+  [ -z "$uv_words" ] || mapfile -t uv_args <<< "$uv_words"
+  mapfile -t uv_env <<< "$uv_vars"
   # PYTHONWARNINGS: setuptools' editable build prints a 9-line banner on every install (a UserWarning that
   # folders named like the package may shadow it).
   env "${uv_env[@]}" PYTHONWARNINGS="ignore::UserWarning" .venv/bin/uv pip install -q --python .venv/bin/python \
