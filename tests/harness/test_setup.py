@@ -24,10 +24,13 @@ def test_setup_shs_venv_writes_bytecode_where_the_environment_says_not_to(tmp_pa
 
 
 def test_pip_applies_its_sections_in_order_and_uv_gets_the_result(tmp_path, monkeypatch):
+    # The machine's own files are read too (pip always reads /etc/pip.conf): what the expected result takes
+    # from this file is in its [install] section, which overrides theirs, but for find-links, whose [global]
+    # value this file's [install] replaces.
     (tmp_path / "pip.conf").write_text("\n".join([
-        "[global]", "find-links = /global/wheels", "index-url = https://mirror.example/simple",
+        "[global]", "find-links = /global/wheels",
+        "[install]", "find-links = /install/wheels /more/wheels", "index-url = https://mirror.example/simple",
         "no-index = true", "cert = /etc/ssl/proxy.pem",
-        "[install]", "find-links = /install/wheels /more/wheels",
         "[download]", "find-links = /not/for/install", ""]))
     for name in [name for name in os.environ if name.startswith("PIP_")]:
         monkeypatch.delenv(name)
