@@ -52,10 +52,10 @@ class PipConfigError(ValueError):
     """pip cannot read its own configuration."""
 
 
-def pips_install_options(python: Path | str = sys.executable) -> dict[str, object]:
-    """The options pip's configuration sets for `pip install` in `python`'s environment, by pip's name."""
+def pips_install_options() -> dict[str, object]:
+    """The options pip's configuration sets for `pip install` in this Python's venv, by pip's name."""
     names = [*SINGLE, *REPEATED, *FLAGS, *ENVIRONMENT]
-    read = subprocess.run([str(python), "-c", _READ_PIPS_OPTIONS, *names], capture_output=True, text=True,
+    read = subprocess.run([sys.executable, "-c", _READ_PIPS_OPTIONS, *names], capture_output=True, text=True,
                           timeout=120)
     if read.returncode != 0:
         said = [line.strip() for line in (read.stderr + read.stdout).splitlines() if line.strip()]
